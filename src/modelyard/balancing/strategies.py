@@ -1,0 +1,150 @@
+"""The five strategies, looked up by name.
+
+Each `pick(endpoints, ctx, rng)` chooses among the *healthy* endpoints (never empty) and touches
+nothing else: the sequence number, the remembered affinity and the RNG come in as arguments, so a
+strategy can be switched at runtime without losing the gateway's counters or affinity table.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from modelyard.cluster import EndpointView
+from modelyard.config import STRATEGY_NAMES
+from modelyard.errors import UnknownStrategy
+from modelyard.types import RoutingRequest
+
+
+@dataclass(slots=True, frozen=True)
+class RoutingContext:
+    """`seq` counts the model's requests (round_robin's position); `affinity` is the endpoint name
+    remembered for this request's prompt prefix, looked up by the gateway before picking."""
+
+    request: RoutingRequest
+    seq: int = 0
+    affinity: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Pick:
+    index: int
+    cache_hit: bool | None = None  # kv_aware only: was the remembered endpoint used?
+
+
+class Strategy(Protocol):
+    name: str
+    uses_affinity: bool
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick: ...
+
+
+@functools.lru_cache(maxsize=512)
+def smooth_weighted_schedule(weights: tuple[int, ...]) -> tuple[int, ...]:
+    """nginx's smooth weighted round robin unrolled into one period: weights (5,1,1) give
+    a a b a c a a rather than a a a a a b c. Equal weights give the plain cycle 0 1 2."""
+    if not any(weights):
+        weights = (1,) * len(weights)
+    total = sum(weights)
+    current = [0] * len(weights)
+    order = []
+    for _ in range(total):
+        for i, w in enumerate(weights):
+            current[i] += w
+        best = max(range(len(weights)), key=lambda i: current[i])
+        current[best] -= total
+        order.append(best)
+    return tuple(order)
+
+
+class RoundRobin:
+    name = "round_robin"
+    uses_affinity = False
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
+        weights = tuple(e.weight for e in endpoints)
+        if all(w == weights[0] for w in weights):
+            return Pick(ctx.seq % len(endpoints))
+        schedule = smooth_weighted_schedule(weights)
+        return Pick(schedule[ctx.seq % len(schedule)])
+
+
+class Random:
+    name = "random"
+    uses_affinity = False
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
+        weights = [e.weight for e in endpoints]
+        if all(w == weights[0] for w in weights) or not any(weights):
+            return Pick(rng.randrange(len(endpoints)))
+        return Pick(rng.choices(range(len(endpoints)), weights=weights)[0])
+
+
+def _least(values: Sequence[float], rng: random.Random) -> int:
+    """Index of the smallest value, ties broken uniformly at random."""
+    low = min(values)
+    ties = [i for i, v in enumerate(values) if v == low]
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+class LeastPending:
+    name = "least_pending"
+    uses_affinity = False
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
+        return Pick(_least([e.in_flight for e in endpoints], rng))
+
+
+class KvAware:
+    """Prefix affinity: a prompt prefix seen before goes back to the endpoint that served it, whose
+    KV cache likely still holds it; a new prefix goes to the least pending endpoint."""
+
+    name = "kv_aware"
+    uses_affinity = True
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
+        if ctx.affinity is not None:
+            for i, e in enumerate(endpoints):
+                if e.name == ctx.affinity:
+                    return Pick(i, cache_hit=True)
+        return Pick(_least([e.in_flight for e in endpoints], rng), cache_hit=False)
+
+
+class CostAware:
+    """Least estimated outstanding cost: (tokens in flight + this request's tokens) x price per token.
+    Among equal costs (e.g. all free) the endpoint with fewer outstanding tokens wins."""
+
+    name = "cost_aware"
+    uses_affinity = False
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
+        tokens = ctx.request.prompt_tokens + ctx.request.max_tokens
+        costs = [(e.outstanding_tokens + tokens) * e.cost_per_1k_tokens / 1000.0 for e in endpoints]
+        low = min(costs)
+        cheapest = [i for i, c in enumerate(costs) if c == low]
+        if len(cheapest) == 1:
+            return Pick(cheapest[0])
+        best = _least([endpoints[i].outstanding_tokens for i in cheapest], rng)
+        return Pick(cheapest[best])
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s for s in (RoundRobin(), Random(), LeastPending(), KvAware(), CostAware())
+}
+assert tuple(STRATEGIES) == STRATEGY_NAMES, "config.StrategyName and the registry must list the same names"
+
+
+def get_strategy(name: object) -> Strategy:
+    if not isinstance(name, str) or name not in STRATEGIES:
+        raise UnknownStrategy(name, STRATEGIES)
+    return STRATEGIES[name]
+
+
+def affinity_key(model: str, prompt: str, prefix_chars: int) -> str:
+    """The kv_aware key: a hash of the model and the prompt's first `prefix_chars` characters."""
+    digest = hashlib.blake2b(f"{model}\0{prompt[:prefix_chars]}".encode(), digest_size=16)
+    return "kv:" + digest.hexdigest()

@@ -1,0 +1,1 @@
+"""The `modelyard` command: a thin shell over the services' entry points."""

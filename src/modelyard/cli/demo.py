@@ -1,0 +1,71 @@
+"""The embedded demo: three simulated workers of different speeds behind one gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modelyard.config import GatewayConfig, validate_config
+from modelyard.simworker import SimWorker, SimWorkerConfig
+
+# (name, decode ms per token, prefill ms per token): a fast, a medium and a slow server.
+DEMO_WORKERS = (("fast", 2.0, 0.02), ("medium", 5.0, 0.05), ("slow", 12.0, 0.1))
+
+
+async def start_demo_workers(host: str = "127.0.0.1") -> list[tuple[str, SimWorker]]:
+    workers = []
+    for seed, (name, decode, prefill) in enumerate(DEMO_WORKERS):
+        worker = SimWorker(
+            SimWorkerConfig(
+                host=host,
+                port=0,
+                models=["demo-llm", "demo-echo"],
+                decode_ms_per_token=decode,
+                prefill_ms_per_token=prefill,
+                seed=seed,
+            )
+        )
+        await worker.start()
+        workers.append((name, worker))
+    return workers
+
+
+def demo_config(workers: list[tuple[str, SimWorker]], base: dict[str, Any]) -> GatewayConfig:
+    """The demo's models over the started workers, merged over `base` (listen, state, admin...)."""
+    endpoints = [
+        {"name": f"sim-{name}", "url": worker.url, "cost_per_1k_tokens": cost}
+        for (name, worker), cost in zip(workers, (0.6, 0.3, 0.1), strict=True)
+    ]
+    data = dict(base)
+    data["models"] = [
+        {
+            "name": "demo-llm",
+            "strategy": "round_robin",
+            "endpoints": endpoints,
+            "health_check": {"interval": "2s"},
+        },
+        {
+            "name": "demo-echo",
+            "strategy": "least_pending",
+            "endpoints": endpoints,
+            "health_check": {"path": "/v2/health/ready", "interval": "2s"},
+        },
+    ]
+    return validate_config(data, "<embedded demo>")
+
+
+def demo_banner(url: str, workers: list[tuple[str, SimWorker]]) -> str:
+    lines = [
+        f"modelyard gateway (embedded demo) listening on {url}",
+        "simulated workers: " + ", ".join(f"sim-{name} {w.url}" for name, w in workers),
+        "models: demo-llm (OpenAI, round_robin), demo-echo (Open Inference Protocol v2, least_pending)",
+        "",
+        "try:",
+        f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+        '    -d \'{"model": "demo-llm", "messages": [{"role": "user", "content": "Hello!"}]}\'',
+        f'  curl -s -X PUT {url}/admin/strategy -d \'{{"strategy": "kv_aware"}}\'',
+        f"  curl -s {url}/v2/models/demo-echo/infer -H 'Content-Type: application/json' \\",
+        '    -d \'{"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}\'',
+        f"  curl -s {url}/metrics | grep modelyard_requests_total",
+        "Ctrl-C stops everything.",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""`modelyard`: serve, config validate, sim-worker. Errors print one clear line and exit 1."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from modelyard import __version__
+from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
+from modelyard.cli.sim_worker import sim_worker
+from modelyard.config import GatewayConfig, load_config, merged_data
+from modelyard.errors import ConfigError, ModelyardError
+from modelyard.gateway import RunningGateway, run, run_until_signal, start_gateway
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="modelyard: route, compose and place models."
+)
+config_app = typer.Typer(no_args_is_help=True, help="Work with gateway config files.")
+app.add_typer(config_app, name="config")
+app.command("sim-worker")(sim_worker)
+
+err = Console(stderr=True, highlight=False)
+
+
+def _fail(error: ModelyardError) -> typer.Exit:
+    if isinstance(error, ConfigError):
+        for problem in error.problems:
+            err.print(f"[red]error:[/red] {error.source}: {problem}", soft_wrap=True)
+    else:
+        err.print(f"[red]error:[/red] {error.message}", soft_wrap=True)
+    return typer.Exit(1)
+
+
+def _cli_overrides(host: str | None, port: int | None) -> dict[str, Any]:
+    listen: dict[str, Any] = {}
+    if host is not None:
+        listen["host"] = host
+    if port is not None:
+        listen["port"] = port
+    return {"listen": listen} if listen else {}
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path | None,
+        typer.Option("-c", "--config", help="Gateway YAML config. Without it: the embedded demo."),
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address (overrides listen.host).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Listen port (overrides listen.port; 0 = any free port).")
+    ] = None,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="Print the merged config and exit.")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the gateway. With no -c FILE, start the embedded demo: three simulated workers and two models."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = _cli_overrides(host, port)
+    try:
+        if config is None:
+            base = merged_data(None, overrides=overrides)
+            if print_config:
+                typer.echo(
+                    yaml.safe_dump(base, sort_keys=False) + "# models: built at start from the demo workers"
+                )
+                return
+            run(_serve_demo(base))
+            return
+        loaded = load_config(config, overrides=overrides)
+        if print_config:
+            typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False))
+            return
+        run(_serve(loaded))
+    except ModelyardError as error:
+        raise _fail(error) from None
+    except OSError as error:
+        err.print(f"[red]error:[/red] cannot listen: {error.strerror or error}", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+async def _serve(config: GatewayConfig) -> None:
+    holder: list[RunningGateway] = []
+
+    async def start() -> None:
+        gateway = await start_gateway(config)
+        holder.append(gateway)
+        typer.echo(f"modelyard gateway listening on {gateway.url} ({len(config.models)} models)")
+
+    async def stop() -> None:
+        for gateway in holder:
+            await gateway.stop()
+
+    await run_until_signal(start, stop)
+
+
+async def _serve_demo(base: dict[str, Any]) -> None:
+    workers: list[Any] = []
+    holder: list[RunningGateway] = []
+
+    async def start() -> None:
+        workers.extend(await start_demo_workers())
+        gateway = await start_gateway(demo_config(workers, base))
+        holder.append(gateway)
+        typer.echo(demo_banner(gateway.url, workers))
+
+    async def stop() -> None:
+        for gateway in holder:
+            await gateway.stop()
+        for _name, worker in workers:
+            await worker.stop()
+
+    await run_until_signal(start, stop)
+
+
+@config_app.command("validate")
+def validate(files: Annotated[list[Path], typer.Argument(help="Config files to check.")]) -> None:
+    """Check config files; print every error with its field path. Exit 1 if any file is invalid."""
+    failed = False
+    for file in files:
+        try:
+            config = load_config(file, env={})
+        except ConfigError as error:
+            failed = True
+            for problem in error.problems:
+                err.print(f"[red]error:[/red] {file}: {problem}", soft_wrap=True)
+        else:
+            typer.echo(f"{file}: ok ({len(config.models)} models)")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,6 @@
+"""Pure domain: endpoints, their live load and their health state machine."""
+
+from modelyard.cluster.endpoint import BackendLoad, Endpoint, EndpointView
+from modelyard.cluster.health import HealthState, HealthThresholds, observe
+
+__all__ = ["BackendLoad", "Endpoint", "EndpointView", "HealthState", "HealthThresholds", "observe"]

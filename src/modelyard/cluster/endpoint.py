@@ -1,0 +1,68 @@
+"""Endpoints as routing policies see them.
+
+A policy reads an `EndpointView`. The gateway passes its live `Endpoint` objects: on one event
+loop, reading them between two awaits is a consistent snapshot, and it saves building a copy per
+request on the hot path. Tests pass frozen fakes with the same attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from modelyard.cluster.health import HealthState
+
+
+class EndpointView(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def weight(self) -> int: ...
+    @property
+    def cost_per_1k_tokens(self) -> float: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def outstanding_tokens(self) -> int: ...
+
+
+@dataclass(slots=True)
+class BackendLoad:
+    """What this gateway has in flight to one server (one URL), summed over every model it serves."""
+
+    url: str
+    name: str
+    in_flight: int = 0
+    outstanding_tokens: int = 0
+
+    def acquire(self, tokens: int) -> None:
+        self.in_flight += 1
+        self.outstanding_tokens += tokens
+
+    def release(self, tokens: int) -> None:
+        self.in_flight -= 1
+        self.outstanding_tokens -= tokens
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    """One endpoint of one model: its configured weight and price, its health, and its server's load."""
+
+    name: str
+    url: str
+    load: BackendLoad
+    weight: int = 1
+    cost_per_1k_tokens: float = 0.0
+    health: HealthState = field(default_factory=HealthState)
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.healthy
+
+    @property
+    def in_flight(self) -> int:
+        return self.load.in_flight
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.load.outstanding_tokens

@@ -1,0 +1,123 @@
+"""One error tree; the gateway translates it into each protocol's envelope at the edge.
+
+    ModelyardError                      500 internal_error
+    ├── ConfigError                     (startup: one line, exit 1)
+    ├── BadRequest                      400 invalid_request_error
+    │   ├── MalformedBody               400
+    │   └── UnknownStrategy             400
+    ├── Unauthorized                    401 authentication_error
+    ├── NotFound                        404 not_found_error
+    │   └── ModelNotFound               404 model_not_found
+    ├── MethodNotAllowed                405 method_not_allowed
+    ├── PayloadTooLarge                 413 request_too_large
+    ├── UpstreamError                   502 upstream_error
+    │   ├── UpstreamUnreachable         502 (connect failed: nothing was sent, safe to try elsewhere)
+    │   └── UpstreamTimeout             504 upstream_timeout
+    ├── NoHealthyEndpoint               503 service_unavailable
+    └── StateUnavailable                503 (internal: the gateway falls back to local state)
+
+Each class carries its HTTP `status` and wire `error_type`; the OpenAI envelope uses
+`error_type` as `type` and `code`, the OIP and KServe v1 envelopes carry only the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class ModelyardError(Exception):
+    status: int = 500
+    error_type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class ConfigError(ModelyardError):
+    """A configuration that cannot be used. `problems` holds one line per field error."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        joined = "; ".join(self.problems)
+        super().__init__(f"{source}: {joined}")
+
+
+class BadRequest(ModelyardError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class MalformedBody(BadRequest):
+    code = "invalid_json"
+
+
+class UnknownStrategy(BadRequest):
+    code = "unknown_strategy"
+
+    def __init__(self, name: object, valid: Iterable[str]) -> None:
+        super().__init__(f"unknown strategy {name!r}; valid strategies: {', '.join(sorted(valid))}")
+
+
+class Unauthorized(ModelyardError):
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_admin_token"
+
+
+class NotFound(ModelyardError):
+    status = 404
+    error_type = "not_found_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def __init__(self, model: object, known: Iterable[str]) -> None:
+        names = ", ".join(sorted(known)) or "(none)"
+        what = "no model given" if not model else f"model {model!r} not found"
+        super().__init__(f"{what}; known models: {names}")
+
+
+class MethodNotAllowed(ModelyardError):
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(ModelyardError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamError(ModelyardError):
+    status = 502
+    error_type = "upstream_error"
+    code = "bad_gateway"
+
+
+class UpstreamUnreachable(UpstreamError):
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class NoHealthyEndpoint(ModelyardError):
+    status = 503
+    error_type = "service_unavailable"
+    code = "no_healthy_endpoint"
+
+
+class StateUnavailable(ModelyardError):
+    """The shared store did not answer in time; the gateway falls back to local state."""
+
+    status = 503
+    error_type = "service_unavailable"

@@ -1,0 +1,223 @@
+"""`create_app(config)`: the gateway as an aiohttp application, one instance per config."""
+
+from __future__ import annotations
+
+import hmac
+import random
+import time
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from modelyard import __version__
+from modelyard.balancing import STRATEGIES, get_strategy
+from modelyard.cluster import BackendLoad
+from modelyard.config import GatewayConfig
+from modelyard.errors import BadRequest, ModelNotFound, PayloadTooLarge, Unauthorized
+from modelyard.gateway.errors import error_middleware
+from modelyard.gateway.health import HealthChecker
+from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.gateway.models import ServedModel
+from modelyard.gateway.proxy import Proxy
+from modelyard.protocols import oip, openai
+from modelyard.protocols.openai import parse_json_object
+from modelyard.state import SharedState, open_state
+from modelyard.types import RoutingRequest
+from modelyard.upstream import UpstreamPool
+
+GATEWAY = web.AppKey("gateway", "Gateway")
+
+
+class Gateway:
+    """Everything one gateway instance owns; built from config, no globals."""
+
+    def __init__(
+        self, config: GatewayConfig, *, state: SharedState | None = None, seed: int | None = None
+    ) -> None:
+        self.config = config
+        self.loads: dict[str, BackendLoad] = {}
+        self.models = {m.name: ServedModel(m, self.loads) for m in config.models}
+        self.metrics = GatewayMetrics(lambda: self.loads.values())
+        self.state = state or open_state(
+            config.state, on_fallback=lambda _exc: self.metrics.state_fallbacks.inc()
+        )
+        self.pool = UpstreamPool(config.upstream)
+        self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))
+        self.health = HealthChecker(self.models.values(), self.pool, self.metrics)
+        self.created = int(time.time())
+
+    def model(self, name: str | None) -> ServedModel:
+        served = self.models.get(name or "")
+        if served is None:
+            raise ModelNotFound(name, self.models)
+        return served
+
+    async def start(self) -> None:
+        await self.health.check_once()  # serve with real health from the first request
+        self.health.start()
+
+    async def stop(self) -> None:
+        await self.health.stop()
+        await self.pool.close()
+        await self.state.close()
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def _read_body(request: web.Request) -> bytes:
+    limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body is larger than limits.max_body_bytes ({limit} bytes)")
+    return await request.read()
+
+
+# --- OpenAI ---------------------------------------------------------------------------------
+
+
+def _openai_handler(kind: str):  # type: ignore[no-untyped-def]
+    async def handle(request: web.Request) -> web.StreamResponse:
+        gateway = request.app[GATEWAY]
+        body = await _read_body(request)
+        routing = openai.routing_request(body, kind)
+        return await gateway.proxy.forward(request, gateway.model(routing.model), routing, body)
+
+    return handle
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    data = [
+        {"id": name, "object": "model", "created": gateway.created, "owned_by": "modelyard"}
+        for name in gateway.models
+    ]
+    return _json({"object": "list", "data": data})
+
+
+# --- Open Inference Protocol v2 and KServe v1 ------------------------------------------------
+
+
+async def oip_infer(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    model = gateway.model(request.match_info["name"])
+    body = await _read_body(request)
+    routing = oip.routing_request(
+        model.name, body, request.headers, affinity_chars=model.config.kv_aware.prefix_chars
+    )
+    return await gateway.proxy.forward(request, model, routing, body)
+
+
+async def model_get(request: web.Request) -> web.StreamResponse:
+    """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
+    gateway = request.app[GATEWAY]
+    model = gateway.model(request.match_info["name"])
+    return await gateway.proxy.forward(request, model, RoutingRequest(model=model.name), None)
+
+
+async def oip_server_metadata(request: web.Request) -> web.Response:
+    return _json({"name": "modelyard", "version": __version__, "extensions": []})
+
+
+async def oip_live(request: web.Request) -> web.Response:
+    return _json({"live": True})
+
+
+async def oip_ready(request: web.Request) -> web.Response:
+    ready = all(m.ready for m in request.app[GATEWAY].models.values())
+    return _json({"ready": ready}, 200 if ready else 503)
+
+
+# --- the gateway's own endpoints -------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    models = request.app[GATEWAY].models.values()
+    not_ready = [m.name for m in models if not m.ready]
+    body = {"ready": not not_ready, "models_without_healthy_endpoints": not_ready}
+    return _json(body, 503 if not_ready else 200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[GATEWAY].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _check_admin(request: web.Request) -> None:
+    token = request.app[GATEWAY].config.admin.token
+    if token is None:
+        return
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise Unauthorized("admin calls need the header 'Authorization: Bearer <admin.token>'")
+
+
+def _strategies(gateway: Gateway) -> dict[str, object]:
+    per_model = {name: m.strategy.name for name, m in gateway.models.items()}
+    names = set(per_model.values())
+    return {
+        "strategy": names.pop() if len(names) == 1 else "mixed",
+        "models": per_model,
+        "available": list(STRATEGIES),
+    }
+
+
+async def get_strategy_handler(request: web.Request) -> web.Response:
+    _check_admin(request)
+    return _json(_strategies(request.app[GATEWAY]))
+
+
+async def put_strategy_handler(request: web.Request) -> web.Response:
+    """Switch strategy for every model, or for one with {"model": ...}. Counters and affinity stay."""
+    _check_admin(request)
+    gateway = request.app[GATEWAY]
+    data = parse_json_object(await _read_body(request))
+    strategy = get_strategy(data.get("strategy"))
+    target = data.get("model")
+    if target is not None and not isinstance(target, str):
+        raise BadRequest("'model' must be a string naming one model")
+    for model in [gateway.model(target)] if target else gateway.models.values():
+        model.strategy = strategy
+    return _json(_strategies(gateway))
+
+
+def create_app(
+    config: GatewayConfig, *, state: SharedState | None = None, seed: int | None = None
+) -> web.Application:
+    """Build a gateway application. `state` overrides the configured store (tests); `seed` fixes the RNG."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=config.limits.max_body_bytes)
+    gateway = Gateway(config, state=state, seed=seed)
+    app[GATEWAY] = gateway
+
+    async def lifecycle(_app: web.Application):  # type: ignore[no-untyped-def]
+        await gateway.start()
+        yield
+        await gateway.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    add = app.router.add_route
+    add("POST", "/v1/chat/completions", _openai_handler("chat"))
+    add("POST", "/v1/completions", _openai_handler("completions"))
+    add("POST", "/v1/embeddings", _openai_handler("embeddings"))
+    add("GET", "/v1/models", list_models)
+    add("POST", "/v1/models/{name}:predict", oip_infer)
+    add("GET", "/v1/models/{name}", model_get)
+    add("GET", "/v2", oip_server_metadata)
+    add("GET", "/v2/health/live", oip_live)
+    add("GET", "/v2/health/ready", oip_ready)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        add("GET", prefix, model_get)
+        add("GET", prefix + "/ready", model_get)
+        add("POST", prefix + "/infer", oip_infer)
+    add("GET", "/healthz", healthz)
+    add("GET", "/readyz", readyz)
+    add("GET", "/metrics", metrics)
+    for path in ("/admin/strategy", "/strategy"):  # /strategy: InferFlow's path
+        add("GET", path, get_strategy_handler)
+        add("PUT", path, put_strategy_handler)
+    return app

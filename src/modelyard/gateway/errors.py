@@ -1,0 +1,61 @@
+"""The one place errors become responses: each protocol's envelope, chosen by path."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from modelyard.errors import MethodNotAllowed, ModelyardError, NotFound, PayloadTooLarge
+from modelyard.protocols import error_body, protocol_for_path
+
+log = logging.getLogger("modelyard.gateway")
+
+
+def _from_aiohttp(exc: web.HTTPException, request: web.Request) -> ModelyardError:
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return MethodNotAllowed(
+            f"method {request.method} is not allowed on {request.path}; allowed: {allowed}",
+            headers={"Allow": allowed},
+        )
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLarge(
+            f"request body is larger than limits.max_body_bytes ({request.client_max_size} bytes)"
+        )
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound(f"no route for {request.method} {request.path}")
+    error = ModelyardError(exc.reason or exc.text or "error")
+    error.status = exc.status
+    return error
+
+
+def render(request: web.Request, error: ModelyardError) -> web.Response:
+    headers = dict(error.headers)
+    request_id = request.get("request_id") or request.headers.get("X-Request-Id")
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    return web.Response(
+        status=error.status,
+        body=error_body(protocol_for_path(request.path), error),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    try:
+        return await handler(request)
+    except ModelyardError as error:
+        return render(request, error)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return render(request, _from_aiohttp(exc, request))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client went away: nothing to answer
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return render(request, ModelyardError("internal gateway error; see the gateway log"))

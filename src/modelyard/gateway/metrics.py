@@ -1,0 +1,79 @@
+"""The gateway's Prometheus metrics, in a registry of its own so that two gateways can share a process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from modelyard.cluster import BackendLoad
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _InFlightCollector(Collector):
+    """Reads the live counters at scrape time, so the request path pays nothing for the gauge."""
+
+    def __init__(self, loads: Callable[[], Iterable[BackendLoad]]) -> None:
+        self._loads = loads
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "modelyard_backend_in_flight",
+            "Requests this gateway has in flight per backend",
+            labels=["backend"],
+        )
+        for load in self._loads():
+            family.add_metric([load.name], load.in_flight)
+        yield family
+
+
+class GatewayMetrics:
+    def __init__(self, loads: Callable[[], Iterable[BackendLoad]]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "modelyard_requests_total",
+            "Requests answered, by model, backend, strategy and status code",
+            ["model", "backend", "strategy", "code"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "modelyard_request_duration_seconds",
+            "Time from request received to response complete",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "modelyard_time_to_first_token_seconds",
+            "Time from request received to the first streamed chunk relayed",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.kv_affinity = Counter(
+            "modelyard_kv_affinity_total", "kv_aware lookups by result", ["result"], registry=self.registry
+        )
+        self.state_fallbacks = Counter(
+            "modelyard_state_fallback_total",
+            "Shared-state operations that failed and fell back to local state",
+            registry=self.registry,
+        )
+        self.health_transitions = Counter(
+            "modelyard_endpoint_health_transitions_total",
+            "Endpoints going healthy or unhealthy",
+            ["model", "backend", "to"],
+            registry=self.registry,
+        )
+        self.registry.register(_InFlightCollector(loads))
+        self._request_children: dict[tuple[str, str, str, int], Counter] = {}
+
+    def observe_request(self, model: str, backend: str, strategy: str, code: int, seconds: float) -> None:
+        key = (model, backend, strategy, code)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(model, backend, strategy, str(code))
+        child.inc()
+        self.duration.labels(model).observe(seconds)

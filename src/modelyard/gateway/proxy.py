@@ -1,0 +1,148 @@
+"""Forward one request to one of a model's endpoints and relay the answer.
+
+The body arrives parsed once (for routing) and leaves as the original bytes. A refused
+connection is tried on another healthy endpoint (nothing was sent, so it is safe); anything
+after the request was sent is answered as it is. Streams are relayed chunk by chunk as they
+arrive; a client that goes away cancels the upstream request (aiohttp handler cancellation,
+and a failed write closes the upstream response).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+
+import aiohttp
+from aiohttp import web
+
+from modelyard.balancing import RoutingContext, affinity_key
+from modelyard.cluster import Endpoint
+from modelyard.errors import NoHealthyEndpoint, UpstreamError, UpstreamUnreachable
+from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.gateway.models import ServedModel
+from modelyard.state import SharedState
+from modelyard.types import RoutingRequest
+from modelyard.upstream import UpstreamPool, forwarded_request_headers, relayed_response_headers
+
+log = logging.getLogger("modelyard.gateway")
+
+BACKEND_HEADER = "X-Modelyard-Backend"
+STRATEGY_HEADER = "X-Modelyard-Strategy"
+CACHE_HIT_HEADER = "X-Modelyard-Cache-Hit"
+REQUEST_ID_HEADER = "X-Request-Id"
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics only
+
+
+class Proxy:
+    def __init__(
+        self, pool: UpstreamPool, state: SharedState, metrics: GatewayMetrics, rng: random.Random
+    ) -> None:
+        self._pool = pool
+        self._state = state
+        self._metrics = metrics
+        self._rng = rng
+
+    async def forward(
+        self, request: web.Request, model: ServedModel, routing: RoutingRequest, body: bytes | None
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        strategy = model.strategy
+        seq = model.next_seq()
+        key = remembered = None
+        if strategy.uses_affinity:
+            key = affinity_key(model.name, routing.prompt, model.config.kv_aware.prefix_chars)
+            remembered = await self._state.get(key)
+        ctx = RoutingContext(routing, seq, remembered)
+        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        request["request_id"] = request_id
+        headers = forwarded_request_headers(request.headers, request_id)
+        tokens = routing.prompt_tokens + routing.max_tokens
+
+        tried: list[Endpoint] = []
+        while True:
+            candidates = [e for e in model.endpoints if e.health.healthy and e not in tried]
+            if not candidates:
+                self._metrics.observe_request(
+                    model.name, "", strategy.name, 503, time.perf_counter() - started
+                )
+                if tried:
+                    raise UpstreamError(
+                        f"every endpoint of model {model.name!r} refused the connection: "
+                        + ", ".join(e.name for e in tried)
+                    )
+                raise NoHealthyEndpoint(
+                    f"model {model.name!r} has no healthy endpoint", headers={"Retry-After": "1"}
+                )
+            pick = strategy.pick(candidates, ctx, self._rng)
+            endpoint = candidates[pick.index]
+            endpoint.load.acquire(tokens)
+            try:
+                upstream = await self._pool.send(
+                    endpoint.url, request.method, request.raw_path, headers, body
+                )
+            except UpstreamUnreachable as exc:
+                endpoint.load.release(tokens)
+                tried.append(endpoint)
+                model.record_unreachable(endpoint, exc.message)
+                continue
+            except BaseException as exc:
+                endpoint.load.release(tokens)
+                code = exc.status if isinstance(exc, UpstreamError) else CLIENT_CLOSED
+                self._metrics.observe_request(
+                    model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
+                )
+                raise
+            break
+
+        if key is not None:
+            self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
+            if not pick.cache_hit:
+                await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
+
+        out_headers = relayed_response_headers(upstream.headers)
+        out_headers[BACKEND_HEADER] = endpoint.name
+        out_headers[STRATEGY_HEADER] = strategy.name
+        out_headers[REQUEST_ID_HEADER] = request_id
+        if pick.cache_hit is not None:
+            out_headers[CACHE_HIT_HEADER] = "true" if pick.cache_hit else "false"
+
+        code = CLIENT_CLOSED
+        try:
+            if upstream.content_type == "text/event-stream":
+                response = await self._relay_stream(request, upstream, out_headers, model.name, started)
+            else:
+                data = await self._pool.read(upstream)
+                response = web.Response(body=data, status=upstream.status, headers=out_headers)
+            code = upstream.status
+            return response
+        finally:
+            upstream.close()
+            endpoint.load.release(tokens)
+            self._metrics.observe_request(
+                model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
+            )
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str] | object,
+        model: str,
+        started: float,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, headers=headers)  # type: ignore[arg-type]
+        await response.prepare(request)
+        first = True
+        try:
+            async for chunk in upstream.content.iter_any():
+                if first:
+                    self._metrics.ttft.labels(model).observe(time.perf_counter() - started)
+                    first = False
+                await response.write(chunk)
+        except aiohttp.ClientPayloadError as exc:
+            # The server broke off mid-stream; the status is already sent, so end what we have.
+            log.warning("upstream stream for model %s ended early: %r", model, exc)
+        await response.write_eof()
+        return response

@@ -1,0 +1,35 @@
+"""Error envelopes, one per protocol, chosen by the request path."""
+
+from __future__ import annotations
+
+import orjson
+
+from modelyard.errors import ModelyardError
+from modelyard.types import Protocol
+
+
+def protocol_for_path(path: str) -> Protocol:
+    """`/v2/...` is OIP; `/v1/models/{m}` and `...:predict` are KServe v1; other `/v1/...` is OpenAI."""
+    if path.startswith("/v2/") or path == "/v2":
+        return Protocol.OIP
+    if path.startswith("/v1/models/"):
+        return Protocol.KSERVE_V1
+    if path.startswith("/v1/"):
+        return Protocol.OPENAI
+    return Protocol.PLAIN
+
+
+def error_body(protocol: Protocol, error: ModelyardError) -> bytes:
+    """OpenAI (and the gateway's own endpoints): {"error": {"message", "type", "code"}};
+    OIP v2 and KServe v1: {"error": "<message>"}."""
+    if protocol in (Protocol.OIP, Protocol.KSERVE_V1):
+        return orjson.dumps({"error": error.message})
+    return orjson.dumps(
+        {
+            "error": {
+                "message": error.message,
+                "type": error.error_type,
+                "code": error.code or error.error_type,
+            }
+        }
+    )

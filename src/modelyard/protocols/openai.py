@@ -1,0 +1,74 @@
+"""OpenAI API requests: the fields routing needs, read from one parse of the body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from modelyard.errors import BadRequest, MalformedBody
+from modelyard.types import RoutingRequest
+
+DEFAULT_MAX_TOKENS = 16  # what OpenAI-compatible servers assume for completions when unset
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise MalformedBody("request body is empty; expected a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBody(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise MalformedBody(f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def routing_request(body: bytes, kind: str) -> RoutingRequest:
+    """`kind` is "chat", "completions" or "embeddings"."""
+    data = parse_json_object(body)
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string")
+    if kind == "chat":
+        messages = data.get("messages")
+        if not isinstance(messages, list):
+            raise BadRequest("'messages' is required and must be a list")
+        prompt = _chat_prompt(messages)
+    elif kind == "completions":
+        prompt = _text_of(data.get("prompt", ""))
+    else:
+        prompt = _text_of(data.get("input", ""))
+    max_tokens = data.get("max_completion_tokens") or data.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        max_tokens = 0 if kind == "embeddings" else DEFAULT_MAX_TOKENS
+    return RoutingRequest(
+        model=model or "",
+        prompt=prompt,
+        prompt_tokens=len(prompt.split()),
+        max_tokens=max_tokens,
+        stream=data.get("stream") is True,
+    )
+
+
+def _chat_prompt(messages: list[Any]) -> str:
+    parts: list[str] = []
+    for message in messages:
+        if isinstance(message, dict):
+            parts.append(f"{message.get('role', '')}: {_text_of(message.get('content', ''))}")
+    return "\n".join(parts)
+
+
+def _text_of(value: Any) -> str:
+    """Text of a prompt/content field: a string, a list of strings, or a list of content parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        pieces = []
+        for item in value:
+            if isinstance(item, str):
+                pieces.append(item)
+            elif isinstance(item, dict) and isinstance(item.get("text"), str):
+                pieces.append(item["text"])
+        return "\n".join(pieces)
+    return ""
