@@ -37,14 +37,14 @@ class Gateway:
     ) -> None:
         self.config = config
         self.loads: dict[str, BackendLoad] = {}
-        self.models = {m.name: ServedModel(m, self.loads) for m in config.models}
         self.metrics = GatewayMetrics(lambda: self.loads.values())
+        self.models = {m.name: ServedModel(m, self.loads, self.metrics.health_changed) for m in config.models}
         self.state = state or open_state(
             config.state, on_fallback=lambda _exc: self.metrics.state_fallbacks.inc()
         )
         self.pool = UpstreamPool(config.upstream)
         self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))
-        self.health = HealthChecker(self.models.values(), self.pool, self.metrics)
+        self.health = HealthChecker(self.models.values(), self.pool)
         self.created = int(time.time())
 
     def model(self, name: str | None) -> ServedModel:

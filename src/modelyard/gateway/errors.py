@@ -12,6 +12,9 @@ from modelyard.protocols import error_body, protocol_for_path
 
 log = logging.getLogger("modelyard.gateway")
 
+# Set by the proxy once it knows the request id, so that errors echo it too.
+REQUEST_ID = web.RequestKey("request_id", str)
+
 
 def _from_aiohttp(exc: web.HTTPException, request: web.Request) -> ModelyardError:
     if isinstance(exc, web.HTTPMethodNotAllowed):
@@ -33,7 +36,7 @@ def _from_aiohttp(exc: web.HTTPException, request: web.Request) -> ModelyardErro
 
 def render(request: web.Request, error: ModelyardError) -> web.Response:
     headers = dict(error.headers)
-    request_id = request.get("request_id") or request.headers.get("X-Request-Id")
+    request_id = request.get(REQUEST_ID) or request.headers.get("X-Request-Id")
     if request_id:
         headers["X-Request-Id"] = request_id
     return web.Response(

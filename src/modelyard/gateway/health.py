@@ -5,16 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
 from modelyard.upstream import UpstreamPool
 
 
 class HealthChecker:
-    def __init__(self, models: Iterable[ServedModel], pool: UpstreamPool, metrics: GatewayMetrics) -> None:
+    def __init__(self, models: Iterable[ServedModel], pool: UpstreamPool) -> None:
         self._models = [m for m in models if m.health_checked]
         self._pool = pool
-        self._metrics = metrics
         self._tasks: list[asyncio.Task[None]] = []
 
     async def check_once(self) -> None:
@@ -41,8 +39,4 @@ class HealthChecker:
             *(self._pool.probe(e.url, check.path, check.timeout) for e in model.endpoints)
         )
         for endpoint, error in zip(model.endpoints, errors, strict=True):
-            changed = model.record_probe(endpoint, error)
-            if changed is not None:
-                self._metrics.health_transitions.labels(
-                    model.name, endpoint.name, "healthy" if changed else "unhealthy"
-                ).inc()
+            model.record_probe(endpoint, error)

@@ -70,6 +70,9 @@ class GatewayMetrics:
         self.registry.register(_InFlightCollector(loads))
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
 
+    def health_changed(self, model: str, backend: str, healthy: bool) -> None:
+        self.health_transitions.labels(model, backend, "healthy" if healthy else "unhealthy").inc()
+
     def observe_request(self, model: str, backend: str, strategy: str, code: int, seconds: float) -> None:
         key = (model, backend, strategy, code)
         child = self._request_children.get(key)

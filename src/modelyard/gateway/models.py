@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from modelyard.balancing import Strategy, get_strategy
 from modelyard.cluster import BackendLoad, Endpoint, HealthThresholds, observe
@@ -13,8 +14,14 @@ log = logging.getLogger("modelyard.gateway")
 
 
 class ServedModel:
-    def __init__(self, config: ModelConfig, loads: dict[str, BackendLoad]) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        loads: dict[str, BackendLoad],
+        on_health_change: Callable[[str, str, bool], None] = lambda model, endpoint, healthy: None,
+    ) -> None:
         self.config = config
+        self._on_health_change = on_health_change
         self.name = config.name
         self.strategy: Strategy = get_strategy(config.strategy)
         self.seq = 0  # requests routed so far; kept across strategy switches
@@ -44,29 +51,29 @@ class ServedModel:
         self.seq += 1
         return seq
 
-    def record_probe(self, endpoint: Endpoint, error: str) -> bool | None:
-        """Apply one probe result; returns the new health if it changed, else None."""
+    def record_probe(self, endpoint: Endpoint, error: str) -> None:
+        """Apply one probe result ("" when it passed)."""
         before = endpoint.health.healthy
         endpoint.health = observe(endpoint.health, not error, self.thresholds, error)
-        return self._transition(endpoint, before)
+        self._transition(endpoint, before)
 
-    def record_unreachable(self, endpoint: Endpoint, error: str) -> bool | None:
+    def record_unreachable(self, endpoint: Endpoint, error: str) -> None:
         """A refused connection takes the endpoint out until a probe brings it back. Without
         active checks nothing would bring it back, so then it only fails this one request."""
         if not self.health_checked:
-            return None
+            return
         before = endpoint.health.healthy
         endpoint.health = ejected(error)
-        return self._transition(endpoint, before)
+        self._transition(endpoint, before)
 
-    def _transition(self, endpoint: Endpoint, before: bool) -> bool | None:
+    def _transition(self, endpoint: Endpoint, before: bool) -> None:
         after = endpoint.health.healthy
         if after == before:
-            return None
+            return
+        self._on_health_change(self.name, endpoint.name, after)
         if after:
             log.info("model %s: endpoint %s is healthy again", self.name, endpoint.name)
         else:
             log.warning(
                 "model %s: endpoint %s is unhealthy: %s", self.name, endpoint.name, endpoint.health.last_error
             )
-        return after

@@ -20,6 +20,7 @@ from aiohttp import web
 from modelyard.balancing import RoutingContext, affinity_key
 from modelyard.cluster import Endpoint
 from modelyard.errors import NoHealthyEndpoint, UpstreamError, UpstreamUnreachable
+from modelyard.gateway.errors import REQUEST_ID
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
 from modelyard.state import SharedState
@@ -56,7 +57,7 @@ class Proxy:
             remembered = await self._state.get(key)
         ctx = RoutingContext(routing, seq, remembered)
         request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
-        request["request_id"] = request_id
+        request[REQUEST_ID] = request_id
         headers = forwarded_request_headers(request.headers, request_id)
         tokens = routing.prompt_tokens + routing.max_tokens
 

@@ -20,7 +20,7 @@ def protocol_for_path(path: str) -> Protocol:
 
 
 def error_body(protocol: Protocol, error: ModelyardError) -> bytes:
-    """OpenAI (and the gateway's own endpoints): {"error": {"message", "type", "code"}};
+    """OpenAI (and the gateway's own endpoints): {"error": {"message", "type", "param", "code"}};
     OIP v2 and KServe v1: {"error": "<message>"}."""
     if protocol in (Protocol.OIP, Protocol.KSERVE_V1):
         return orjson.dumps({"error": error.message})

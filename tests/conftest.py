@@ -1,0 +1,104 @@
+"""Fixtures that start real servers on ephemeral loopback ports (DESIGN.md habit 9)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from modelyard.config import validate_config
+from modelyard.gateway import RunningGateway, start_gateway
+from modelyard.simworker import SimWorker, SimWorkerConfig
+
+FAST = {"prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.0}
+
+
+@pytest.fixture
+async def sim_workers() -> AsyncIterator[Any]:
+    """`await sim_workers(n, **config)` starts n sim workers (zero latency unless overridden)."""
+    started: list[SimWorker] = []
+
+    async def start(n: int = 1, **overrides: Any) -> list[SimWorker]:
+        workers = []
+        for i in range(n):
+            settings = {**FAST, "port": 0, "seed": i, **overrides}
+            worker = SimWorker(SimWorkerConfig(**settings))
+            await worker.start()
+            started.append(worker)
+            workers.append(worker)
+        return workers
+
+    yield start
+    for worker in started:
+        await worker.stop()
+
+
+@pytest.fixture
+async def gateways() -> AsyncIterator[Any]:
+    """`await gateways(models, **top_level_config)` starts a gateway on a free port."""
+    started: list[RunningGateway] = []
+
+    async def start(models: list[dict[str, Any]], *, seed: int | None = 0, **config: Any) -> RunningGateway:
+        data = {"listen": {"host": "127.0.0.1", "port": 0}, "models": models, **config}
+        gateway = await start_gateway(validate_config(data, "<test>"), seed=seed)
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        await gateway.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private redis-server on a free port, started for this test session."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail(
+            "redis-server is not installed (Debian package redis-server); the shared-state tests need it"
+        )
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_for_port(port, process)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], attempts: int = 200) -> None:
+    for _ in range(attempts):
+        if process.poll() is not None:
+            pytest.fail(f"redis-server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.025)  # a bounded wait for the process to start listening
+    pytest.fail(f"redis-server did not answer on port {port}")

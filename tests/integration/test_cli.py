@@ -1,0 +1,109 @@
+"""The `modelyard` command as a user runs it: config validate, serve with a bad file, the demo."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+BAD_CONFIG = """
+listen: {port: 99999}
+models:
+  - name: m
+    strategy: fastest
+    endpoints:
+      - {url: "http://127.0.0.1:9001"}
+      - {url: "ftp://nowhere", weight: -1}
+"""
+
+
+def modelyard(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modelyard", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+
+
+def test_validate_accepts_the_example_config():
+    result = modelyard("config", "validate", str(EXAMPLES / "gateway.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert "ok (2 models)" in result.stdout
+
+
+def test_validate_prints_every_error_with_its_field_path(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD_CONFIG)
+    result = modelyard("config", "validate", str(bad))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert any(f"{bad}: listen.port:" in line for line in lines)
+    assert any(f"{bad}: models[0].strategy: expected one of" in line for line in lines)
+    assert any(f"{bad}: models[0].endpoints[1].url: expected an http://" in line for line in lines)
+    assert any(f"{bad}: models[0].endpoints[1].weight:" in line for line in lines)
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_bad_file_with_exit_code_1(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  - name: m\n    endpoints: []\n")
+    result = modelyard("serve", "-c", str(bad))
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        == f"error: {bad}: models[0].endpoints: List should have at least 1 item after validation, not 0"
+    )
+
+
+def test_serve_reports_unreadable_and_invalid_yaml(tmp_path):
+    missing = modelyard("serve", "-c", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 1 and "cannot read file" in missing.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [\n")
+    result = modelyard("serve", "-c", str(broken))
+    assert result.returncode == 1 and "line 2" in result.stderr and "invalid YAML" in result.stderr
+
+
+def test_print_config_applies_env_and_cli_precedence():
+    env = {"MODELYARD_LISTEN__PORT": "9100", "MODELYARD_ADMIN__TOKEN": "t0ken"}
+    result = modelyard(
+        "serve", "-c", str(EXAMPLES / "gateway.yaml"), "--host", "::1", "--print-config", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "port: 9100" in result.stdout and "host: ::1" in result.stdout and "token: t0ken" in result.stdout
+
+
+async def test_embedded_demo_serves_chat_and_oip():
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "modelyard", "serve", "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        url = None
+        for _ in range(50):
+            line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+            match = re.search(r"listening on (http://\S+)", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url, "the demo did not print its URL"
+        chat = orjson.dumps({"model": "demo-llm", "messages": [{"role": "user", "content": "Hello!"}]})
+        infer = orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]})
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            for path, body in (("/v1/chat/completions", chat), ("/v2/models/demo-echo/infer", infer)):
+                async with http.post(url + path, data=body) as response:
+                    assert response.status == 200, path
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 30)
+    assert process.returncode == 0

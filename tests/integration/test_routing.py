@@ -1,0 +1,196 @@
+"""Strategies through a real gateway over real sim workers."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from support import metric_value, model_config, sim_stats, wait_until
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(content: str = "hello", model: str = "m", **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+async def post_backend(http, url: str, body: dict, headers: dict | None = None) -> str:
+    async with http.post(url + CHAT, json=body, headers=headers or {}) as response:
+        assert response.status == 200, await response.text()
+        await response.read()
+        return response.headers["X-Modelyard-Backend"]
+
+
+async def test_round_robin_cycles_exactly_over_three_endpoints(sim_workers, gateways, http):
+    workers = await sim_workers(3)
+    gateway = await gateways([model_config("m", workers, strategy="round_robin")])
+    backends = [await post_backend(http, gateway.url, chat()) for _ in range(9)]
+    assert backends == ["w0", "w1", "w2"] * 3
+    assert [(await sim_stats(http, w))["requests_total"] for w in workers] == [3, 3, 3]
+
+
+async def test_weighted_round_robin_follows_weights(sim_workers, gateways, http):
+    workers = await sim_workers(2)
+    config = model_config("m", workers)
+    config["endpoints"][0]["weight"] = 3
+    gateway = await gateways([config])
+    backends = [await post_backend(http, gateway.url, chat()) for _ in range(8)]
+    assert backends.count("w0") == 6 and backends.count("w1") == 2
+
+
+async def test_least_pending_never_picks_the_busy_endpoint(sim_workers, gateways, http):
+    workers = await sim_workers(3, decode_ms_per_token=20.0)
+    gateway = await gateways([model_config("m", workers, strategy="least_pending")])
+    # A long stream keeps one endpoint busy until we close it.
+    long = await http.post(gateway.url + CHAT, json=chat("long", max_tokens=5000, stream=True))
+    busy = long.headers["X-Modelyard-Backend"]
+    await long.content.readline()  # the first event: the request is now running upstream
+    try:
+        picks = [await post_backend(http, gateway.url, chat(max_tokens=1)) for _ in range(12)]
+    finally:
+        long.close()
+    assert busy not in picks
+    assert set(picks) == {"w0", "w1", "w2"} - {busy}
+
+
+async def test_kv_aware_hits_on_a_repeated_prompt(sim_workers, gateways, http):
+    workers = await sim_workers(3)
+    gateway = await gateways([model_config("m", workers, strategy="kv_aware")])
+    prompt = "You are a helpful assistant. " * 20
+    first = await http.post(gateway.url + CHAT, json=chat(prompt))
+    assert first.headers["X-Modelyard-Cache-Hit"] == "false"
+    again = [await http.post(gateway.url + CHAT, json=chat(prompt)) for _ in range(5)]
+    assert {r.headers["X-Modelyard-Cache-Hit"] for r in again} == {"true"}
+    assert {r.headers["X-Modelyard-Backend"] for r in again} == {first.headers["X-Modelyard-Backend"]}
+    assert await metric_value(http, gateway.url, "modelyard_kv_affinity_total", result="hit") == 5
+    assert await metric_value(http, gateway.url, "modelyard_kv_affinity_total", result="miss") == 1
+    # The worker it stuck to served the prompt's blocks from its prefix cache.
+    chosen = workers[int(first.headers["X-Modelyard-Backend"][1:])]
+    assert (await sim_stats(http, chosen))["prefix_cache_hits_tokens"] > 0
+
+
+async def test_kv_aware_moves_on_when_the_remembered_endpoint_is_gone(sim_workers, gateways, http):
+    workers = await sim_workers(2)
+    config = model_config("m", workers, strategy="kv_aware", health_check={"interval": "60s"})
+    gateway = await gateways([config])
+    first = await post_backend(http, gateway.url, chat("same prompt"))
+    await workers[int(first[1:])].stop()
+    moved = await http.post(gateway.url + CHAT, json=chat("same prompt"))
+    assert moved.status == 200
+    assert moved.headers["X-Modelyard-Backend"] != first
+    assert moved.headers["X-Modelyard-Cache-Hit"] == "false"
+
+
+async def test_cost_aware_prefers_the_cheapest_endpoint(sim_workers, gateways, http):
+    workers = await sim_workers(3)
+    config = model_config("m", workers, strategy="cost_aware")
+    for endpoint, price in zip(config["endpoints"], (0.9, 0.1, 0.5), strict=True):
+        endpoint["cost_per_1k_tokens"] = price
+    gateway = await gateways([config])
+    assert {await post_backend(http, gateway.url, chat()) for _ in range(5)} == {"w1"}
+
+
+async def test_strategy_switch_at_runtime_keeps_affinity(sim_workers, gateways, http):
+    workers = await sim_workers(3)
+    gateway = await gateways(
+        [model_config("m", workers, strategy="kv_aware"), model_config("other", workers)]
+    )
+    remembered = await post_backend(http, gateway.url, chat("sticky"))
+
+    async with http.put(gateway.url + "/admin/strategy", json={"strategy": "round_robin"}) as response:
+        assert response.status == 200
+        body = await response.json()
+    assert body["models"] == {"m": "round_robin", "other": "round_robin"}
+    async with http.post(gateway.url + CHAT, json=chat("sticky")) as response:
+        assert response.headers["X-Modelyard-Strategy"] == "round_robin"
+        assert "X-Modelyard-Cache-Hit" not in response.headers
+
+    # InferFlow's path, one model only; the affinity learned before the switch still holds.
+    async with http.put(gateway.url + "/strategy", json={"strategy": "kv_aware", "model": "m"}) as response:
+        assert (await response.json())["models"] == {"m": "kv_aware", "other": "round_robin"}
+    async with http.post(gateway.url + CHAT, json=chat("sticky")) as response:
+        assert response.headers["X-Modelyard-Cache-Hit"] == "true"
+        assert response.headers["X-Modelyard-Backend"] == remembered
+    async with http.get(gateway.url + "/strategy") as response:
+        assert (await response.json())["strategy"] == "mixed"
+
+
+async def test_unknown_strategy_is_400_listing_valid_names(sim_workers, gateways, http):
+    workers = await sim_workers(1)
+    gateway = await gateways([model_config("m", workers)])
+    async with http.put(gateway.url + "/admin/strategy", json={"strategy": "fastest"}) as response:
+        assert response.status == 400
+        message = (await response.json())["error"]["message"]
+    for name in ("round_robin", "random", "least_pending", "kv_aware", "cost_aware"):
+        assert name in message
+    async with http.get(gateway.url + "/admin/strategy") as response:
+        assert (await response.json())["strategy"] == "round_robin"
+
+
+async def test_admin_token_is_required_when_configured(sim_workers, gateways, http):
+    workers = await sim_workers(1)
+    gateway = await gateways([model_config("m", workers)], admin={"token": "s3cret"})
+    for path in ("/admin/strategy", "/strategy"):
+        async with http.put(gateway.url + path, json={"strategy": "random"}) as response:
+            assert response.status == 401
+            assert (await response.json())["error"]["type"] == "authentication_error"
+        async with http.get(gateway.url + path, headers={"Authorization": "Bearer wrong"}) as response:
+            assert response.status == 401
+    ok = {"Authorization": "Bearer s3cret"}
+    async with http.put(gateway.url + "/admin/strategy", json={"strategy": "random"}, headers=ok) as response:
+        assert response.status == 200
+    # Inference itself needs no admin token.
+    assert await post_backend(http, gateway.url, chat()) == "w0"
+
+
+async def test_request_id_is_propagated_or_created(sim_workers, gateways, http):
+    workers = await sim_workers(1)
+    gateway = await gateways([model_config("m", workers)])
+    async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "abc-123"}) as response:
+        assert response.headers["X-Request-Id"] == "abc-123"
+    async with http.post(gateway.url + CHAT, json=chat()) as response:
+        assert len(response.headers["X-Request-Id"]) == 32
+
+
+async def test_a_refused_connection_fails_over_and_takes_the_endpoint_out(sim_workers, gateways, http):
+    workers = await sim_workers(2)
+    gateway = await gateways([model_config("m", workers, health_check={"interval": "60s"})])
+    await workers[0].stop()
+    backends = [await post_backend(http, gateway.url, chat()) for _ in range(4)]
+    assert backends == ["w1"] * 4
+    labels = {"model": "m", "backend": "w0", "to": "unhealthy"}
+    assert await metric_value(http, gateway.url, "modelyard_endpoint_health_transitions_total", **labels) == 1
+
+
+async def test_metrics_count_requests_by_model_backend_strategy_and_code(sim_workers, gateways, http):
+    workers = await sim_workers(1)
+    gateway = await gateways([model_config("m", workers)])
+    for _ in range(3):
+        await post_backend(http, gateway.url, chat())
+    labels = {"model": "m", "backend": "w0", "strategy": "round_robin", "code": "200"}
+    assert await metric_value(http, gateway.url, "modelyard_requests_total", **labels) == 3
+    assert await metric_value(http, gateway.url, "modelyard_request_duration_seconds_count", model="m") == 3
+    assert await metric_value(http, gateway.url, "modelyard_backend_in_flight", backend="w0") == 0
+
+
+async def test_in_flight_gauge_counts_open_requests(sim_workers, gateways, http):
+    workers = await sim_workers(1, decode_ms_per_token=20.0)
+    gateway = await gateways([model_config("m", workers)])
+    stream = await http.post(gateway.url + CHAT, json=chat(max_tokens=5000, stream=True))
+    await stream.content.readline()
+    assert await metric_value(http, gateway.url, "modelyard_backend_in_flight", backend="w0") == 1
+    stream.close()
+
+    async def drained() -> bool:
+        return await metric_value(http, gateway.url, "modelyard_backend_in_flight", backend="w0") == 0
+
+    await wait_until(drained)
+
+
+@pytest.mark.parametrize("strategy", ["random", "least_pending", "cost_aware"])
+async def test_every_strategy_serves_requests(sim_workers, gateways, http, strategy):
+    workers = await sim_workers(2)
+    gateway = await gateways([model_config("m", workers, strategy=strategy)])
+    async with http.post(gateway.url + CHAT, data=orjson.dumps(chat())) as response:
+        assert response.status == 200
+        assert response.headers["X-Modelyard-Strategy"] == strategy

@@ -1,0 +1,45 @@
+"""Helpers shared by the tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from modelyard.simworker import SimWorker
+
+
+def model_config(name: str, workers: list[SimWorker], **fields: Any) -> dict[str, Any]:
+    """A model over `workers`, endpoints named w0, w1, ... in order."""
+    endpoints = [{"name": f"w{i}", "url": w.url} for i, w in enumerate(workers)]
+    return {"name": name, "endpoints": endpoints, "health_check": {"interval": "60s"}, **fields}
+
+
+async def wait_until(predicate: Any, *, attempts: int = 500, interval: float = 0.01) -> None:
+    """Poll an async predicate until it holds; fails after attempts x interval seconds."""
+    for _ in range(attempts):
+        if await predicate():
+            return
+        await asyncio.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+async def sim_stats(http: aiohttp.ClientSession, worker: SimWorker) -> dict[str, Any]:
+    async with http.get(worker.url + "/sim/stats") as response:
+        return await response.json()
+
+
+async def metric_value(http: aiohttp.ClientSession, url: str, name: str, **labels: str) -> float:
+    """The value of one Prometheus sample at `url`/metrics (0.0 when absent)."""
+    async with http.get(url + "/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        sample, _, value = line.rpartition(" ")
+        if sample == name or (
+            sample.startswith(name + "{") and all(f'{k}="{v}"' in sample for k, v in labels.items())
+        ):
+            return float(value)
+    return 0.0
