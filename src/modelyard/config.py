@@ -76,9 +76,7 @@ class EndpointConfig(_Strict):
     @model_validator(mode="after")
     def _default_name(self) -> EndpointConfig:
         if not self.name:
-            parts = urlsplit(self.url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            object.__setattr__(self, "name", f"{parts.hostname}:{port}")
+            object.__setattr__(self, "name", _default_endpoint_name(self.url))
         return self
 
 
@@ -105,14 +103,6 @@ class ModelConfig(_Strict):
     strategy: StrategyName = "round_robin"
     health_check: HealthCheckConfig = HealthCheckConfig()
     kv_aware: KvAwareConfig = KvAwareConfig()
-
-    @model_validator(mode="after")
-    def _unique_endpoints(self) -> ModelConfig:
-        names = [e.name for e in self.endpoints]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"endpoint names must be unique within a model; repeated: {', '.join(dupes)}")
-        return self
 
 
 class StateConfig(_Strict):
@@ -147,14 +137,6 @@ class GatewayConfig(_Strict):
     admin: AdminConfig = AdminConfig()
     upstream: UpstreamConfig = UpstreamConfig()
 
-    @model_validator(mode="after")
-    def _unique_models(self) -> GatewayConfig:
-        names = [m.name for m in self.models]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
-        return self
-
 
 def load_config(
     path: str | Path | None,
@@ -180,10 +162,54 @@ def merged_data(
 
 
 def validate_config(data: Any, source: str) -> GatewayConfig:
+    # Uniqueness is checked on the raw data, beside pydantic's checks, so that a file with
+    # several problems reports all of them (a model validator would run only on valid fields).
+    problems = _duplicate_names(data)
     try:
-        return GatewayConfig.model_validate(data)
+        config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, [_describe(err) for err in exc.errors()]) from None
+        problems = [_describe(err) for err in exc.errors()] + problems
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def _duplicate_names(data: Any) -> list[str]:
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        return []
+    problems: list[str] = []
+    seen_models: set[str] = set()
+    for i, model in enumerate(models):
+        if not isinstance(model, dict):
+            continue
+        name = model.get("name")
+        if isinstance(name, str):
+            if name in seen_models:
+                problems.append(f"models[{i}].name: model names must be unique; {name!r} is repeated")
+            seen_models.add(name)
+        endpoints = model.get("endpoints")
+        seen_endpoints: set[str] = set()
+        for j, endpoint in enumerate(endpoints if isinstance(endpoints, list) else []):
+            if not isinstance(endpoint, dict) or not isinstance(endpoint.get("url", ""), str):
+                continue
+            label = endpoint.get("name") or _default_endpoint_name(endpoint.get("url", ""))
+            if label in seen_endpoints:
+                problems.append(
+                    f"models[{i}].endpoints[{j}].name: endpoint names must be unique within a model; "
+                    f"{label!r} is repeated (it defaults to host:port)"
+                )
+            seen_endpoints.add(label)
+    return problems
+
+
+def _default_endpoint_name(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return url
+    return f"{parts.hostname}:{port}"
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:

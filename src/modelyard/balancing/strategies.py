@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -123,9 +124,10 @@ class CostAware:
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         tokens = ctx.request.prompt_tokens + ctx.request.max_tokens
-        costs = [(e.outstanding_tokens + tokens) * e.cost_per_1k_tokens / 1000.0 for e in endpoints]
+        costs = [(e.outstanding_tokens + tokens) * e.cost_per_1k_tokens for e in endpoints]
         low = min(costs)
-        cheapest = [i for i, c in enumerate(costs) if c == low]
+        # Costs are products of floats: equal on paper can differ in the last bit.
+        cheapest = [i for i, c in enumerate(costs) if math.isclose(c, low, rel_tol=1e-9, abs_tol=1e-12)]
         if len(cheapest) == 1:
             return Pick(cheapest[0])
         best = _least([endpoints[i].outstanding_tokens for i in cheapest], rng)

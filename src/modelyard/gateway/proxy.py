@@ -16,6 +16,7 @@ import uuid
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from modelyard.balancing import RoutingContext, affinity_key
 from modelyard.cluster import Endpoint
@@ -129,11 +130,11 @@ class Proxy:
         self,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
-        headers: dict[str, str] | object,
+        headers: CIMultiDict[str],
         model: str,
         started: float,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, headers=headers)  # type: ignore[arg-type]
+        response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         first = True
         try:

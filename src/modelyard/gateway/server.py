@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -44,8 +43,7 @@ async def start_gateway(
     except OSError:
         await runner.cleanup()
         raise
-    sock: socket.socket = site._server.sockets[0]  # type: ignore[union-attr]
-    return RunningGateway(runner, config.listen.host, sock.getsockname()[1])
+    return RunningGateway(runner, config.listen.host, runner.addresses[0][1])
 
 
 async def run_until_signal(

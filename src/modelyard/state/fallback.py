@@ -47,7 +47,9 @@ class FallbackState:
                 self._failed(exc)
             else:
                 self._recovered()
-                return value
+                if value is not None:
+                    return value
+        # Also what was learnt locally while the remote was away.
         return await self._local.get(key)
 
     async def set(self, key: str, value: str, ttl: float) -> None:

@@ -26,8 +26,13 @@ _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
 
 
 def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
-    value = headers.get("Connection")
-    return {t.strip().lower() for t in value.split(",")} if value else set()
+    """Header names listed in every `Connection` line (a multidict may hold several)."""
+    return {
+        token.strip().lower()
+        for name, value in headers.items()
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
 
 
 def forwarded_request_headers(headers: Mapping[str, str], request_id: str) -> CIMultiDict[str]:

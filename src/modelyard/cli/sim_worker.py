@@ -1,0 +1,116 @@
+"""`modelyard sim-worker`: run one simulated model server until interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Coroutine
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from modelyard.simworker import SimWorker, SimWorkerConfig
+
+
+def sim_worker(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind; 0 picks a free one.")] = 9000,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="Served model name (repeatable; default sim-model). Requests for any name are answered.",
+        ),
+    ] = None,
+    max_concurrency: Annotated[
+        int, typer.Option(help="Concurrency slots; a request holds one for its whole prefill and decode.")
+    ] = 8,
+    prefill_ms_per_token: Annotated[
+        float,
+        typer.Option(
+            help="Prefill cost in ms per uncached prompt token (a token is a whitespace-separated word)."
+        ),
+    ] = 0.05,
+    decode_ms_per_token: Annotated[
+        float, typer.Option(help="Decode cost in ms per output token; streams emit each token after it.")
+    ] = 5.0,
+    slowdown: Annotated[float, typer.Option(help="Multiplier on prefill and decode costs.")] = 1.0,
+    cache_blocks: Annotated[
+        int, typer.Option(help="Prefix cache capacity in blocks (LRU); 0 disables the cache.")
+    ] = 256,
+    block_tokens: Annotated[int, typer.Option(help="Tokens per prefix cache block.")] = 16,
+    fail_rate: Annotated[
+        float, typer.Option(help="Probability (0..1) that a request answers 500 with an error body.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed of the worker's random generator (fail_rate).")] = 0,
+    embedding_dim: Annotated[int, typer.Option(help="Length of /v1/embeddings vectors.")] = 16,
+    oip_scale: Annotated[
+        float, typer.Option(help="OIP v2 and KServe v1 outputs are the inputs times this (1.0 echoes).")
+    ] = 1.0,
+) -> None:
+    """Run a simulated LLM/OIP server: OpenAI, OIP v2, KServe v1, vLLM metrics.
+
+    Latency is vLLM-like: wait for a slot, prefill the prompt tokens that
+    the prefix cache misses, then decode one token per step. Tokens are
+    approximated as whitespace-separated words. With every cost at 0 it
+    never sleeps. GET /sim/stats shows its counters; PUT /sim/config changes
+    the costs, slowdown, fail_rate and max_concurrency while it runs.
+    """
+    try:
+        config = SimWorkerConfig(
+            host=host,
+            port=port,
+            models=tuple(model) if model else ("sim-model",),
+            max_concurrency=max_concurrency,
+            prefill_ms_per_token=prefill_ms_per_token,
+            decode_ms_per_token=decode_ms_per_token,
+            slowdown=slowdown,
+            cache_blocks=cache_blocks,
+            block_tokens=block_tokens,
+            fail_rate=fail_rate,
+            seed=seed,
+            embedding_dim=embedding_dim,
+            oip_scale=oip_scale,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{_flag(e['loc'])}: {e['msg']}" for e in exc.errors())
+        typer.echo(f"error: sim-worker options: {problems}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        _run(_serve(config))
+    except OSError as exc:  # typically the port is taken
+        typer.echo(f"error: sim-worker cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    field = "model" if loc[0] == "models" else str(loc[0])
+    return "--" + field.replace("_", "-")
+
+
+async def _serve(config: SimWorkerConfig) -> None:
+    worker = SimWorker(config)
+    url = await worker.start()
+    typer.echo(f"sim-worker listening on {url}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await worker.stop()
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)

@@ -1,0 +1,475 @@
+"""HTTP handlers: parse once, ask the engine for slots and delays, render each protocol's shape.
+
+Errors are raised as `_Reject` and rendered at the edge by the route's protocol wrapper:
+OpenAI's `{"error": {"message", "type", "code"}}` or OIP/KServe's `{"error": "..."}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from modelyard.simworker.config import SimWorkerConfig
+from modelyard.simworker.engine import Running, SimEngine
+from modelyard.simworker.metrics import CONTENT_TYPE, create_registry, render
+from modelyard.simworker.tensors import oip_outputs, scale_nested
+from modelyard.simworker.text import (
+    chat_prompt,
+    completion_prompts,
+    embed,
+    embedding_inputs,
+    generate_words,
+    tokenize,
+)
+
+ENGINE = web.AppKey("modelyard_sim_engine", SimEngine)
+_REGISTRY = web.AppKey("modelyard_sim_registry", CollectorRegistry)
+
+_DEFAULT_MAX_TOKENS = 16
+_MAX_TOKENS_LIMIT = 1 << 17
+_MAX_EMBEDDING_DIM = 65536
+_SERVER_NAME = "modelyard-sim"
+_SERVER_VERSION = "0.1.0"
+_CREATED = int(time.time())
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _Reject(Exception):
+    def __init__(
+        self, status: int, message: str, *, error_type: str = "invalid_request_error", code: str = "invalid"
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+        self.code = code
+
+
+def _simulated_failure() -> _Reject:
+    return _Reject(500, "simulated failure (fail_rate)", error_type="server_error", code="simulated_failure")
+
+
+def _json(payload: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
+
+
+def _openai_api(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _Reject as exc:
+            error = {"message": exc.message, "type": exc.error_type, "param": None, "code": exc.code}
+            return _json({"error": error}, exc.status)
+
+    return wrapped
+
+
+def _oip_api(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _Reject as exc:
+            return _json({"error": exc.message}, exc.status)
+
+    return wrapped
+
+
+async def _json_body(request: web.Request) -> dict[str, object]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _Reject(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise _Reject(400, "the JSON body must be an object", code="invalid_json")
+    return body
+
+
+def _model(body: dict[str, object], engine: SimEngine) -> str:
+    model = body.get("model")
+    return model if isinstance(model, str) and model else engine.config.models[0]
+
+
+def _max_tokens(body: dict[str, object]) -> int:
+    value = body.get("max_completion_tokens")
+    if value is None:
+        value = body.get("max_tokens")
+    if value is None:
+        return _DEFAULT_MAX_TOKENS
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TOKENS_LIMIT:
+        raise _Reject(
+            400, f"max_tokens must be an integer in 0..{_MAX_TOKENS_LIMIT}", code="invalid_max_tokens"
+        )
+    return value
+
+
+def _include_usage(body: dict[str, object]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, object]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def _pieces(words: list[str]) -> list[str]:
+    """Stream pieces that concatenate to the non-streamed text."""
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+def _event(chunk: object) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+async def _stream(
+    request: web.Request,
+    engine: SimEngine,
+    prompts: list[list[str]],
+    max_tokens: int,
+    step_chunks: Callable[[int], Iterable[object]],
+    end_chunks: Callable[[Running], Iterable[object]],
+) -> web.StreamResponse:
+    """Server-sent events: the chunks of each decode step as soon as it is done, then [DONE]."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        async with engine.admit(prompts, max_tokens) as run:
+            for step in range(max_tokens):
+                await run.step()
+                await response.write(b"".join(map(_event, step_chunks(step))))
+        await response.write(b"".join(map(_event, end_chunks(run))) + b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away; the slot is already released
+    return response
+
+
+# OpenAI ------------------------------------------------------------------------------------------
+
+
+@_openai_api
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    engine.count("chat_completions")
+    body = await _json_body(request)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise _Reject(400, "'messages' must be a list of messages", code="invalid_messages")
+    try:
+        prompt = chat_prompt(messages)
+    except ValueError as exc:
+        raise _Reject(400, str(exc), code="invalid_messages") from None
+    max_tokens = _max_tokens(body)
+    model = _model(body, engine)
+    if engine.should_fail():
+        raise _simulated_failure()
+    tokens = tokenize(prompt)
+    words = generate_words(prompt, max_tokens)
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+    }
+    if body.get("stream"):
+        include_usage = _include_usage(body)
+        chunk_base = {**base, "object": "chat.completion.chunk"}
+        if include_usage:
+            chunk_base["usage"] = None
+        pieces = _pieces(words)
+
+        def step_chunks(step: int) -> list[object]:
+            delta = {"role": "assistant", "content": pieces[0]} if step == 0 else {"content": pieces[step]}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            return [{**chunk_base, "choices": [choice]}]
+
+        def end_chunks(run: Running) -> list[object]:
+            delta = {"role": "assistant", "content": ""} if max_tokens == 0 else {}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": "length"}
+            chunks: list[object] = [{**chunk_base, "choices": [choice]}]
+            if include_usage:
+                usage = _usage(len(tokens), max_tokens, run.cached_tokens)
+                chunks.append({**chunk_base, "choices": [], "usage": usage})
+            return chunks
+
+        return await _stream(request, engine, [tokens], max_tokens, step_chunks, end_chunks)
+
+    async with engine.admit([tokens], max_tokens) as run:
+        await run.steps(max_tokens)
+    message = {"role": "assistant", "content": " ".join(words)}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+    return _json({**base, "choices": [choice], "usage": _usage(len(tokens), max_tokens, run.cached_tokens)})
+
+
+@_openai_api
+async def _completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    engine.count("completions")
+    body = await _json_body(request)
+    try:
+        prompts = completion_prompts(body.get("prompt"))
+    except ValueError as exc:
+        raise _Reject(400, str(exc), code="invalid_prompt") from None
+    max_tokens = _max_tokens(body)
+    model = _model(body, engine)
+    if engine.should_fail():
+        raise _simulated_failure()
+    token_lists = [tokenize(p) for p in prompts]
+    prompt_tokens = sum(map(len, token_lists))
+    completion_tokens = max_tokens * len(prompts)
+    words = [generate_words(p, max_tokens) for p in prompts]
+    base = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+    }
+    if body.get("stream"):
+        include_usage = _include_usage(body)
+        if include_usage:
+            base["usage"] = None
+        pieces = [_pieces(w) for w in words]
+
+        def step_chunks(step: int) -> list[object]:
+            return [
+                {**base, "choices": [{"index": i, "text": p[step], "logprobs": None, "finish_reason": None}]}
+                for i, p in enumerate(pieces)
+            ]
+
+        def end_chunks(run: Running) -> list[object]:
+            chunks: list[object] = [
+                {**base, "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": "length"}]}
+                for i in range(len(prompts))
+            ]
+            if include_usage:
+                usage = _usage(prompt_tokens, completion_tokens, run.cached_tokens)
+                chunks.append({**base, "choices": [], "usage": usage})
+            return chunks
+
+        return await _stream(request, engine, token_lists, max_tokens, step_chunks, end_chunks)
+
+    async with engine.admit(token_lists, max_tokens) as run:
+        await run.steps(max_tokens)
+    choices = [
+        {"index": i, "text": " ".join(w), "logprobs": None, "finish_reason": "length"}
+        for i, w in enumerate(words)
+    ]
+    usage = _usage(prompt_tokens, completion_tokens, run.cached_tokens)
+    return _json({**base, "choices": choices, "usage": usage})
+
+
+@_openai_api
+async def _embeddings(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    engine.count("embeddings")
+    body = await _json_body(request)
+    try:
+        inputs = embedding_inputs(body.get("input"))
+    except ValueError as exc:
+        raise _Reject(400, str(exc).replace("prompt", "input"), code="invalid_input") from None
+    dim = body.get("dimensions")
+    if dim is None:
+        dim = engine.config.embedding_dim
+    elif isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= _MAX_EMBEDDING_DIM:
+        raise _Reject(
+            400, f"dimensions must be an integer in 1..{_MAX_EMBEDDING_DIM}", code="invalid_dimensions"
+        )
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise _Reject(400, "encoding_format must be 'float' or 'base64'", code="invalid_encoding_format")
+    model = _model(body, engine)
+    if engine.should_fail():
+        raise _simulated_failure()
+    token_lists = [tokenize(text) for text in inputs]
+    async with engine.admit(token_lists, 0, use_cache=False):
+        pass
+    data = []
+    for i, text in enumerate(inputs):
+        vector = embed(text, dim)
+        value: object = vector
+        if encoding == "base64":
+            value = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    tokens = sum(map(len, token_lists))
+    return _json(
+        {
+            "object": "list",
+            "data": data,
+            "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+async def _list_models(request: web.Request) -> web.StreamResponse:
+    models = request.app[ENGINE].config.models
+    return _json({"object": "list", "data": [_model_card(m) for m in models]})
+
+
+def _model_card(model: str) -> dict[str, object]:
+    return {"id": model, "object": "model", "created": _CREATED, "owned_by": _SERVER_NAME}
+
+
+async def _model_v1(request: web.Request) -> web.StreamResponse:
+    """`GET /v1/models/{model}`: OpenAI's model object and KServe v1's readiness in one body."""
+    model = request.match_info["model"]
+    return _json({**_model_card(model), "name": model, "ready": True})
+
+
+# KServe v1 ---------------------------------------------------------------------------------------
+
+
+@_oip_api
+async def _kserve_predict(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    engine.count("kserve_predict")
+    body = await _json_body(request)
+    instances = body.get("instances", body.get("inputs"))
+    if not isinstance(instances, list):
+        raise _Reject(400, "'instances' must be a list")
+    try:
+        predictions = scale_nested(instances, engine.config.oip_scale)
+    except ValueError as exc:
+        raise _Reject(400, str(exc)) from None
+    if engine.should_fail():
+        raise _simulated_failure()
+    async with engine.admit([], 0) as run:
+        await run.steps(1)
+    return _json({"predictions": predictions})
+
+
+# Open Inference Protocol v2 ----------------------------------------------------------------------
+
+
+async def _v2_live(request: web.Request) -> web.StreamResponse:
+    return _json({"live": True})
+
+
+async def _v2_ready(request: web.Request) -> web.StreamResponse:
+    return _json({"ready": True})
+
+
+async def _v2_server(request: web.Request) -> web.StreamResponse:
+    return _json({"name": _SERVER_NAME, "version": _SERVER_VERSION, "extensions": []})
+
+
+async def _v2_model(request: web.Request) -> web.StreamResponse:
+    model = request.match_info["model"]
+    version = request.match_info.get("version")
+    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [-1]}
+    return _json(
+        {
+            "name": model,
+            "versions": [version or "1"],
+            "platform": _SERVER_NAME,
+            "inputs": [tensor],
+            "outputs": [tensor],
+        }
+    )
+
+
+async def _v2_model_ready(request: web.Request) -> web.StreamResponse:
+    return _json({"name": request.match_info["model"], "ready": True})
+
+
+@_oip_api
+async def _v2_infer(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    engine.count("oip_infer")
+    body = await _json_body(request)
+    try:
+        outputs = oip_outputs(body, engine.config.oip_scale)
+    except ValueError as exc:
+        raise _Reject(400, str(exc)) from None
+    if engine.should_fail():
+        raise _simulated_failure()
+    async with engine.admit([], 0) as run:
+        await run.steps(1)
+    response: dict[str, object] = {"model_name": request.match_info["model"]}
+    version = request.match_info.get("version")
+    if version is not None:
+        response["model_version"] = version
+    if "id" in body:
+        response["id"] = body["id"]
+    response["outputs"] = outputs
+    return _json(response)
+
+
+# Operations --------------------------------------------------------------------------------------
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    return _json({"status": "ok"})
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    return web.Response(body=render(request.app[_REGISTRY]), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _sim_stats(request: web.Request) -> web.StreamResponse:
+    return _json(request.app[ENGINE].snapshot())
+
+
+async def _sim_config(request: web.Request) -> web.StreamResponse:
+    return _json(request.app[ENGINE].config.model_dump(mode="json"))
+
+
+@_oip_api
+async def _sim_config_update(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    body = await _json_body(request)
+    try:
+        config = engine.update_config(body)
+    except ValueError as exc:
+        raise _Reject(400, str(exc)) from None
+    return _json(config.model_dump(mode="json"))
+
+
+def create_sim_app(config: SimWorkerConfig) -> web.Application:
+    """A fresh simulated server: its own engine, counters, cache and metrics registry."""
+    app = web.Application(client_max_size=16 * 1024 * 1024)
+    engine = SimEngine(config)
+    app[ENGINE] = engine
+    app[_REGISTRY] = create_registry(engine)
+    v2_model = "/v2/models/{model}"
+    v2_version = "/v2/models/{model}/versions/{version}"
+    app.router.add_routes(
+        [
+            web.post("/v1/chat/completions", _chat_completions),
+            web.post("/v1/completions", _completions),
+            web.post("/v1/embeddings", _embeddings),
+            web.get("/v1/models", _list_models),
+            web.get("/v1/models/{model}", _model_v1),
+            web.post("/v1/models/{model}:predict", _kserve_predict),
+            web.get("/v2/health/live", _v2_live),
+            web.get("/v2/health/ready", _v2_ready),
+            web.get("/v2", _v2_server),
+            web.get(v2_model, _v2_model),
+            web.get(v2_version, _v2_model),
+            web.get(v2_model + "/ready", _v2_model_ready),
+            web.get(v2_version + "/ready", _v2_model_ready),
+            web.post(v2_model + "/infer", _v2_infer),
+            web.post(v2_version + "/infer", _v2_infer),
+            web.get("/health", _health),
+            web.get("/metrics", _metrics),
+            web.get("/sim/stats", _sim_stats),
+            web.get("/sim/config", _sim_config),
+            web.put("/sim/config", _sim_config_update),
+        ]
+    )
+    return app

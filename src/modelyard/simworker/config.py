@@ -1,0 +1,50 @@
+"""The sim worker's settings, validated once; `PUT /sim/config` swaps in a validated copy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from modelyard.simworker.latency import CostModel
+
+# The fields `PUT /sim/config` may change while the worker runs.
+RUNTIME_FIELDS = frozenset(
+    {"prefill_ms_per_token", "decode_ms_per_token", "slowdown", "fail_rate", "max_concurrency"}
+)
+
+
+class SimWorkerConfig(BaseModel):
+    """Tokens are approximated as whitespace-separated words throughout."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9000, ge=0, le=65535, description="0 picks a free port")
+    models: tuple[str, ...] = Field(default=("sim-model",), min_length=1, description="served model names")
+    max_concurrency: int = Field(default=8, ge=1, description="slots; excess requests wait in a queue")
+    prefill_ms_per_token: float = Field(default=0.05, ge=0, description="cost per uncached prompt token")
+    decode_ms_per_token: float = Field(default=5.0, ge=0, description="cost per output token")
+    slowdown: float = Field(default=1.0, ge=0, description="multiplies prefill and decode costs")
+    cache_blocks: int = Field(default=256, ge=0, description="prefix cache capacity in blocks; 0 disables it")
+    block_tokens: int = Field(default=16, ge=1, description="tokens per cache block")
+    fail_rate: float = Field(default=0.0, ge=0, le=1, description="probability a request answers 500")
+    seed: int = Field(default=0, description="seed of the worker's own random.Random")
+    embedding_dim: int = Field(default=16, ge=1, le=65536, description="length of /v1/embeddings vectors")
+    oip_scale: float = Field(default=1.0, description="OIP and KServe v1 outputs are inputs times this")
+
+    @property
+    def costs(self) -> CostModel:
+        return CostModel(self.prefill_ms_per_token, self.decode_ms_per_token, self.slowdown)
+
+    def with_runtime_changes(self, changes: Mapping[str, object]) -> SimWorkerConfig:
+        """A validated copy with `changes` applied. Raises ValueError naming the bad fields."""
+        unknown = sorted(set(changes) - RUNTIME_FIELDS)
+        if unknown:
+            allowed = ", ".join(sorted(RUNTIME_FIELDS))
+            raise ValueError(f"cannot change {', '.join(unknown)} at runtime; allowed: {allowed}")
+        try:
+            return SimWorkerConfig.model_validate({**self.model_dump(), **changes})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in exc.errors())
+            raise ValueError(problems) from None

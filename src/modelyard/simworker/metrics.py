@@ -1,0 +1,71 @@
+"""Prometheus exposition with vLLM's metric names, read from the live counters at scrape time.
+
+Each app owns its `CollectorRegistry`, so several workers can share one process. As vLLM does
+with several served names, the `model_name` label is the first configured model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from modelyard.simworker.engine import SimEngine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _SimCollector(Collector):
+    def __init__(self, engine: SimEngine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine
+        stats = engine.stats
+        labels = [engine.config.models[0]]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(labels, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(labels, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Requests holding a slot.", stats.running)
+        yield gauge("vllm:num_requests_waiting", "Requests queued for a slot.", stats.waiting)
+        yield gauge(
+            "vllm:gpu_cache_usage_perc",
+            "Fraction of cache blocks held by running requests (1 = 100%).",
+            engine.cache_usage,
+        )
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            stats.prefix_cache_queries_tokens,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            stats.prefix_cache_hits_tokens,
+        )
+        requests = CounterMetricFamily(
+            "modelyard_sim_requests", "Inference requests received, by endpoint.", labels=["endpoint"]
+        )
+        for endpoint, count in sorted(stats.requests_by_endpoint.items()):
+            requests.add_metric([endpoint], count)
+        yield requests
+
+
+def create_registry(engine: SimEngine) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SimCollector(engine))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

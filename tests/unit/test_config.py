@@ -1,0 +1,228 @@
+"""Gateway config: defaults, validation messages and precedence (DESIGN.md habit 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelyard.config import GatewayConfig, env_overrides, load_config, merged_data, validate_config
+from modelyard.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.yaml"
+
+
+def write(tmp_path: Path, text: str, name: str = "gateway.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def model(**fields: Any) -> dict[str, Any]:
+    return {"name": "m", "endpoints": [{"url": "http://127.0.0.1:9000"}], **fields}
+
+
+def problems_of(data: Any) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        validate_config(data, "<test>")
+    return info.value.problems
+
+
+def test_defaults() -> None:
+    config = load_config(None, env={})
+    assert isinstance(config, GatewayConfig)
+    assert (config.listen.host, config.listen.port) == ("127.0.0.1", 8000)
+    assert config.limits.max_body_bytes == 32 * 1024 * 1024
+    assert config.state.backend == "memory"
+    assert config.models == []
+    assert config.admin.token is None
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, ""), env={}) == load_config(None, env={})
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("http://10.0.0.5:9000", "10.0.0.5:9000"),
+        ("http://example.com/", "example.com:80"),
+        ("https://api.example.com/v1", "api.example.com:443"),
+    ],
+)
+def test_endpoint_name_defaults_to_host_and_port(url: str, name: str) -> None:
+    config = validate_config({"models": [model(endpoints=[{"url": url}])]}, "<test>")
+    assert config.models[0].endpoints[0].name == name
+
+
+def test_explicit_endpoint_name_is_kept_and_url_trailing_slash_dropped() -> None:
+    config = validate_config({"models": [model(endpoints=[{"url": "http://h:1/", "name": "gpu-a"}])]}, "<t>")
+    endpoint = config.models[0].endpoints[0]
+    assert (endpoint.name, endpoint.url) == ("gpu-a", "http://h:1")
+
+
+def test_endpoints_with_the_same_default_name_are_rejected() -> None:
+    problems = problems_of({"models": [model(endpoints=[{"url": "http://h:1"}, {"url": "http://h:1/"}])]})
+    assert problems == [
+        "models[0].endpoints[1].name: endpoint names must be unique within a model;"
+        " 'h:1' is repeated (it defaults to host:port)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("250ms", 0.25), ("5s", 5.0), ("1m", 60.0), ("2h", 7200.0), (3, 3.0), (0.5, 0.5), ("1.5", 1.5)],
+)
+def test_durations(value: Any, seconds: float) -> None:
+    config = validate_config({"models": [model(health_check={"interval": value})]}, "<test>")
+    assert config.models[0].health_check.interval == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["5 minutes", "-1s", "fast"])
+def test_bad_duration_names_field_and_expected_form(value: str) -> None:
+    (problem,) = problems_of({"models": [model(health_check={"timeout": value})]})
+    assert problem.startswith("models[0].health_check.timeout: expected a duration such as")
+    assert repr(value) in problem
+
+
+def test_negative_duration_is_rejected() -> None:
+    (problem,) = problems_of({"upstream": {"timeout": -1}})
+    assert problem.startswith("upstream.timeout: ")
+
+
+SEVERAL_ERRORS = """\
+listen:
+  port: 8000
+models:
+  - name: chat
+    strategy: fastest
+    endpoints:
+      - url: http://127.0.0.1:9000
+        weight: -1
+        retries: 3
+      - url: ftp://example.com
+  - name: chat
+"""
+
+
+def test_several_errors_are_reported_together_with_field_paths(tmp_path: Path) -> None:
+    path = write(tmp_path, SEVERAL_ERRORS)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    error = info.value
+    assert error.source == str(path)
+    assert str(error).startswith(f"{path}: ")
+    expected_prefixes = [
+        "models[0].endpoints[1].url: expected an http:// or https:// URL",
+        "models[0].strategy: expected one of 'round_robin', 'random', 'least_pending', 'kv_aware' or "
+        "'cost_aware' (got 'fastest')",
+        "models[0].endpoints[0].weight: ",
+        "models[0].endpoints[0].retries: unknown field",
+        "models[1].endpoints: Field required",
+    ]
+    for prefix in expected_prefixes:
+        assert any(p.startswith(prefix) for p in error.problems), (prefix, error.problems)
+        assert prefix in str(error)
+    assert "(got -1)" in next(p for p in error.problems if p.startswith("models[0].endpoints[0].weight"))
+
+
+def test_duplicate_model_names_are_reported_alongside_other_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, SEVERAL_ERRORS), env={})
+    assert any("model names must be unique" in p and "chat" in p for p in info.value.problems)
+
+
+def test_duplicate_model_names() -> None:
+    problems = problems_of({"models": [model(name="chat"), model(name="chat"), model(name="embed")]})
+    assert problems == ["models[1].name: model names must be unique; 'chat' is repeated"]
+
+
+def test_unknown_top_level_field() -> None:
+    assert problems_of({"lisen": {"port": 1}}) == ["lisen: unknown field"]
+
+
+def test_invalid_yaml_names_line_and_column(tmp_path: Path) -> None:
+    path = write(tmp_path, "listen:\n  port: 8000\n host: x\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    (problem,) = info.value.problems
+    assert problem.startswith("line 3, column 2: invalid YAML")
+    assert str(info.value).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("just text\n", "str"), ("42\n", "int")])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str, kind: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert info.value.problems == [f"expected a mapping at the top level, got {kind}"]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert info.value.source == str(path)
+    assert info.value.problems == ["cannot read file: No such file or directory"]
+
+
+def test_env_overrides_nest_on_double_underscore_and_read_yaml_scalars() -> None:
+    env = {
+        "MODELYARD_LISTEN__PORT": "9001",
+        "MODELYARD_STATE__BACKEND": "redis",
+        "MODELYARD_ADMIN__TOKEN": "s3cret",
+        "MODELYARD_UPSTREAM__TIMEOUT": "2.5",
+        "MODELYARD_DEBUG": "1",  # no "__": not a field path
+        "OTHER_LISTEN__PORT": "1",
+        "PATH": "/usr/bin",
+    }
+    assert env_overrides(env) == {
+        "listen": {"port": 9001},
+        "state": {"backend": "redis"},
+        "admin": {"token": "s3cret"},
+        "upstream": {"timeout": 2.5},
+    }
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "listen:\n  host: 0.0.0.0\n  port: 8001\n")
+    env = {"MODELYARD_LISTEN__PORT": "9001"}
+
+    from_file = load_config(path, env={})
+    assert (from_file.listen.host, from_file.listen.port) == ("0.0.0.0", 8001)
+
+    from_env = load_config(path, env=env)
+    assert (from_env.listen.host, from_env.listen.port) == ("0.0.0.0", 9001)
+
+    from_cli = load_config(path, env=env, overrides={"listen": {"port": 9002}})
+    assert (from_cli.listen.host, from_cli.listen.port) == ("0.0.0.0", 9002)
+    assert merged_data(path, env=env, overrides={"listen": {"port": 9002}}) == {
+        "listen": {"host": "0.0.0.0", "port": 9002}
+    }
+
+
+def test_process_environment_is_read_when_env_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODELYARD_LISTEN__PORT", "9003")
+    assert load_config(None).listen.port == 9003
+
+
+def test_bad_env_value_is_reported_with_its_field_path() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env={"MODELYARD_LISTEN__PORT": "not-a-port"})
+    (problem,) = info.value.problems
+    assert problem.startswith("listen.port: ")
+    assert "'not-a-port'" in problem
+
+
+def test_config_is_frozen() -> None:
+    config = load_config(None, env={})
+    with pytest.raises(ValueError):
+        config.listen.port = 1  # type: ignore[misc]
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(), reason="examples/gateway.yaml not present in this checkout")
+def test_example_config_loads() -> None:
+    config = load_config(EXAMPLE, env={})
+    assert config.models, "the example config should route at least one model"
+    for m in config.models:
+        assert m.endpoints
