@@ -25,6 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest -q

@@ -18,7 +18,7 @@ async def start_demo_workers(host: str = "127.0.0.1") -> list[tuple[str, SimWork
             SimWorkerConfig(
                 host=host,
                 port=0,
-                models=["demo-llm", "demo-echo"],
+                models=("demo-llm", "demo-echo"),
                 decode_ms_per_token=decode,
                 prefill_ms_per_token=prefill,
                 seed=seed,

@@ -26,7 +26,7 @@ from modelyard.state import SharedState, open_state
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool
 
-GATEWAY = web.AppKey("gateway", "Gateway")
+
 
 
 class Gateway:
@@ -61,6 +61,9 @@ class Gateway:
         await self.health.stop()
         await self.pool.close()
         await self.state.close()
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
 
 
 def _json(data: object, status: int = 200) -> web.Response:

@@ -20,7 +20,8 @@ class RedisState:
 
     async def get(self, key: str) -> str | None:
         try:
-            return await asyncio.wait_for(self._client.get(self._prefix + key), self._timeout)
+            value = await asyncio.wait_for(self._client.get(self._prefix + key), self._timeout)
+            return value if value is None else str(value)
         except (RedisError, OSError, TimeoutError) as exc:
             raise StateUnavailable(f"redis get failed: {exc!r}") from exc
 

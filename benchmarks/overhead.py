@@ -1,0 +1,427 @@
+"""Gateway overhead: what the modelyard gateway adds over hitting a backend directly, next to nginx.
+
+Three targets, same zero-latency backends (nginx returning a fixed chat.completion), same load (wrk):
+  direct     one backend, no proxy in between
+  nginx      nginx round robin over the 3 backends (keep-alive upstream pool, HTTP/1.1)
+  modelyard  `modelyard serve -c <generated yaml>` round robin over the 3 backends
+
+Run by hand, never from the test suite:  .venv/bin/python benchmarks/overhead.py
+See benchmarks/README.md for how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from common import (
+    CHAT_PATH,
+    INSTALL_HINT,
+    WRK_SCRIPT,
+    Child,
+    WrkResult,
+    backends_conf,
+    free_ports,
+    median,
+    nginx_version,
+    nproc,
+    post_chat,
+    proxy_conf,
+    require_binaries,
+    run_wrk,
+    start_nginx,
+    wait_for_chat,
+    wait_for_port,
+    wrk_version,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ("direct", "nginx", "modelyard")
+WARMUP_S = 2.0
+
+
+def _csv_ints(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("expected positive integers separated by commas, e.g. 1,64")
+    return values
+
+
+def _csv_targets(text: str) -> list[str]:
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [v for v in values if v not in TARGETS]
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(TARGETS)}; got {text!r}")
+    return [t for t in TARGETS if t in values]  # fixed order: direct first, it is the baseline
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per (target, concurrency); medians shown")
+    parser.add_argument(
+        "--concurrency", type=_csv_ints, default=[1, 64], help="wrk connections, comma-separated (1,64)"
+    )
+    parser.add_argument(
+        "--targets", type=_csv_targets, default=list(TARGETS), help="any of direct,nginx,modelyard"
+    )
+    parser.add_argument(
+        "--gateway-cmd",
+        help="command that starts the gateway; {config} is replaced by the generated YAML path "
+        "(appended as `-c PATH` when absent). Default: .venv/bin/modelyard serve -c {config} "
+        "--log-level warning (uvloop is used when installed in that environment)",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write raw results (every run) here")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (configs, logs)")
+    args = parser.parse_args(argv)
+    if args.duration <= 0 or args.repeat < 1:
+        parser.error("--duration must be > 0 and --repeat >= 1")
+    return args
+
+
+# --- the gateway ----------------------------------------------------------------------------
+
+
+def gateway_argv(gateway_cmd: str | None, config: Path) -> list[str]:
+    if gateway_cmd is None:
+        exe = ROOT / ".venv" / "bin" / "modelyard"
+        if not exe.exists():
+            exe = Path(sys.executable).parent / "modelyard"
+        return [str(exe), "serve", "-c", str(config), "--log-level", "warning"]
+    argv = shlex.split(gateway_cmd)
+    if any("{config}" in part for part in argv):
+        return [part.replace("{config}", str(config)) for part in argv]
+    return [*argv, "-c", str(config)]
+
+
+def gateway_yaml(port: int, backend_ports: list[int]) -> str:
+    endpoints = "\n".join(f"      - url: http://127.0.0.1:{p}" for p in backend_ports)
+    return f"""\
+listen:
+  host: 127.0.0.1
+  port: {port}
+models:
+  - name: bench
+    strategy: round_robin
+    health_check: {{interval: 60s}}
+    endpoints:
+{endpoints}
+"""
+
+
+def _interpreter_of(exe: str) -> str | None:
+    """The Python behind a console script (its shebang), or the exe itself when it is a Python."""
+    path = shutil.which(exe) or exe
+    if Path(path).name.startswith("python"):
+        return path
+    try:
+        with open(path, "rb") as f:
+            first = f.readline().decode(errors="replace").strip()
+    except OSError:
+        return None
+    if first.startswith("#!") and "python" in first:
+        return first[2:].strip().split()[0]
+    return None
+
+
+def gateway_versions(argv: list[str]) -> str:
+    python = _interpreter_of(argv[0])
+    if python is None:
+        return "unknown (not a Python entry point)"
+    probe = (
+        "import platform, importlib.metadata as m\n"
+        "def v(n):\n"
+        "    try: return m.version(n)\n"
+        "    except Exception: return 'absent'\n"
+        "print(f\"modelyard {v('modelyard')}, python {platform.python_version()}, "
+        "uvloop {v('uvloop')}, aiohttp {v('aiohttp')}\")"
+    )
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False, timeout=30)
+    return out.stdout.strip() or f"unknown ({out.stderr.strip()[-200:]})"
+
+
+def loaded_event_loop(pid: int) -> str:
+    """Which loop the running gateway really has: uvloop's extension mapped in it (or a child) or not."""
+    pids, seen = [pid], []
+    while pids:
+        current = pids.pop()
+        seen.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            pids.extend(int(c) for c in children.read_text().split())
+    for p in seen:
+        try:
+            if "/uvloop/loop." in Path(f"/proc/{p}/maps").read_text():
+                return "uvloop"
+        except OSError:
+            continue
+    return "asyncio (uvloop not loaded)"
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
+    children: list[Child] = []
+    try:
+        backend_ports = free_ports(3)
+        proxy_port, gateway_port = free_ports(2)
+        backends = start_nginx(
+            "backends (nginx)", tmp / "backends", backends_conf(tmp / "backends", backend_ports)
+        )
+        children.append(backends)
+        for port in backend_ports:
+            wait_for_port(port, backends)
+
+        urls = {"direct": f"http://127.0.0.1:{backend_ports[0]}{CHAT_PATH}"}
+        meta: dict[str, Any] = {}
+        if "nginx" in args.targets:
+            proxy = start_nginx(
+                "proxy (nginx)", tmp / "proxy", proxy_conf(tmp / "proxy", proxy_port, backend_ports)
+            )
+            children.append(proxy)
+            wait_for_port(proxy_port, proxy)
+            urls["nginx"] = f"http://127.0.0.1:{proxy_port}{CHAT_PATH}"
+        gateway: Child | None = None
+        if "modelyard" in args.targets:
+            config = tmp / "gateway.yaml"
+            config.write_text(gateway_yaml(gateway_port, backend_ports))
+            argv = gateway_argv(args.gateway_cmd, config)
+            meta["gateway_argv"] = argv
+            meta["gateway_versions"] = gateway_versions(argv)
+            gateway = Child("modelyard gateway", argv, tmp / "gateway.log")
+            children.append(gateway)
+            urls["modelyard"] = f"http://127.0.0.1:{gateway_port}{CHAT_PATH}"
+            status, body = wait_for_chat(urls["modelyard"], gateway)
+            meta["gateway_event_loop"] = loaded_event_loop(gateway.proc.pid)
+            if not 200 <= status < 300:
+                say(f"[red]modelyard: first request answered {status}:[/red] {escape(repr(body[:300]))}")
+                say(f"gateway log tail:\n{escape(gateway.log_tail())}")
+
+        # One request per target before loading it: the answer must be the backend's chat.completion.
+        for target in args.targets:
+            try:
+                status, body = post_chat(urls[target])
+            except OSError as error:
+                status, body = 0, repr(error).encode()
+            ok = 200 <= status < 300 and b'"chat.completion"' in body
+            meta.setdefault("sanity", {})[target] = {
+                "status": status,
+                "body": body[:300].decode(errors="replace"),
+            }
+            if not ok:
+                say(
+                    f"[yellow]{target}: sanity request answered {status}:[/yellow] {escape(repr(body[:300]))}"
+                )
+
+        script = tmp / "chat.lua"
+        script.write_text(WRK_SCRIPT)
+        for target in args.targets:
+            say(f"warm-up {target} ({WARMUP_S:g}s, {max(args.concurrency)} connections)")
+            run_wrk(target, urls[target], script, max(args.concurrency), WARMUP_S)
+
+        # Rounds interleave the targets, so drift (other load, thermal) hits them alike.
+        runs: list[WrkResult] = []
+        total = args.repeat * len(args.concurrency) * len(args.targets)
+        for round_ in range(args.repeat):
+            for conns in args.concurrency:
+                for target in args.targets:
+                    result = run_wrk(target, urls[target], script, conns, args.duration)
+                    result.repeat = round_
+                    runs.append(result)
+                    say(
+                        f"[{len(runs)}/{total}] {target:<9} c={conns:<3} {result.requests_per_s:>9.0f} req/s"
+                        f"  p50 {result.p50_ms:.3f} ms  p99 {result.p99_ms:.3f} ms  errors {result.errors}"
+                        + (f"  (wrk exit {result.returncode})" if result.returncode else "")
+                    )
+        if gateway is not None and not gateway.alive():
+            code = gateway.proc.returncode
+            say(f"[red]the gateway exited during the run ({code}):[/red]\n{escape(gateway.log_tail())}")
+        if gateway is not None:
+            meta["gateway_log_tail"] = gateway.log_tail(50)
+        return {"urls": urls, "runs": runs, **meta}
+    finally:
+        for child in reversed(children):
+            child.stop()
+
+
+def summarize(runs: list[WrkResult], targets: list[str], concurrency: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for conns in concurrency:
+        group = {t: [r for r in runs if r.target == t and r.connections == conns] for t in targets}
+        med = {
+            t: {
+                "rps": median([r.requests_per_s for r in rs]),
+                "p50": median([r.p50_ms for r in rs]),
+                "p99": median([r.p99_ms for r in rs]),
+                "non_2xx": sum(r.non_2xx_3xx for r in rs),
+                "socket": sum(sum(r.socket_errors.values()) for r in rs),
+                "runs": len(rs),
+            }
+            for t, rs in group.items()
+        }
+        for target in targets:
+            m = med[target]
+            direct = med.get("direct")
+            nginx = med.get("nginx")
+            rows.append(
+                {
+                    "concurrency": conns,
+                    "target": target,
+                    "requests_per_s": m["rps"],
+                    "p50_ms": m["p50"],
+                    "p99_ms": m["p99"],
+                    "added_p50_ms": m["p50"] - direct["p50"] if direct else None,
+                    "rps_vs_nginx": m["rps"] / nginx["rps"] if nginx and nginx["rps"] else None,
+                    "non_2xx": m["non_2xx"],
+                    "socket_errors": m["socket"],
+                    "runs": m["runs"],
+                }
+            )
+    return rows
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        padded = [
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = (
+        "|" + "|".join("-" * (w + 1) + ":" if i else ":" + "-" * (w + 1) for i, w in enumerate(widths)) + "|"
+    )
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+def report_lines(rows: list[dict[str, Any]], args: argparse.Namespace, info: dict[str, Any]) -> list[str]:
+    header = ["target", "req/s", "p50 ms", "p99 ms", "added p50 vs direct ms", "req/s ÷ nginx", "errors"]
+    lines: list[str] = []
+    for conns in args.concurrency:
+        cells = []
+        for row in (r for r in rows if r["concurrency"] == conns):
+            errors = row["non_2xx"] + row["socket_errors"]
+            cells.append(
+                [
+                    row["target"],
+                    f"{row['requests_per_s']:,.0f}",
+                    f"{row['p50_ms']:.3f}",
+                    f"{row['p99_ms']:.3f}",
+                    "—" if row["added_p50_ms"] is None else f"{row['added_p50_ms']:+.3f}",
+                    "—" if row["rps_vs_nginx"] is None else f"{row['rps_vs_nginx']:.2f}",
+                    f"{errors} ({row['non_2xx']} non-2xx, {row['socket_errors']} socket)" if errors else "0",
+                ]
+            )
+        lines += [f"{conns} connection(s): wrk -t1 -c{conns}, median of {args.repeat} run(s)", ""]
+        lines += [markdown_table(header, cells), ""]
+    return lines + footer(info)
+
+
+def footer(info: dict[str, Any]) -> list[str]:
+    lines = [
+        f"command: {info['command']}",
+        f"date: {info['date']}",
+        f"nproc: {info['nproc']}  (load average at start: {info['loadavg_start']})",
+        f"versions: nginx {info['nginx']}, wrk {info['wrk']}, python {info['python']} ({info['platform']})",
+    ]
+    if "gateway_versions" in info:
+        lines.append(
+            f"gateway: {info['gateway_versions']}; event loop: {info.get('gateway_event_loop', '?')}"
+        )
+        lines.append(f"gateway command: {shlex.join(info['gateway_argv'])}")
+    lines.append(
+        f"load: wrk 1 thread, {info['duration_s']:g}s per run, "
+        f"{WARMUP_S:g}s warm-up per target (not reported); backends: 3 zero-latency nginx servers (1 worker)"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    args = parse_args(argv)
+    err = Console(stderr=True, highlight=False)
+
+    missing = require_binaries("nginx", "wrk")
+    if missing:
+        print(f"missing: {', '.join(missing)}. Install with:\n  {INSTALL_HINT}", file=sys.stderr)
+        return 2
+
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop nginx and the gateway.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    info: dict[str, Any] = {
+        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "nproc": nproc(),
+        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "nginx": nginx_version(),
+        "wrk": wrk_version(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "duration_s": args.duration,
+        "repeat": args.repeat,
+        "concurrency": args.concurrency,
+        "targets": args.targets,
+        "warmup_s": WARMUP_S,
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="modelyard-bench-"))
+    failed = True
+    try:
+        result = run(args, tmp, err.print)
+        failed = False
+    except RuntimeError as error:
+        err.print(f"[red]error:[/red] {escape(str(error))}")
+        return 1
+    finally:
+        if args.keep_tmp or failed:
+            err.print(f"configs and logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    runs: list[WrkResult] = result.pop("runs")
+    info.update({k: v for k, v in result.items() if k.startswith("gateway_") and k != "gateway_log_tail"})
+    rows = summarize(runs, args.targets, args.concurrency)
+    print()
+    print("\n".join(report_lines(rows, args, info)), flush=True)
+
+    bad = [r for r in runs if r.errors or r.returncode]
+    if bad:
+        first = bad[0]
+        err.print(
+            f"\n{len(bad)} run(s) had errors; first: {first.target} c={first.connections}:", markup=False
+        )
+        err.print(first.raw, markup=False)
+        if "gateway_log_tail" in result and any(r.target == "modelyard" for r in bad):
+            err.print(f"gateway log tail:\n{result['gateway_log_tail']}", markup=False)
+
+    if args.json:
+        payload = {
+            "info": info,
+            "summary": rows,
+            "runs": [r.to_json() for r in runs],
+            **{k: v for k, v in result.items() if k not in info},
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        err.print(f"raw results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
