@@ -148,8 +148,11 @@ async def test_request_id_is_propagated_or_created(sim_workers, gateways, http):
     gateway = await gateways([model_config("m", workers)])
     async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "abc-123"}) as response:
         assert response.headers["X-Request-Id"] == "abc-123"
-    async with http.post(gateway.url + CHAT, json=chat()) as response:
-        assert len(response.headers["X-Request-Id"]) == 32
+    created = set()
+    for _ in range(3):
+        async with http.post(gateway.url + CHAT, json=chat()) as response:
+            created.add(response.headers["X-Request-Id"])
+    assert len(created) == 3 and all(len(i) == 32 for i in created)
 
 
 async def test_a_refused_connection_fails_over_and_takes_the_endpoint_out(sim_workers, gateways, http):

@@ -27,8 +27,6 @@ from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool
 
 
-
-
 class Gateway:
     """Everything one gateway instance owns; built from config, no globals."""
 

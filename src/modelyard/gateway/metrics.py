@@ -68,7 +68,9 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_InFlightCollector(loads))
+        # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
+        self._duration_children: dict[str, Histogram] = {}
 
     def health_changed(self, model: str, backend: str, healthy: bool) -> None:
         self.health_transitions.labels(model, backend, "healthy" if healthy else "unhealthy").inc()
@@ -79,4 +81,7 @@ class GatewayMetrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(model, backend, strategy, str(code))
         child.inc()
-        self.duration.labels(model).observe(seconds)
+        duration = self._duration_children.get(model)
+        if duration is None:
+            duration = self._duration_children[model] = self.duration.labels(model)
+        duration.observe(seconds)

@@ -9,12 +9,12 @@ and a failed write closes the upstream response).
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import random
 import time
-import uuid
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -26,7 +26,12 @@ from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
 from modelyard.state import SharedState
 from modelyard.types import RoutingRequest
-from modelyard.upstream import UpstreamPool, forwarded_request_headers, relayed_response_headers
+from modelyard.upstream import (
+    UpstreamPool,
+    UpstreamResponse,
+    forwarded_request_headers,
+    relayed_response_headers,
+)
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -45,6 +50,12 @@ class Proxy:
         self._state = state
         self._metrics = metrics
         self._rng = rng
+        # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
+        self._id_prefix = os.urandom(8).hex()
+        self._id_counter = itertools.count(1)
+
+    def _new_request_id(self) -> str:
+        return f"{self._id_prefix}{next(self._id_counter):016x}"
 
     async def forward(
         self, request: web.Request, model: ServedModel, routing: RoutingRequest, body: bytes | None
@@ -57,9 +68,9 @@ class Proxy:
             key = affinity_key(model.name, routing.prompt, model.config.kv_aware.prefix_chars)
             remembered = await self._state.get(key)
         ctx = RoutingContext(routing, seq, remembered)
-        request_id = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        request_id = request.headers.get(REQUEST_ID_HEADER) or self._new_request_id()
         request[REQUEST_ID] = request_id
-        headers = forwarded_request_headers(request.headers, request_id)
+        headers = forwarded_request_headers(request.headers.items(), request_id)
         tokens = routing.prompt_tokens + routing.max_tokens
 
         tried: list[Endpoint] = []
@@ -115,7 +126,7 @@ class Proxy:
             if upstream.content_type == "text/event-stream":
                 response = await self._relay_stream(request, upstream, out_headers, model.name, started)
             else:
-                data = await self._pool.read(upstream)
+                data = await upstream.read()
                 response = web.Response(body=data, status=upstream.status, headers=out_headers)
             code = upstream.status
             return response
@@ -129,7 +140,7 @@ class Proxy:
     async def _relay_stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         headers: CIMultiDict[str],
         model: str,
         started: float,
@@ -138,12 +149,12 @@ class Proxy:
         await response.prepare(request)
         first = True
         try:
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.iter_chunks():
                 if first:
                     self._metrics.ttft.labels(model).observe(time.perf_counter() - started)
                     first = False
                 await response.write(chunk)
-        except aiohttp.ClientPayloadError as exc:
+        except UpstreamError as exc:
             # The server broke off mid-stream; the status is already sent, so end what we have.
             log.warning("upstream stream for model %s ended early: %r", model, exc)
         await response.write_eof()

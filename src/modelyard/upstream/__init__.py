@@ -1,6 +1,7 @@
-"""HTTP to inference servers: keep-alive pools, forwarding, probes; the only aiohttp client user."""
+"""HTTP to inference servers: keep-alive pools, forwarding, probes."""
 
 from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
+from modelyard.upstream.http1 import UpstreamResponse
 from modelyard.upstream.pool import UpstreamPool
 
-__all__ = ["UpstreamPool", "forwarded_request_headers", "relayed_response_headers"]
+__all__ = ["UpstreamPool", "UpstreamResponse", "forwarded_request_headers", "relayed_response_headers"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 from multidict import CIMultiDict
 
@@ -25,30 +25,28 @@ _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
 _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
 
 
-def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
-    """Header names listed in every `Connection` line (a multidict may hold several)."""
+def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
+    """Header names listed in every `Connection` line (a message may carry several)."""
     return {
         token.strip().lower()
-        for name, value in headers.items()
+        for name, value in headers
         if name.lower() == "connection"
         for token in value.split(",")
     }
 
 
-def forwarded_request_headers(headers: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
-    drop = _NOT_FORWARDED | _connection_tokens(headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        if name.lower() not in drop:
-            out.add(name, value)
-    out["X-Request-Id"] = request_id
-    return out
+def _without(headers: list[tuple[str, str]], drop: frozenset[str]) -> list[tuple[str, str]]:
+    tokens = _connection_tokens(headers)
+    return [(n, v) for n, v in headers if (low := n.lower()) not in drop and low not in tokens]
 
 
-def relayed_response_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    drop = _NOT_RELAYED | _connection_tokens(headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        if name.lower() not in drop:
-            out.add(name, value)
-    return out
+def forwarded_request_headers(headers: Iterable[tuple[str, str]], request_id: str) -> list[tuple[str, str]]:
+    """The client's headers as they go upstream, with the request id set."""
+    kept = [(n, v) for n, v in _without(list(headers), _NOT_FORWARDED) if n.lower() != "x-request-id"]
+    kept.append(("X-Request-Id", request_id))
+    return kept
+
+
+def relayed_response_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """The server's headers as they go back to the client."""
+    return CIMultiDict(_without(list(headers), _NOT_RELAYED))

@@ -1,0 +1,412 @@
+"""A lean HTTP/1.1 keep-alive client for the proxy's hot path.
+
+Why not aiohttp's client here: profiling the gateway under load (py-spy, benchmarks/overhead.py)
+showed aiohttp's ClientSession machinery (request/response objects, auto headers, per-request
+timers, payload wrappers) taking ~40% of the gateway's CPU, most of the added latency. The proxy
+needs far less: send bytes it already has, parse the answer (httptools, the llhttp parser uvicorn
+uses), and hand the body over as it arrives. This module is that and nothing more: one pool of
+idle connections per upstream, bounded; a deadline per request; responses readable whole or
+chunk by chunk with back-pressure. Anything unusual (a reused connection the server had already
+closed, a malformed answer) closes the connection rather than guessing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from urllib.parse import urlsplit
+
+import httptools
+
+from modelyard.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+
+_PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
+_RESUME_BELOW = 64 * 1024
+_HEADER_ENCODING = ("utf-8", "surrogateescape")  # as aiohttp decodes them, so values round-trip
+
+
+class _StaleConnection(Exception):
+    """A reused keep-alive connection closed before answering: the server timed it out."""
+
+
+class UpstreamResponse:
+    """The head of an upstream answer, with its body to read whole or chunk by chunk.
+
+    Exactly one of `read()` (which also releases the connection) or `close()` must end its use;
+    `close()` after a complete body returns the connection to the pool, before it abandons it.
+    """
+
+    __slots__ = ("_buffered", "_chunks", "_conn", "_done", "_error", "_waiter", "headers", "status")
+
+    def __init__(self, conn: _Connection, status: int, headers: list[tuple[str, str]]) -> None:
+        self._conn = conn
+        self.status = status
+        self.headers = headers
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def header(self, name: str) -> str | None:
+        lowered = name.lower()
+        for key, value in self.headers:
+            if key.lower() == lowered:
+                return value
+        return None
+
+    @property
+    def content_type(self) -> str:
+        value = self.header("Content-Type") or ""
+        return value.partition(";")[0].strip().lower()
+
+    async def read(self) -> bytes:
+        try:
+            while not self._done:
+                await self._wait()
+            return b"".join(self._chunks)
+        finally:
+            self.close()
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._buffered < _RESUME_BELOW:
+                    self._conn.resume_reading()
+                yield chunk
+            elif self._done:
+                return
+            else:
+                await self._wait()
+
+    def close(self) -> None:
+        self._conn.finish(self)
+
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self._error is not None and not self._chunks:
+            raise self._error
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _PAUSE_ABOVE:
+            self._conn.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done:
+            self._error = error
+            self._wake()
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection and its response parser; carries one request at a time."""
+
+    def __init__(self, pool: _HostPool) -> None:
+        self._pool = pool
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._raw_headers: list[tuple[str, str]] = []
+        self._head: asyncio.Future[UpstreamResponse] | None = None
+        self._response: UpstreamResponse | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._received = False
+        self._complete = False
+        self._close_delimited = False
+        self._keep_alive = False
+        self._paused = False
+        self.closed = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._abort(UpstreamError(f"{self._pool.origin} sent a malformed HTTP response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._response is not None and not self._complete:
+            if self._close_delimited and exc is None:
+                self._complete = True
+                self._response._finish()
+            else:
+                self._response._fail(UpstreamError(f"{self._pool.origin} closed the connection mid-response"))
+        if self._head is not None and not self._head.done():
+            error: Exception = (
+                _StaleConnection()
+                if not self._received
+                else UpstreamError(f"{self._pool.origin} closed early")
+            )
+            self._head.set_exception(error)
+        self._cancel_deadline()
+
+    # --- httptools callbacks ------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._raw_headers.append((name.decode(*_HEADER_ENCODING), value.decode(*_HEADER_ENCODING)))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue): wait for the real one
+            self._raw_headers = []
+            return
+        response = UpstreamResponse(self, status, self._raw_headers)
+        self._raw_headers = []
+        has_length = response.header("Content-Length") is not None
+        chunked = "chunked" in (response.header("Transfer-Encoding") or "").lower()
+        self._close_delimited = not has_length and not chunked
+        # llhttp knows keep-alive only while the message is being parsed, not after it completes.
+        self._keep_alive = self._parser.should_keep_alive() and not self._close_delimited
+        self._response = response
+        if self._head is not None and not self._head.done():
+            self._head.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        if self._response is not None:
+            self._response._feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._response is None:  # the end of an interim 1xx message
+            return
+        self._complete = True
+        self._cancel_deadline()
+        self._response._finish()
+
+    # --- used by the pool and the response ----------------------------------------------------
+
+    def send(self, payload: bytes, timeout: float | None) -> asyncio.Future[UpstreamResponse]:
+        assert self._transport is not None
+        loop = asyncio.get_running_loop()
+        self._head = loop.create_future()
+        self._response = None
+        self._received = self._complete = self._close_delimited = self._keep_alive = False
+        if timeout:
+            self._deadline = loop.call_later(timeout, self._timed_out, timeout)
+        self._transport.write(payload)
+        return self._head
+
+    def finish(self, response: UpstreamResponse) -> None:
+        """The caller is done with `response`: keep the connection if the exchange ended cleanly."""
+        if response is not self._response:
+            return
+        self._response = None
+        self._head = None
+        self._cancel_deadline()
+        reusable = self._complete and not self.closed and self._keep_alive
+        if reusable:
+            self.resume_reading()
+        else:
+            self._close()
+        self._pool.release(self, reusable)
+
+    def abandon(self) -> None:
+        """Give up on the exchange in flight (cancelled, failed): the connection cannot be reused."""
+        self._response = None
+        self._head = None
+        self._cancel_deadline()
+        self._close()
+        self._pool.release(self, False)
+
+    def pause_reading(self) -> None:
+        if not self._paused and self._transport is not None and not self.closed:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._paused and self._transport is not None and not self.closed:
+            self._paused = False
+            self._transport.resume_reading()
+
+    def _timed_out(self, timeout: float) -> None:
+        self._deadline = None
+        self._abort(UpstreamTimeout(f"{self._pool.origin} did not answer within {timeout:g}s"))
+
+    def _abort(self, error: UpstreamError) -> None:
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        if self._response is not None:
+            self._response._fail(error)
+        self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+
+class _HostPool:
+    """Idle connections to one upstream origin, at most `limit` open at once."""
+
+    def __init__(self, base_url: str, limit: int, connect_timeout: float) -> None:
+        parts = urlsplit(base_url)
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.prefix = parts.path.rstrip("/")  # a base URL may carry a path: prepended to every request
+        self._host = parts.hostname or "localhost"
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.host_header = parts.netloc.encode()
+        self._limit = limit
+        self._connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+        self._open = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> tuple[_Connection, bool]:
+        """A connection to send on, and whether it was reused from the idle list."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn, True
+            self._open -= 1
+        while self._open >= self._limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn, True
+                self._open -= 1
+        self._open += 1
+        try:
+            return await self._connect(), False
+        except BaseException:
+            self._open -= 1
+            self._wake_one()
+            raise
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout or None):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl else None,
+                )
+        except TimeoutError:
+            raise UpstreamUnreachable(
+                f"cannot connect to {self.origin}: no answer within {self._connect_timeout:g}s"
+            ) from None
+        except OSError as exc:
+            raise UpstreamUnreachable(f"cannot connect to {self.origin}: {exc.strerror or exc}") from exc
+        return conn
+
+    def release(self, conn: _Connection, reusable: bool) -> None:
+        if reusable:
+            self._idle.append(conn)
+        else:
+            self._open -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.closed = True
+            if conn._transport is not None:
+                conn._transport.close()
+        self._idle.clear()
+
+
+def encode_request(
+    method: str, path: str, host: bytes, headers: Iterable[tuple[str, str]], body: bytes | None
+) -> bytes:
+    """The request head and body as one buffer, so it leaves in one write."""
+    lines = [f"{method} {path} HTTP/1.1\r\n".encode(*_HEADER_ENCODING), b"Host: " + host + b"\r\n"]
+    for name, value in headers:
+        lines.append(f"{name}: {value}\r\n".encode(*_HEADER_ENCODING))
+    if body is not None:
+        lines.append(b"Content-Length: %d\r\n" % len(body))
+    lines.append(b"\r\n")
+    if body:
+        lines.append(body)
+    return b"".join(lines)
+
+
+class Http1Client:
+    """Keep-alive HTTP/1.1 to any number of upstream origins."""
+
+    def __init__(self, *, max_connections: int, connect_timeout: float) -> None:
+        self._max_connections = max_connections
+        self._connect_timeout = connect_timeout
+        self._pools: dict[str, _HostPool] = {}
+
+    def _pool(self, base_url: str) -> _HostPool:
+        pool = self._pools.get(base_url)
+        if pool is None:
+            pool = self._pools[base_url] = _HostPool(base_url, self._max_connections, self._connect_timeout)
+        return pool
+
+    async def request(
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        deadline: float | None,
+    ) -> UpstreamResponse:
+        """Send a request; return once the response head has arrived. `deadline` (seconds) bounds
+        the whole exchange, body included."""
+        pool = self._pool(base_url)
+        payload = encode_request(method, pool.prefix + path, pool.host_header, headers, body)
+        for _attempt in range(2):
+            conn, reused = await pool.acquire()
+            try:
+                return await conn.send(payload, deadline)
+            except _StaleConnection:
+                conn.abandon()
+                if reused:
+                    continue  # the server had closed it while idle; nothing was processed
+                raise UpstreamError(f"{pool.origin} closed the connection without answering") from None
+            except BaseException:
+                conn.abandon()
+                raise
+        raise UpstreamError(f"{pool.origin} closed the connection without answering")
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
