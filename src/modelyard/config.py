@@ -85,6 +85,7 @@ class HealthCheckConfig(_Strict):
 
     path: str = "/health"
     interval: Seconds = 5.0
+    unhealthy_interval: Seconds = Field(1.0, description="probe period for endpoints that are down")
     timeout: Seconds = 1.0
     unhealthy_threshold: int = Field(2, ge=1)
     healthy_threshold: int = Field(1, ge=1)

@@ -197,3 +197,22 @@ async def test_every_strategy_serves_requests(sim_workers, gateways, http, strat
     async with http.post(gateway.url + CHAT, data=orjson.dumps(chat())) as response:
         assert response.status == 200
         assert response.headers["X-Modelyard-Strategy"] == strategy
+
+
+async def test_an_endpoint_that_comes_back_is_used_again(sim_workers, gateways, http):
+    workers = await sim_workers(2)
+    health = {"interval": "60s", "unhealthy_interval": "20ms"}
+    gateway = await gateways([model_config("m", workers, health_check=health)])
+    port = workers[0].port
+    await workers[0].stop()
+    assert [await post_backend(http, gateway.url, chat()) for _ in range(3)] == ["w1"] * 3
+
+    (revived,) = await sim_workers(1, port=port)
+    assert revived.port == port
+
+    async def w0_serves_again() -> bool:
+        return await post_backend(http, gateway.url, chat()) == "w0"
+
+    await wait_until(w0_serves_again)
+    labels = {"model": "m", "backend": "w0", "to": "healthy"}
+    assert await metric_value(http, gateway.url, "modelyard_endpoint_health_transitions_total", **labels) == 1
