@@ -18,9 +18,9 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from modelyard.balancing import RoutingContext, affinity_key
+from modelyard.balancing import Pick, RoutingContext, affinity_key
 from modelyard.cluster import Endpoint
-from modelyard.errors import NoHealthyEndpoint, UpstreamError, UpstreamUnreachable
+from modelyard.errors import ModelyardError, NoHealthyEndpoint, UpstreamError, UpstreamUnreachable
 from modelyard.gateway.errors import REQUEST_ID
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
@@ -73,42 +73,7 @@ class Proxy:
         headers = forwarded_request_headers(request.headers.items(), request_id)
         tokens = routing.prompt_tokens + routing.max_tokens
 
-        tried: list[Endpoint] = []
-        while True:
-            candidates = [e for e in model.endpoints if e.health.healthy and e not in tried]
-            if not candidates:
-                self._metrics.observe_request(
-                    model.name, "", strategy.name, 503, time.perf_counter() - started
-                )
-                if tried:
-                    raise UpstreamError(
-                        f"every endpoint of model {model.name!r} refused the connection: "
-                        + ", ".join(e.name for e in tried)
-                    )
-                raise NoHealthyEndpoint(
-                    f"model {model.name!r} has no healthy endpoint", headers={"Retry-After": "1"}
-                )
-            pick = strategy.pick(candidates, ctx, self._rng)
-            endpoint = candidates[pick.index]
-            endpoint.load.acquire(tokens)
-            try:
-                upstream = await self._pool.send(
-                    endpoint.url, request.method, request.raw_path, headers, body
-                )
-            except UpstreamUnreachable as exc:
-                endpoint.load.release(tokens)
-                tried.append(endpoint)
-                model.record_unreachable(endpoint, exc.message)
-                continue
-            except BaseException as exc:
-                endpoint.load.release(tokens)
-                code = exc.status if isinstance(exc, UpstreamError) else CLIENT_CLOSED
-                self._metrics.observe_request(
-                    model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
-                )
-                raise
-            break
-
+        endpoint, pick, upstream = await self._send(request, model, ctx, headers, body, tokens, started)
         if key is not None:
             self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
             if not pick.cache_hit:
@@ -130,12 +95,66 @@ class Proxy:
                 response = web.Response(body=data, status=upstream.status, headers=out_headers)
             code = upstream.status
             return response
+        except UpstreamError as exc:
+            code = exc.status
+            raise
         finally:
             upstream.close()
             endpoint.load.release(tokens)
             self._metrics.observe_request(
                 model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
             )
+
+    async def _send(
+        self,
+        request: web.Request,
+        model: ServedModel,
+        ctx: RoutingContext,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        tokens: int,
+        started: float,
+    ) -> tuple[Endpoint, Pick, UpstreamResponse]:
+        """Pick an endpoint and send; a refused connection moves on to another healthy endpoint."""
+        strategy = model.strategy
+        tried: list[Endpoint] = []
+        while True:
+            candidates = [e for e in model.endpoints if e.health.healthy and e not in tried]
+            if not candidates:
+                error: ModelyardError
+                if tried:
+                    names = ", ".join(e.name for e in tried)
+                    error = UpstreamError(
+                        f"every endpoint of model {model.name!r} refused the connection: {names}"
+                    )
+                else:
+                    error = NoHealthyEndpoint(
+                        f"model {model.name!r} has no healthy endpoint", headers={"Retry-After": "1"}
+                    )
+                self._metrics.observe_request(
+                    model.name, "", strategy.name, error.status, time.perf_counter() - started
+                )
+                raise error
+            pick = strategy.pick(candidates, ctx, self._rng)
+            endpoint = candidates[pick.index]
+            endpoint.load.acquire(tokens)
+            try:
+                upstream = await self._pool.send(
+                    endpoint.url, request.method, request.raw_path, headers, body
+                )
+            except UpstreamUnreachable as exc:
+                endpoint.load.release(tokens)
+                tried.append(endpoint)
+                model.record_unreachable(endpoint, exc.message)
+                continue
+            except BaseException as exc:
+                endpoint.load.release(tokens)
+                code = exc.status if isinstance(exc, UpstreamError) else CLIENT_CLOSED
+                self._metrics.observe_request(
+                    model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
+                )
+                raise
+            return endpoint, pick, upstream
 
     async def _relay_stream(
         self,

@@ -20,8 +20,9 @@ HOP_BY_HOP = frozenset(
         "Proxy-Connection",
     )
 )
-# Recomputed by the next hop (Host, Content-Length) or set by the gateway's own server (Date, Server).
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
+# Recomputed by the next hop (Host, Content-Length), already settled with the client (Expect: the
+# gateway holds the whole body), or set by the gateway's own server (Date, Server).
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
 _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
 
 

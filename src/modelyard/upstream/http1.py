@@ -65,6 +65,7 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         try:
             while not self._done:
+                self._conn.resume_reading()  # the whole body is wanted: never leave the socket paused
                 await self._wait()
             return b"".join(self._chunks)
         finally:
@@ -113,7 +114,9 @@ class UpstreamResponse:
         self._wake()
 
     def _fail(self, error: BaseException) -> None:
-        if not self._done:
+        if (
+            not self._done and self._error is None
+        ):  # the first cause wins (a timeout, not the close it causes)
             self._error = error
             self._wake()
 
@@ -179,7 +182,8 @@ class _Connection(asyncio.Protocol):
         self._raw_headers = []
         has_length = response.header("Content-Length") is not None
         chunked = "chunked" in (response.header("Transfer-Encoding") or "").lower()
-        self._close_delimited = not has_length and not chunked
+        # 204 and 304 have no body by definition; other answers without a length end at close.
+        self._close_delimited = not has_length and not chunked and status not in (204, 304)
         # llhttp knows keep-alive only while the message is being parsed, not after it completes.
         self._keep_alive = self._parser.should_keep_alive() and not self._close_delimited
         self._response = response
@@ -293,6 +297,10 @@ class _HostPool:
             self._waiters.append(waiter)
             try:
                 await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # we were woken but will not use the slot: pass the turn on
+                raise
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
