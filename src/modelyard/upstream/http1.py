@@ -126,6 +126,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool: _HostPool) -> None:
         self._pool = pool
+        self._loop = asyncio.get_running_loop()  # made by create_connection, inside the loop
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._raw_headers: list[tuple[str, str]] = []
@@ -205,12 +206,11 @@ class _Connection(asyncio.Protocol):
 
     def send(self, payload: bytes, timeout: float | None) -> asyncio.Future[UpstreamResponse]:
         assert self._transport is not None
-        loop = asyncio.get_running_loop()
-        self._head = loop.create_future()
+        self._head = self._loop.create_future()
         self._response = None
         self._received = self._complete = self._close_delimited = self._keep_alive = False
         if timeout:
-            self._deadline = loop.call_later(timeout, self._timed_out, timeout)
+            self._deadline = self._loop.call_later(timeout, self._timed_out, timeout)
         self._transport.write(payload)
         return self._head
 
