@@ -102,6 +102,10 @@ class ModelConfig(_Strict):
     name: str = Field(min_length=1)
     endpoints: list[EndpointConfig] = Field(min_length=1)
     strategy: StrategyName = "round_robin"
+    protocol: Literal["v1", "v2"] = Field(
+        "v1",
+        description="how graph steps naming this model (serviceName) call it: v1 :predict or v2 /infer",
+    )
     health_check: HealthCheckConfig = HealthCheckConfig()
     kv_aware: KvAwareConfig = KvAwareConfig()
 
@@ -137,6 +141,17 @@ class GatewayConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     admin: AdminConfig = AdminConfig()
     upstream: UpstreamConfig = UpstreamConfig()
+    graphs: dict[str, Any] = Field(
+        default_factory=dict, description="name -> InferenceGraph spec; validated by the graph engine"
+    )
+    graph_files: list[str] = Field(
+        default_factory=list,
+        description="files or directories of graphs (KServe manifests or graphs: mappings)",
+    )
+    graph_propagate_headers: list[str] = Field(
+        default_factory=list,
+        description="regexes of request headers passed to every graph step (PROPAGATE_HEADERS)",
+    )
 
 
 def load_config(

@@ -4,7 +4,8 @@
     ├── ConfigError                     (startup: one line, exit 1)
     ├── BadRequest                      400 invalid_request_error
     │   ├── MalformedBody               400
-    │   └── UnknownStrategy             400
+    │   ├── UnknownStrategy             400
+    │   └── GraphInvalid                400 (every problem of a graph, with its path)
     ├── Unauthorized                    401 authentication_error
     ├── NotFound                        404 not_found_error
     │   └── ModelNotFound               404 model_not_found
@@ -60,6 +61,15 @@ class UnknownStrategy(BadRequest):
 
     def __init__(self, name: object, valid: Iterable[str]) -> None:
         super().__init__(f"unknown strategy {name!r}; valid strategies: {', '.join(sorted(valid))}")
+
+
+class GraphInvalid(BadRequest):
+    code = "invalid_graph"
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        super().__init__(f"{source}: " + "; ".join(self.problems))
 
 
 class Unauthorized(ModelyardError):

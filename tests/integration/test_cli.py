@@ -38,7 +38,7 @@ def modelyard(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def test_validate_accepts_the_example_config():
     result = modelyard("config", "validate", str(EXAMPLES / "gateway.yaml"))
     assert result.returncode == 0, result.stderr
-    assert "ok (2 models)" in result.stdout
+    assert "ok (2 models, 0 graphs)" in result.stdout
 
 
 def test_validate_prints_every_error_with_its_field_path(tmp_path):

@@ -202,13 +202,18 @@ def test_protocol_for_path(path: str, protocol: Protocol) -> None:
 def test_openai_envelope(protocol: Protocol) -> None:
     error = ModelNotFound("gpt-x", ["llama", "mistral"])
     assert orjson.loads(envelope.error_body(protocol, error)) == {
-        "error": {"message": error.message, "type": "not_found_error", "code": "model_not_found"}
+        "error": {
+            "message": error.message,
+            "type": "not_found_error",
+            "param": None,
+            "code": "model_not_found",
+        }
     }
 
 
 def test_openai_envelope_code_defaults_to_type() -> None:
     assert orjson.loads(envelope.error_body(Protocol.OPENAI, ModelyardError("boom"))) == {
-        "error": {"message": "boom", "type": "internal_error", "code": "internal_error"}
+        "error": {"message": "boom", "type": "internal_error", "param": None, "code": "internal_error"}
     }
     assert orjson.loads(envelope.error_body(Protocol.OPENAI, BadRequest("no")))["error"]["code"] == (
         "invalid_request_error"

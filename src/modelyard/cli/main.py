@@ -13,16 +13,20 @@ from rich.console import Console
 
 from modelyard import __version__
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
+from modelyard.cli.graph import app as graph_app
 from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import RunningGateway, run, run_until_signal, start_gateway
+from modelyard.gateway.graphs import load_config_graphs
+from modelyard.graph import Graph
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="modelyard: route, compose and place models."
 )
 config_app = typer.Typer(no_args_is_help=True, help="Work with gateway config files.")
 app.add_typer(config_app, name="config")
+app.add_typer(graph_app, name="graph")
 app.command("sim-worker")(sim_worker)
 
 err = Console(stderr=True, highlight=False)
@@ -75,10 +79,11 @@ def serve(
             run(_serve_demo(base))
             return
         loaded = load_config(config, overrides=overrides)
+        graphs = load_config_graphs(loaded, str(config))
         if print_config:
             typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False))
             return
-        run(_serve(loaded))
+        run(_serve(loaded, graphs))
     except ModelyardError as error:
         raise _fail(error) from None
     except OSError as error:
@@ -86,13 +91,14 @@ def serve(
         raise typer.Exit(1) from None
 
 
-async def _serve(config: GatewayConfig) -> None:
+async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
     holder: list[RunningGateway] = []
 
     async def start() -> None:
-        gateway = await start_gateway(config)
+        gateway = await start_gateway(config, graphs=graphs)
         holder.append(gateway)
-        typer.echo(f"modelyard gateway listening on {gateway.url} ({len(config.models)} models)")
+        counts = f"{len(config.models)} models, {len(graphs)} graphs"
+        typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
 
     async def stop() -> None:
         for gateway in holder:
@@ -127,12 +133,13 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Config files to c
     for file in files:
         try:
             config = load_config(file, env={})
+            graphs = load_config_graphs(config, str(file))
         except ConfigError as error:
             failed = True
             for problem in error.problems:
                 err.print(f"[red]error:[/red] {file}: {problem}", soft_wrap=True)
         else:
-            typer.echo(f"{file}: ok ({len(config.models)} models)")
+            typer.echo(f"{file}: ok ({len(config.models)} models, {len(graphs)} graphs)")
     if failed:
         raise typer.Exit(1)
 

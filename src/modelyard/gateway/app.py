@@ -16,22 +16,30 @@ from modelyard.cluster import BackendLoad
 from modelyard.config import GatewayConfig
 from modelyard.errors import BadRequest, ModelNotFound, PayloadTooLarge, Unauthorized
 from modelyard.gateway.errors import error_middleware
+from modelyard.gateway.graphs import TRACE_REQUEST_HEADER, GatewayInvoker, GraphService, load_config_graphs
 from modelyard.gateway.health import HealthChecker
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
 from modelyard.gateway.proxy import Proxy
+from modelyard.graph import Graph
 from modelyard.protocols import oip, openai
 from modelyard.protocols.openai import parse_json_object
 from modelyard.state import SharedState, open_state
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool
+from modelyard.upstream.graph_invoker import UrlInvoker
 
 
 class Gateway:
     """Everything one gateway instance owns; built from config, no globals."""
 
     def __init__(
-        self, config: GatewayConfig, *, state: SharedState | None = None, seed: int | None = None
+        self,
+        config: GatewayConfig,
+        *,
+        state: SharedState | None = None,
+        seed: int | None = None,
+        graphs: dict[str, Graph] | None = None,
     ) -> None:
         self.config = config
         self.loads: dict[str, BackendLoad] = {}
@@ -43,6 +51,13 @@ class Gateway:
         self.pool = UpstreamPool(config.upstream)
         self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))
         self.health = HealthChecker(self.models.values(), self.pool)
+        invoker = GatewayInvoker(self.models, self.proxy, UrlInvoker(self.pool.client))
+        self.graphs = GraphService(
+            load_config_graphs(config, "config") if graphs is None else graphs,
+            invoker,
+            config.graph_propagate_headers,
+            self.metrics.graph_step,
+        )
         self.created = int(time.time())
 
     def model(self, name: str | None) -> ServedModel:
@@ -187,12 +202,67 @@ async def put_strategy_handler(request: web.Request) -> web.Response:
     return _json(_strategies(gateway))
 
 
+# --- inference graphs ------------------------------------------------------------------------
+
+
+def _graph_summary(graph: Graph) -> dict[str, object]:
+    nodes = {
+        name: {"routerType": node.router_type, "steps": len(node.steps)}
+        for name, node in graph.spec.nodes.items()
+    }
+    return {"name": graph.name, "nodes": nodes, "timeout": graph.spec.timeout}
+
+
+async def list_graphs(request: web.Request) -> web.Response:
+    graphs = request.app[GATEWAY].graphs.graphs
+    return _json({"object": "list", "data": [_graph_summary(g) for g in graphs.values()]})
+
+
+async def get_graph(request: web.Request) -> web.Response:
+    graph = request.app[GATEWAY].graphs.get(request.match_info["name"])
+    return _json(
+        {
+            **_graph_summary(graph),
+            "spec": graph.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+        }
+    )
+
+
+async def run_graph(request: web.Request) -> web.Response:
+    """Run a graph; `X-Modelyard-Trace: 1` adds `X-Modelyard-Graph-Trace` (every step, its status and ms)."""
+    service = request.app[GATEWAY].graphs
+    name = request.match_info["name"]
+    service.get(name)  # 404 before reading the body
+    body = await _read_body(request)
+    want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
+    return await service.run(name, body, list(request.headers.items()), want_trace)
+
+
+async def put_graph(request: web.Request) -> web.Response:
+    _check_admin(request)
+    name = request.match_info["name"]
+    graph, warnings = request.app[GATEWAY].graphs.put(name, await _read_body(request))
+    return _json({**_graph_summary(graph), "warnings": warnings})
+
+
+async def delete_graph(request: web.Request) -> web.Response:
+    _check_admin(request)
+    name = request.match_info["name"]
+    request.app[GATEWAY].graphs.delete(name)
+    return _json({"deleted": name})
+
+
 def create_app(
-    config: GatewayConfig, *, state: SharedState | None = None, seed: int | None = None
+    config: GatewayConfig,
+    *,
+    state: SharedState | None = None,
+    seed: int | None = None,
+    graphs: dict[str, Graph] | None = None,
 ) -> web.Application:
-    """Build a gateway application. `state` overrides the configured store (tests); `seed` fixes the RNG."""
+    """Build a gateway application. `state` overrides the configured store (tests); `seed` fixes the
+    RNG; `graphs` are already-loaded graphs (else the config's are loaded, ConfigError if invalid)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=config.limits.max_body_bytes)
-    gateway = Gateway(config, state=state, seed=seed)
+    gateway = Gateway(config, state=state, seed=seed, graphs=graphs)
     app[GATEWAY] = gateway
 
     async def lifecycle(_app: web.Application):  # type: ignore[no-untyped-def]
@@ -218,6 +288,11 @@ def create_app(
     add("GET", "/healthz", healthz)
     add("GET", "/readyz", readyz)
     add("GET", "/metrics", metrics)
+    add("GET", "/v1/graphs", list_graphs)
+    add("GET", "/v1/graphs/{name}", get_graph)
+    add("POST", "/v1/graphs/{name}", run_graph)
+    add("PUT", "/admin/graphs/{name}", put_graph)
+    add("DELETE", "/admin/graphs/{name}", delete_graph)
     for path in ("/admin/strategy", "/strategy"):  # /strategy: InferFlow's path
         add("GET", path, get_strategy_handler)
         add("PUT", path, put_strategy_handler)

@@ -67,10 +67,20 @@ class GatewayMetrics:
             ["model", "backend", "to"],
             registry=self.registry,
         )
+        self.graph_steps = Histogram(
+            "modelyard_graph_step_duration_seconds",
+            "Graph steps run, by graph, node, step and status code",
+            ["graph", "node", "step", "code"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_InFlightCollector(loads))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
+
+    def graph_step(self, graph: str, node: str, step: str, code: int, seconds: float) -> None:
+        self.graph_steps.labels(graph, node, step, str(code)).observe(seconds)
 
     def health_changed(self, model: str, backend: str, healthy: bool) -> None:
         self.health_transitions.labels(model, backend, "healthy" if healthy else "unhealthy").inc()

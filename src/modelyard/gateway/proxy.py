@@ -73,7 +73,9 @@ class Proxy:
         headers = forwarded_request_headers(request.headers.items(), request_id)
         tokens = routing.prompt_tokens + routing.max_tokens
 
-        endpoint, pick, upstream = await self._send(request, model, ctx, headers, body, tokens, started)
+        endpoint, pick, upstream = await self._send(
+            model, ctx, request.method, request.raw_path, headers, body, tokens, started
+        )
         if key is not None:
             self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
             if not pick.cache_hit:
@@ -105,11 +107,36 @@ class Proxy:
                 model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
             )
 
+    async def call(
+        self, model: ServedModel, method: str, path: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, bytes]:
+        """A routed call made by the gateway itself (a graph step naming a model): the model's
+        strategy and health pick the endpoint, as for a client request; status and body come back."""
+        started = time.perf_counter()
+        tokens = len(body) // 4
+        ctx = RoutingContext(RoutingRequest(model=model.name, prompt_tokens=tokens), model.next_seq())
+        endpoint, _pick, upstream = await self._send(model, ctx, method, path, headers, body, tokens, started)
+        code = CLIENT_CLOSED
+        try:
+            data = await upstream.read()
+            code = upstream.status
+            return upstream.status, data
+        except UpstreamError as exc:
+            code = exc.status
+            raise
+        finally:
+            upstream.close()
+            endpoint.load.release(tokens)
+            self._metrics.observe_request(
+                model.name, endpoint.name, model.strategy.name, code, time.perf_counter() - started
+            )
+
     async def _send(
         self,
-        request: web.Request,
         model: ServedModel,
         ctx: RoutingContext,
+        method: str,
+        path: str,
         headers: list[tuple[str, str]],
         body: bytes | None,
         tokens: int,
@@ -139,9 +166,7 @@ class Proxy:
             endpoint = candidates[pick.index]
             endpoint.load.acquire(tokens)
             try:
-                upstream = await self._pool.send(
-                    endpoint.url, request.method, request.raw_path, headers, body
-                )
+                upstream = await self._pool.send(endpoint.url, method, path, headers, body)
             except UpstreamUnreachable as exc:
                 endpoint.load.release(tokens)
                 tried.append(endpoint)

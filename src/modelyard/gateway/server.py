@@ -11,6 +11,7 @@ from aiohttp import web
 
 from modelyard.config import GatewayConfig
 from modelyard.gateway.app import create_app
+from modelyard.graph import Graph
 from modelyard.state import SharedState
 
 
@@ -32,9 +33,13 @@ class RunningGateway:
 
 
 async def start_gateway(
-    config: GatewayConfig, *, state: SharedState | None = None, seed: int | None = None
+    config: GatewayConfig,
+    *,
+    state: SharedState | None = None,
+    seed: int | None = None,
+    graphs: dict[str, Graph] | None = None,
 ) -> RunningGateway:
-    app = create_app(config, state=state, seed=seed)
+    app = create_app(config, state=state, seed=seed, graphs=graphs)
     # handler_cancellation: a client that disconnects cancels its handler, and so its upstream call.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -24,12 +24,13 @@ def error_body(protocol: Protocol, error: ModelyardError) -> bytes:
     OIP v2 and KServe v1: {"error": "<message>"}."""
     if protocol in (Protocol.OIP, Protocol.KSERVE_V1):
         return orjson.dumps({"error": error.message})
-    return orjson.dumps(
-        {
-            "error": {
-                "message": error.message,
-                "type": error.error_type,
-                "code": error.code or error.error_type,
-            }
-        }
-    )
+    body: dict[str, object] = {
+        "message": error.message,
+        "type": error.error_type,
+        "param": None,
+        "code": error.code or error.error_type,
+    }
+    problems = getattr(error, "problems", None)
+    if problems:
+        body["problems"] = problems  # e.g. every validation error of a graph
+    return orjson.dumps({"error": body})

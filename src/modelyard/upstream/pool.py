@@ -16,6 +16,10 @@ class UpstreamPool:
             max_connections=config.max_connections, connect_timeout=config.connect_timeout
         )
 
+    @property
+    def client(self) -> Http1Client:
+        return self._client
+
     async def send(
         self, base_url: str, method: str, path: str, headers: Iterable[tuple[str, str]], body: bytes | None
     ) -> UpstreamResponse:

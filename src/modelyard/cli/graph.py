@@ -1,0 +1,200 @@
+"""`modelyard graph validate | run | serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from modelyard.errors import GraphInvalid
+from modelyard.gateway import run as run_loop
+from modelyard.graph import (
+    GraphDocument,
+    GraphFailure,
+    RunContext,
+    StepTrace,
+    answer,
+    load_graph_paths,
+    parse_graph,
+)
+from modelyard.graph.headers import compile_patterns
+from modelyard.graph.loader import load_graph_text
+from modelyard.graphrouter import start_router
+from modelyard.graphrouter.server import serve_router_until_signal
+from modelyard.upstream.graph_invoker import UrlInvoker
+from modelyard.upstream.http1 import Http1Client
+
+app = typer.Typer(no_args_is_help=True, help="Inference graphs (KServe InferenceGraph compatible).")
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+ServiceOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--service", help="Resolve a step's serviceName: NAME=URL (repeatable), as KServe's controller does."
+    ),
+]
+
+
+def _services(pairs: list[str] | None) -> dict[str, str]:
+    services = {}
+    for pair in pairs or []:
+        name, sep, url = pair.partition("=")
+        if not sep or not name or not url:
+            err.print(f"[red]error:[/red] --service expects NAME=URL, got {pair!r}")
+            raise typer.Exit(2)
+        services[name] = url
+    return services
+
+
+def _fail(error: GraphInvalid) -> typer.Exit:
+    for problem in error.problems:
+        err.print(f"[red]error:[/red] {error.source}: {problem}", soft_wrap=True)
+    return typer.Exit(1)
+
+
+def _unresolved(document: GraphDocument, services: dict[str, str]) -> list[str]:
+    graph, _ = parse_graph(document)
+    return sorted(
+        {
+            step.service_name
+            for node in graph.spec.nodes.values()
+            for step in node.steps
+            if step.service_name and not step.service_url and step.service_name not in services
+        }
+    )
+
+
+@app.command("validate")
+def validate(files: Annotated[list[Path], typer.Argument(help="Graph files or directories.")]) -> None:
+    """Check graphs (KServe manifests or a `graphs:` mapping); print every error and warning with its path."""
+    failed = False
+    for file in files:
+        try:
+            documents = load_graph_paths([file])
+        except GraphInvalid as error:
+            failed = True
+            _fail(error)
+            continue
+        for document in documents:
+            try:
+                _graph, report = parse_graph(document)
+            except GraphInvalid as error:
+                failed = True
+                _fail(error)
+                continue
+            for warning in report.warnings:
+                err.print(
+                    f"[yellow]warning:[/yellow] {document.source}: graph {document.name!r}: {warning}",
+                    soft_wrap=True,
+                )
+            out.print(f"{document.source}: graph {document.name!r}: ok")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("run")
+def run(
+    file: Annotated[Path, typer.Argument(help="Graph file.")],
+    data: Annotated[str, typer.Option("--data", "-d", help="The request body (JSON text, or @FILE).")],
+    name: Annotated[str | None, typer.Option(help="Which graph, when the file holds several.")] = None,
+    service: ServiceOption = None,
+) -> None:
+    """Run a graph once against real services; print the answer and the trace of every step."""
+    services = _services(service)
+    body = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
+    try:
+        documents = load_graph_paths([file])
+        chosen = [d for d in documents if name is None or d.name == name]
+        if len(chosen) != 1:
+            names = ", ".join(d.name for d in documents)
+            err.print(f"[red]error:[/red] {file}: choose one graph with --name ({names})")
+            raise typer.Exit(2)
+        graph, _ = parse_graph(chosen[0])
+        missing = _unresolved(chosen[0], services)
+    except GraphInvalid as error:
+        raise _fail(error) from None
+    if missing:
+        err.print(
+            f"[red]error:[/red] serviceName without a URL: {', '.join(missing)}; pass --service NAME=URL"
+        )
+        raise typer.Exit(1)
+
+    async def once() -> tuple[int, bytes, list[StepTrace]]:
+        client = Http1Client(max_connections=64, connect_timeout=10.0)
+        trace: list[StepTrace] = []
+        ctx = RunContext(UrlInvoker(client, services=services), [], random.SystemRandom(), trace)
+        try:
+            written = answer(await graph.run(body, ctx))
+        except GraphFailure as failure:
+            written = answer(failure)
+        finally:
+            client.close()
+        return written.status, written.body, trace
+
+    status, reply, trace = asyncio.run(once())
+    table = Table("node", "step", "target", "status", "ms", title=f"graph {graph.name!r}: {status}")
+    for step in trace:
+        table.add_row(step.node, step.step, step.target, str(step.status), f"{step.ms:.2f}")
+    err.print(table)
+    typer.echo(reply.decode("utf-8", "replace"))
+    if not 200 <= status < 300:
+        raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve(
+    graph_json: Annotated[
+        str, typer.Option("--graph-json", help="The InferenceGraph spec as JSON (KServe's router flag).")
+    ],
+    port: Annotated[int, typer.Option(help="Listen port (KServe's router: 8080).")] = 8080,
+    host: Annotated[str, typer.Option(help="Listen address.")] = "0.0.0.0",
+    name: Annotated[
+        str, typer.Option("--inferencegraph-name", help="The graph's name (for messages).")
+    ] = "graph",
+    service: ServiceOption = None,
+    drain_seconds: Annotated[
+        float, typer.Option(help="After SIGTERM: seconds /readyz answers 503 before exit.")
+    ] = 30.0,
+) -> None:
+    """KServe's router container, as a drop-in: any path runs the graph; /readyz; PROPAGATE_HEADERS."""
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    services = _services(service)
+    try:
+        spec = orjson.loads(graph_json)
+    except orjson.JSONDecodeError as exc:
+        err.print(f"[red]error:[/red] --graph-json is not valid JSON: {exc}")
+        raise typer.Exit(1) from None
+    try:
+        (document,) = load_graph_text(orjson.dumps({"graphs": {name: spec}}).decode(), "--graph-json")
+        graph, report = parse_graph(document)
+        missing = _unresolved(document, services)
+    except GraphInvalid as error:
+        raise _fail(error) from None
+    for warning in report.warnings:
+        err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    if missing:
+        err.print(
+            f"[red]error:[/red] serviceName without a URL: {', '.join(missing)}; pass --service NAME=URL"
+        )
+        raise typer.Exit(1)
+    patterns = compile_patterns(os.environ.get("PROPAGATE_HEADERS"))
+
+    async def main() -> None:
+        router = await start_router(graph, host=host, port=port, services=services, patterns=patterns)
+        typer.echo(f"graph router listening on {router.url} (graph {graph.name!r})")
+        await serve_router_until_signal(router, drain_seconds)
+
+    try:
+        run_loop(main())
+    except OSError as exc:
+        err.print(f"[red]error:[/red] cannot listen on {host}:{port}: {exc.strerror or exc}")
+        raise typer.Exit(1) from None

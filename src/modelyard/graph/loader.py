@@ -1,0 +1,97 @@
+"""Reading graphs: KServe InferenceGraph manifests unchanged (one or many YAML/JSON documents),
+or modelyard's own `graphs:` mapping of name -> spec (the same spec shape)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modelyard.errors import GraphInvalid
+from modelyard.graph.engine import Graph
+from modelyard.graph.validate import Report, validate_graph
+
+API_VERSION = "serving.kserve.io/v1alpha1"
+KIND = "InferenceGraph"
+SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True, slots=True)
+class GraphDocument:
+    name: str
+    spec: Any
+    source: str  # file name and where in it, for messages
+
+
+def load_graph_text(text: str, source: str) -> list[GraphDocument]:
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise GraphInvalid(source, [f"{where}invalid YAML: {getattr(exc, 'problem', None) or exc}"]) from None
+    found: list[GraphDocument] = []
+    for index, document in enumerate(documents):
+        where = source if len(documents) == 1 else f"{source} (document {index + 1})"
+        found.extend(_graphs_in(document, where))
+    return found
+
+
+def load_graph_file(path: str | Path) -> list[GraphDocument]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise GraphInvalid(str(path), [f"cannot read file: {exc.strerror}"]) from None
+    return load_graph_text(text, str(path))
+
+
+def load_graph_paths(paths: Iterable[str | Path]) -> list[GraphDocument]:
+    """Files, and directories (their *.yaml, *.yml and *.json files, sorted)."""
+    found: list[GraphDocument] = []
+    for path in map(Path, paths):
+        files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES) if path.is_dir() else [path]
+        for file in files:
+            found.extend(load_graph_file(file))
+    return found
+
+
+def parse_graph(document: GraphDocument) -> tuple[Graph, Report]:
+    """Validate and compile; raises GraphInvalid listing every error (warnings come back)."""
+    spec, report = validate_graph(document.name, document.spec)
+    if spec is None or not report.ok:
+        raise GraphInvalid(f"{document.source}: graph {document.name!r}", [str(p) for p in report.errors])
+    return Graph(document.name, spec), report
+
+
+def _graphs_in(document: Any, where: str) -> list[GraphDocument]:
+    if not isinstance(document, dict):
+        raise GraphInvalid(where, [f"expected a mapping, got {type(document).__name__}"])
+    if "kind" in document or "apiVersion" in document:
+        problems = []
+        if document.get("apiVersion") != API_VERSION:
+            problems.append(f"apiVersion: expected {API_VERSION!r}, got {document.get('apiVersion')!r}")
+        if document.get("kind") != KIND:
+            problems.append(f"kind: expected {KIND!r}, got {document.get('kind')!r}")
+        metadata = document.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+        if not isinstance(name, str) or not name:
+            problems.append("metadata.name: required")
+        if "spec" not in document:
+            problems.append("spec: required")
+        if problems:
+            raise GraphInvalid(where, problems)
+        return [GraphDocument(str(name), document["spec"], where)]
+    graphs = document.get("graphs")
+    if not isinstance(graphs, dict):
+        raise GraphInvalid(
+            where,
+            [
+                f"expected a KServe InferenceGraph manifest (apiVersion: {API_VERSION})"
+                " or a 'graphs:' mapping of name -> spec"
+            ],
+        )
+    return [GraphDocument(str(name), spec, where) for name, spec in graphs.items()]

@@ -1,0 +1,79 @@
+"""KServe's router contract: every path and method runs the graph; `GET /readyz` answers 200, and
+503 `shutting down` once a SIGTERM has started the drain."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from aiohttp import web
+
+from modelyard.graph import Graph, GraphFailure, Invoker, Outcome, RunContext, answer
+from modelyard.graph.headers import propagated
+
+
+class GraphResponder:
+    """Runs the graph for one HTTP request."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        invoker: Invoker,
+        patterns: list[re.Pattern[str]],
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.graph = graph
+        self.invoker = invoker
+        self.patterns = patterns
+        self.rng = rng or random.SystemRandom()  # KServe draws Splitter routes from crypto/rand
+        self.draining = False
+
+    async def respond(self, body: bytes, headers: list[tuple[str, str]]) -> web.Response:
+        ctx = RunContext(self.invoker, propagated(headers, self.patterns), self.rng)
+        result: Outcome | GraphFailure
+        try:
+            result = await self.graph.run(body, ctx)
+        except GraphFailure as failure:
+            result = failure
+        return to_response(result)
+
+
+ROUTER = web.AppKey("graph_router", GraphResponder)
+
+
+def to_response(result: Outcome | GraphFailure) -> web.Response:
+    written = answer(result)
+    response = web.Response(status=written.status, body=written.body)
+    if written.content_type is None:
+        response.headers.pop("Content-Type", None)  # aiohttp would say octet-stream; Go says nothing
+    else:
+        response.headers["Content-Type"] = written.content_type
+    return response
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    if request.app[ROUTER].draining:
+        return web.Response(
+            status=503,
+            body=b"shutting down\n",
+            headers={"Content-Type": "text/plain; charset=utf-8", "X-Content-Type-Options": "nosniff"},
+        )
+    response = web.Response(status=200, body=b"")
+    response.headers.pop("Content-Type", None)
+    return response
+
+
+async def _run_graph(request: web.Request) -> web.Response:
+    body = await request.read()
+    return await request.app[ROUTER].respond(body, list(request.headers.items()))
+
+
+def create_router_app(
+    responder: GraphResponder, *, max_body_bytes: int = 32 * 1024 * 1024
+) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes)
+    app[ROUTER] = responder
+    app.router.add_route("GET", "/readyz", _readyz)
+    app.router.add_route("*", "/{tail:.*}", _run_graph)
+    return app
