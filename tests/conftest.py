@@ -15,6 +15,7 @@ import pytest
 from modelyard.config import validate_config
 from modelyard.gateway import RunningGateway, start_gateway
 from modelyard.simworker import SimWorker, SimWorkerConfig
+from support import free_ports
 
 FAST = {"prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.0}
 
@@ -61,12 +62,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A private redis-server on a free port, started for this test session."""
@@ -75,7 +70,7 @@ def redis_url() -> Iterator[str]:
         pytest.fail(
             "redis-server is not installed (Debian package redis-server); the shared-state tests need it"
         )
-    port = free_port()
+    (port,) = free_ports(1)
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import aiohttp
@@ -23,6 +24,18 @@ async def wait_until(predicate: Any, *, attempts: int = 500, interval: float = 0
             return
         await asyncio.sleep(interval)
     raise AssertionError("condition not reached in time")
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (all held open until every one is chosen)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 async def sim_stats(http: aiohttp.ClientSession, worker: SimWorker) -> dict[str, Any]:

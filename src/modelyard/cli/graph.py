@@ -12,6 +12,7 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from modelyard.errors import GraphInvalid
@@ -49,7 +50,7 @@ def _services(pairs: list[str] | None) -> dict[str, str]:
     for pair in pairs or []:
         name, sep, url = pair.partition("=")
         if not sep or not name or not url:
-            err.print(f"[red]error:[/red] --service expects NAME=URL, got {pair!r}")
+            err.print("[red]error:[/red] " + escape(f"--service expects NAME=URL, got {pair!r}"))
             raise typer.Exit(2)
         services[name] = url
     return services
@@ -57,7 +58,7 @@ def _services(pairs: list[str] | None) -> dict[str, str]:
 
 def _fail(error: GraphInvalid) -> typer.Exit:
     for problem in error.problems:
-        err.print(f"[red]error:[/red] {error.source}: {problem}", soft_wrap=True)
+        err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
     return typer.Exit(1)
 
 
@@ -93,10 +94,11 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Graph files or di
                 continue
             for warning in report.warnings:
                 err.print(
-                    f"[yellow]warning:[/yellow] {document.source}: graph {document.name!r}: {warning}",
+                    "[yellow]warning:[/yellow] "
+                    + escape(f"{document.source}: graph {document.name!r}: {warning}"),
                     soft_wrap=True,
                 )
-            out.print(f"{document.source}: graph {document.name!r}: ok")
+            out.print(escape(f"{document.source}: graph {document.name!r}: ok"))
     if failed:
         raise typer.Exit(1)
 
@@ -116,7 +118,7 @@ def run(
         chosen = [d for d in documents if name is None or d.name == name]
         if len(chosen) != 1:
             names = ", ".join(d.name for d in documents)
-            err.print(f"[red]error:[/red] {file}: choose one graph with --name ({names})")
+            err.print("[red]error:[/red] " + escape(f"{file}: choose one graph with --name ({names})"))
             raise typer.Exit(2)
         graph, _ = parse_graph(chosen[0])
         missing = _unresolved(chosen[0], services)
@@ -124,7 +126,8 @@ def run(
         raise _fail(error) from None
     if missing:
         err.print(
-            f"[red]error:[/red] serviceName without a URL: {', '.join(missing)}; pass --service NAME=URL"
+            "[red]error:[/red] "
+            + escape(f"serviceName without a URL: {', '.join(missing)}; pass --service NAME=URL")
         )
         raise typer.Exit(1)
 
@@ -171,7 +174,7 @@ def serve(
     try:
         spec = orjson.loads(graph_json)
     except orjson.JSONDecodeError as exc:
-        err.print(f"[red]error:[/red] --graph-json is not valid JSON: {exc}")
+        err.print("[red]error:[/red] " + escape(f"--graph-json is not valid JSON: {exc}"))
         raise typer.Exit(1) from None
     try:
         (document,) = load_graph_text(orjson.dumps({"graphs": {name: spec}}).decode(), "--graph-json")
@@ -180,10 +183,11 @@ def serve(
     except GraphInvalid as error:
         raise _fail(error) from None
     for warning in report.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+        err.print("[yellow]warning:[/yellow] " + escape(f"{warning}"), soft_wrap=True)
     if missing:
         err.print(
-            f"[red]error:[/red] serviceName without a URL: {', '.join(missing)}; pass --service NAME=URL"
+            "[red]error:[/red] "
+            + escape(f"serviceName without a URL: {', '.join(missing)}; pass --service NAME=URL")
         )
         raise typer.Exit(1)
     patterns = compile_patterns(os.environ.get("PROPAGATE_HEADERS"))
@@ -196,5 +200,5 @@ def serve(
     try:
         run_loop(main())
     except OSError as exc:
-        err.print(f"[red]error:[/red] cannot listen on {host}:{port}: {exc.strerror or exc}")
+        err.print("[red]error:[/red] " + escape(f"cannot listen on {host}:{port}: {exc.strerror or exc}"))
         raise typer.Exit(1) from None

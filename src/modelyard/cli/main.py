@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from modelyard import __version__
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
@@ -35,9 +36,9 @@ err = Console(stderr=True, highlight=False)
 def _fail(error: ModelyardError) -> typer.Exit:
     if isinstance(error, ConfigError):
         for problem in error.problems:
-            err.print(f"[red]error:[/red] {error.source}: {problem}", soft_wrap=True)
+            err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
     else:
-        err.print(f"[red]error:[/red] {error.message}", soft_wrap=True)
+        err.print("[red]error:[/red] " + escape(f"{error.message}"), soft_wrap=True)
     return typer.Exit(1)
 
 
@@ -87,7 +88,7 @@ def serve(
     except ModelyardError as error:
         raise _fail(error) from None
     except OSError as error:
-        err.print(f"[red]error:[/red] cannot listen: {error.strerror or error}", soft_wrap=True)
+        err.print("[red]error:[/red] " + escape(f"cannot listen: {error.strerror or error}"), soft_wrap=True)
         raise typer.Exit(1) from None
 
 
@@ -137,7 +138,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Config files to c
         except ConfigError as error:
             failed = True
             for problem in error.problems:
-                err.print(f"[red]error:[/red] {file}: {problem}", soft_wrap=True)
+                err.print("[red]error:[/red] " + escape(f"{file}: {problem}"), soft_wrap=True)
         else:
             typer.echo(f"{file}: ok ({len(config.models)} models, {len(graphs)} graphs)")
     if failed:

@@ -184,9 +184,10 @@ class Graph:
             for i, (step, task) in enumerate(zip(node.steps, tasks, strict=True)):
                 # While waiting for member i, a failure of any member ends the node at once.
                 while not task.done():
-                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                    for finished in done:
-                        if finished.exception() is not None:
+                    pending = [t for t in tasks if not t.done()]
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for finished in tasks:
+                        if finished.done() and not finished.cancelled() and finished.exception() is not None:
                             raise finished.exception()  # type: ignore[misc]
                 status, decoded = task.result()
                 if step.hard and not _ok(status):

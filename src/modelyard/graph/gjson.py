@@ -433,7 +433,12 @@ _INFINITY = re.compile(r"([+-]?)(?:inf|infinity)", re.IGNORECASE)
 
 def _go_parse_float(text: str) -> float:
     """strconv.ParseFloat(text, 64) with the error ignored: 0 on a syntax error, ±Inf past range.
-    (Hex mantissas with `_` separators are not supported: they read as 0.)"""
+    Go's float literal syntax: `1_000` (underscores between digits), `.5`, `5.`, `1e3`, `0x1p-2`,
+    `inf`, `infinity`, `nan` (case-insensitive)."""
+    if "_" in text:
+        if not _underscores_ok(text):
+            return 0.0
+        text = text.replace("_", "")
     if _DECIMAL.fullmatch(text):
         return float(text)
     if text.lower() == "nan":
@@ -449,6 +454,29 @@ def _go_parse_float(text: str) -> float:
         except OverflowError:
             return -math.inf if sign == "-" else math.inf
     return 0.0
+
+
+def _underscores_ok(text: str) -> bool:
+    """strconv's underscoreOK: each `_` sits between digits (or right after a 0x/0b/0o prefix)."""
+    saw = "^"
+    i = 0
+    if text[:1] in ("+", "-"):
+        text = text[1:]
+    hexa = False
+    if len(text) >= 2 and text[0] == "0" and text[1].lower() in "box":
+        i, saw, hexa = 2, "0", text[1].lower() == "x"
+    for c in text[i:]:
+        if "0" <= c <= "9" or (hexa and "a" <= c.lower() <= "f"):
+            saw = "0"
+        elif c == "_":
+            if saw != "0":
+                return False
+            saw = "_"
+        elif saw == "_":
+            return False
+        else:
+            saw = "!"
+    return saw != "_"
 
 
 def _parse_uint(part: str) -> int:

@@ -14,20 +14,35 @@ class GoJsonError(ValueError):
     """A decode failure, worded as Go's encoding/json words it (it becomes a graph error's cause)."""
 
 
+class _OutOfRange(ValueError):
+    def __init__(self, literal: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid constant {name}")
+
+
+def _finite(literal: str) -> float:
+    number = float(literal)
+    if math.isinf(number):
+        raise _OutOfRange(literal)  # Go: cannot unmarshal number 1e400 into float64
+    return number
 
 
 def _loads(data: bytes) -> Any:
     # Go reads invalid UTF-8 inside strings without complaint; surrogateescape keeps those bytes.
     text = data.decode("utf-8", "surrogateescape")
-    return json.loads(text, parse_int=float, parse_float=float, parse_constant=_reject_constant)
+    return json.loads(text, parse_int=_finite, parse_float=_finite, parse_constant=_reject_constant)
 
 
 def valid(data: bytes) -> bool:
     """Go's json.Valid: one JSON value, optional surrounding whitespace, no NaN/Infinity."""
     try:
         _loads(data)
+    except _OutOfRange:
+        return True  # syntactically valid; only decoding into float64 fails
     except (ValueError, RecursionError):
         return False
     return True
@@ -35,22 +50,58 @@ def valid(data: bytes) -> bool:
 
 def decode_object(data: bytes) -> dict[str, Any] | None:
     """json.Unmarshal into map[string]interface{}: an object, or null (None)."""
-    stripped = data.strip(b" \t\r\n")
-    if not stripped:
-        raise GoJsonError("unexpected end of JSON input")
     try:
         value = _loads(data)
-    except (ValueError, RecursionError):
-        first = chr(stripped[0]) if stripped[0] < 128 else "\ufffd"
-        if stripped[:1] in b'{["-0123456789tfn':
-            raise GoJsonError("invalid character in JSON value (" + _short(stripped) + ")") from None
+    except _OutOfRange as exc:
         raise GoJsonError(
-            f"invalid character {_go_quote_char(first)} looking for beginning of value"
+            f"json: cannot unmarshal number {exc.literal} into Go value of type float64"
         ) from None
+    except json.JSONDecodeError as exc:
+        raise GoJsonError(_syntax_error(exc)) from None
+    except (ValueError, RecursionError):
+        raise GoJsonError("invalid character 'N' looking for beginning of value") from None
     if value is None or isinstance(value, dict):
         return value
     kind = {list: "array", str: "string", float: "number", bool: "bool"}[type(value)]
     raise GoJsonError(f"json: cannot unmarshal {kind} into Go value of type map[string]interface {{}}")
+
+
+def _syntax_error(exc: json.JSONDecodeError) -> str:
+    """Python's decode error, worded as Go's scanner words the same fault."""
+    text, pos = exc.doc, exc.pos
+    if pos >= len(text.rstrip(" \t\r\n")) or exc.msg.startswith("Unterminated string"):
+        return "unexpected end of JSON input"
+    char = _go_quote_char(text[pos])
+    if exc.msg == "Extra data":
+        return f"invalid character {char} after top-level value"
+    if exc.msg.startswith("Expecting property name"):
+        return f"invalid character {char} looking for beginning of object key string"
+    if exc.msg.startswith("Expecting ':'"):
+        return f"invalid character {char} after object key"
+    if exc.msg.startswith("Expecting ','"):
+        inside = "object key:value pair" if _innermost_bracket(text, pos) == "{" else "array element"
+        return f"invalid character {char} after {inside}"
+    return f"invalid character {char} looking for beginning of value"
+
+
+def _innermost_bracket(text: str, pos: int) -> str:
+    stack: list[str] = []
+    in_string = escaped = False
+    for char in text[:pos]:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            stack.append(char)
+        elif char in "]}" and stack:
+            stack.pop()
+    return stack[-1] if stack else ""
 
 
 def decode_predictions(data: bytes) -> list[Any] | None:
@@ -58,7 +109,7 @@ def decode_predictions(data: bytes) -> list[Any] | None:
     list fields `predictions` and `instances` and `predictions` is non-empty; else None."""
     try:
         value = _loads(data)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # _OutOfRange included: Go fails the decode, sends it unchanged
         return None
     if not isinstance(value, dict):
         return None  # null decodes to an empty struct; an array or scalar fails to decode
@@ -75,7 +126,7 @@ def marshal(value: Any) -> bytes:
     """json.Marshal of decoded values: maps with sorted keys, float64 numbers, HTML-safe strings."""
     parts: list[str] = []
     _encode(value, parts)
-    return "".join(parts).encode("utf-8", "surrogateescape")
+    return "".join(parts).encode("utf-8")
 
 
 def _encode(value: Any, out: list[str]) -> None:
@@ -130,7 +181,7 @@ def format_float(number: float) -> str:
     return f"{mantissa}e{sign}{digits}"
 
 
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 _ESCAPES.update({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
@@ -142,7 +193,7 @@ def quote(text: str) -> str:
             out.append(escaped)
         elif char < " ":
             out.append(f"\\u{ord(char):04x}")
-        elif "\udc80" <= char <= "\udcff":  # a byte that was not UTF-8: Go writes U+FFFD
+        elif "\ud800" <= char <= "\udfff":  # not UTF-8, or a lone surrogate escape: Go writes U+FFFD
             out.append("\ufffd")
         else:
             out.append(char)
@@ -152,7 +203,3 @@ def quote(text: str) -> str:
 
 def _go_quote_char(char: str) -> str:
     return "'\\''" if char == "'" else f"'{char}'"
-
-
-def _short(data: bytes) -> str:
-    return data[:40].decode("utf-8", "replace")

@@ -11,6 +11,12 @@ from collections.abc import Iterable
 log = logging.getLogger("modelyard.graph")
 
 
+# Go's client writes these itself from the outgoing request; copied ones are never sent.
+_NEVER = frozenset(
+    {"Host", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Te", "Trailer", "Upgrade"}
+)
+
+
 def compile_patterns(setting: str | None) -> list[re.Pattern[str]]:
     """Invalid patterns are logged and skipped, as KServe does (e.g. `*Trace-Id*`)."""
     if not setting:
@@ -38,6 +44,6 @@ def propagated(headers: Iterable[tuple[str, str]], patterns: list[re.Pattern[str
     out = []
     for name, value in headers:
         key = canonical(name)
-        if key != "Host" and any(p.search(key) for p in patterns):
+        if key not in _NEVER and any(p.search(key) for p in patterns):
             out.append((key, value))
     return out

@@ -42,7 +42,7 @@ class InferenceRouter(_KServe):
     """A node. `router_type` is required by KServe's CRD schema (not its webhook); "" only survives
     so that validation can name the node that lacks it."""
 
-    router_type: RouterType | Literal[""] = ""
+    router_type: Literal["Sequence", "Splitter", "Ensemble", "Switch", ""] = ""
     steps: list[InferenceStep] = Field(default_factory=list)
 
 

@@ -74,6 +74,6 @@ def create_router_app(
 ) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     app[ROUTER] = responder
-    app.router.add_route("GET", "/readyz", _readyz)
+    app.router.add_route("*", "/readyz", _readyz)  # Go's mux answers readiness for any method
     app.router.add_route("*", "/{tail:.*}", _run_graph)
     return app
