@@ -48,7 +48,8 @@ keeps orjson's last value (gjson finds the first); navigating into a string valu
 (gjson scans a string's raw text for `{`/`[`); `@pretty`/`@ugly` ignore their options (so
 `sortKeys` does not reorder keys); `@tostr` writes compact orjson text, not the original bytes;
 `@fromstr` of a string that is not strictly valid JSON gives nothing; strings with invalid UTF-8
-compare by code point after `surrogateescape` decoding.
+compare by code point after `surrogateescape` decoding; a path or document so deep that Python's
+recursion limit is reached does not exist.
 """
 
 from __future__ import annotations
@@ -153,7 +154,23 @@ class _Ctx:
         self.piped = False
 
 
+_NOT_PLAIN = frozenset(".|*?\\#@![{")
+
+
+@lru_cache(maxsize=4096)
+def _is_plain_key(path: str) -> bool:
+    """A lone key or index: no character that gjson's Get, parseObjectPath or parseArrayPath reads."""
+    return not any(c in _NOT_PLAIN for c in path)
+
+
 def _get(value: Any, path: str) -> Any:
+    if _is_plain_key(path):  # the common case, answered without the general machinery
+        if isinstance(value, dict):
+            return value.get(path, _MISSING)
+        if isinstance(value, list):
+            index = _parse_uint(path)
+            return value[index] if 0 <= index < len(value) else _MISSING
+        return _MISSING
     if len(path) > 1:
         head = path[0]
         if head == "@":
@@ -213,12 +230,12 @@ def _parse_object(ctx: _Ctx, obj: dict[str, Any], path: str) -> bool:
     if not rp.more and rp.piped:
         ctx.pipe, ctx.piped = rp.pipe, True
     if rp.wild:
-        candidates = [(k, v) for k, v in obj.items() if _match_limit(k, rp.part)]
+        candidates = [v for k, v in obj.items() if _match_limit(k, rp.part)]
     elif rp.part in obj:
-        candidates = [(rp.part, obj[rp.part])]
+        candidates = [obj[rp.part]]
     else:
         return False
-    for _key, child in candidates:
+    for child in candidates:
         if not rp.more:
             ctx.value = child
             return True
@@ -431,6 +448,7 @@ _HEXFLOAT = re.compile(r"([+-]?)0[xX]((?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-
 _INFINITY = re.compile(r"([+-]?)(?:inf|infinity)", re.IGNORECASE)
 
 
+@lru_cache(maxsize=1024)
 def _go_parse_float(text: str) -> float:
     """strconv.ParseFloat(text, 64) with the error ignored: 0 on a syntax error, ±Inf past range.
     Go's float literal syntax: `1_000` (underscores between digits), `.5`, `5.`, `1e3`, `0x1p-2`,
