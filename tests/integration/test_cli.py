@@ -100,7 +100,13 @@ async def test_embedded_demo_serves_chat_and_oip():
         chat = orjson.dumps({"model": "demo-llm", "messages": [{"role": "user", "content": "Hello!"}]})
         infer = orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]})
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            for path, body in (("/v1/chat/completions", chat), ("/v2/models/demo-echo/infer", infer)):
+            graph = orjson.dumps({"instances": [[1, 2]]})
+            for path, body in (
+                ("/v1/chat/completions", chat),
+                ("/v2/models/demo-echo/infer", infer),
+                ("/v1/graphs/demo-pipeline", graph),
+                ("/v1/graphs/demo-route", graph),
+            ):
                 async with http.post(url + path, data=body) as response:
                     assert response.status == 200, path
     finally:

@@ -11,6 +11,52 @@ from modelyard.simworker import SimWorker, SimWorkerConfig
 DEMO_WORKERS = (("fast", 2.0, 0.02), ("medium", 5.0, 0.05), ("slow", 12.0, 0.1))
 
 
+# Graph steps name demo models (serviceName): each step is routed like any request to that model.
+DEMO_GRAPHS: dict[str, Any] = {
+    "demo-pipeline": {
+        "nodes": {
+            "root": {
+                "routerType": "Sequence",
+                "steps": [
+                    {"name": "preprocess", "serviceName": "demo-echo"},
+                    {
+                        "name": "predict",
+                        "serviceName": "demo-echo",
+                        "data": "$response",
+                        "mapPredictionsToInstances": True,
+                        "dependency": "Hard",
+                    },
+                    {
+                        "name": "compare",
+                        "nodeName": "compare",
+                        "data": "$response",
+                        "mapPredictionsToInstances": True,
+                    },
+                ],
+            },
+            "compare": {
+                "routerType": "Ensemble",
+                "steps": [
+                    {"name": "a", "serviceName": "demo-echo"},
+                    {"name": "b", "serviceName": "demo-echo"},
+                ],
+            },
+        }
+    },
+    "demo-route": {
+        "nodes": {
+            "root": {
+                "routerType": "Switch",
+                "steps": [
+                    {"name": "premium", "serviceName": "demo-echo", "condition": "[@this].#(tier==premium)"},
+                    {"name": "everyone-else", "serviceName": "demo-echo", "condition": "@this"},
+                ],
+            }
+        }
+    },
+}
+
+
 async def start_demo_workers(host: str = "127.0.0.1") -> list[tuple[str, SimWorker]]:
     workers = []
     for seed, (name, decode, prefill) in enumerate(DEMO_WORKERS):
@@ -50,6 +96,7 @@ def demo_config(workers: list[tuple[str, SimWorker]], base: dict[str, Any]) -> G
             "health_check": {"path": "/v2/health/ready", "interval": "2s"},
         },
     ]
+    data["graphs"] = DEMO_GRAPHS
     return validate_config(data, "<embedded demo>")
 
 
@@ -58,6 +105,7 @@ def demo_banner(url: str, workers: list[tuple[str, SimWorker]]) -> str:
         f"modelyard gateway (embedded demo) listening on {url}",
         "simulated workers: " + ", ".join(f"sim-{name} {w.url}" for name, w in workers),
         "models: demo-llm (OpenAI, round_robin), demo-echo (Open Inference Protocol v2, least_pending)",
+        "graphs: demo-pipeline (Sequence -> Ensemble), demo-route (Switch)",
         "",
         "try:",
         f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
@@ -65,6 +113,8 @@ def demo_banner(url: str, workers: list[tuple[str, SimWorker]]) -> str:
         f'  curl -s -X PUT {url}/admin/strategy -d \'{{"strategy": "kv_aware"}}\'',
         f"  curl -s {url}/v2/models/demo-echo/infer -H 'Content-Type: application/json' \\",
         '    -d \'{"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}\'',
+        f"  curl -s {url}/v1/graphs/demo-pipeline -H 'X-Modelyard-Trace: 1' -D - \\",
+        "    -d '{\"instances\": [[1, 2]]}'",
         f"  curl -s {url}/metrics | grep modelyard_requests_total",
         "Ctrl-C stops everything.",
     ]
