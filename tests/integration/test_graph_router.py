@@ -1067,3 +1067,19 @@ async def test_service_client_timeout_reads_like_go(
         await wait_for(service.event(service.cancelled, "/slow"))
     finally:
         release.set()
+
+
+async def test_server_write_timeout_closes_the_connection_and_cancels_the_call(
+    router: Start, service: Service, http: aiohttp.ClientSession
+) -> None:
+    # Go's WriteTimeout: the client sees the connection close, not an HTTP error.
+    release = asyncio.Event()
+    slow = service.on("/slow", gate=release)
+    running = await router({**graph(seq({"serviceUrl": slow})), "routerTimeouts": {"serverWrite": 1}})
+    try:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            async with http.post(running.url + "/", data=b"{}") as response:
+                await response.read()
+        await wait_for(service.event(service.cancelled, "/slow"))
+    finally:
+        release.set()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 
@@ -39,6 +40,8 @@ class GraphResponder:
         return to_response(result)
 
 
+GO_SERVER_TIMEOUT = 60  # KServe's router: ReadTimeout and WriteTimeout default to a minute
+
 ROUTER = web.AppKey("graph_router", GraphResponder)
 
 
@@ -65,8 +68,28 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _run_graph(request: web.Request) -> web.Response:
-    body = await request.read()
-    return await request.app[ROUTER].respond(body, list(request.headers.items()))
+    """routerTimeouts.serverRead bounds reading the request and serverWrite the whole exchange, as
+    Go's http.Server does (default 60 s each). Past either the connection is closed with no
+    answer, as KServe's client sees it; unlike Go, the graph's pending calls are cancelled too."""
+    responder = request.app[ROUTER]
+    timeouts = responder.graph.spec.router_timeouts
+    read_limit = _seconds(timeouts.server_read if timeouts else None)
+    write_limit = _seconds(timeouts.server_write if timeouts else None)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        async with asyncio.timeout(read_limit):
+            body = await request.read()
+        async with asyncio.timeout(started + write_limit - loop.time()):
+            return await responder.respond(body, list(request.headers.items()))
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.close()
+        raise
+
+
+def _seconds(value: int | None) -> float:
+    return float(value) if value else float(GO_SERVER_TIMEOUT)
 
 
 def create_router_app(

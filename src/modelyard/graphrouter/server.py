@@ -50,7 +50,10 @@ async def start_router(
     )
     rng = random.Random(seed) if seed is not None else None
     responder = GraphResponder(graph, invoker, patterns or [], rng=rng)
-    runner = web.AppRunner(create_router_app(responder), handler_cancellation=True, access_log=None)
+    idle = float(timeouts.server_idle) if timeouts and timeouts.server_idle else 180.0  # Go: IdleTimeout
+    runner = web.AppRunner(
+        create_router_app(responder), handler_cancellation=True, access_log=None, keepalive_timeout=idle
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
