@@ -27,7 +27,7 @@ from pydantic import (
 
 from modelyard.errors import ConfigError
 
-StrategyName = Literal["round_robin", "random", "least_pending", "kv_aware", "cost_aware"]
+StrategyName = Literal["round_robin", "random", "least_pending", "kv_aware", "cost_aware", "resource_aware"]
 STRATEGY_NAMES: tuple[str, ...] = StrategyName.__args__  # type: ignore[attr-defined]
 
 ENV_PREFIX = "MODELYARD_"
@@ -64,6 +64,8 @@ class EndpointConfig(_Strict):
     name: str = Field("", description="label in metrics and X-Modelyard-Backend; default host:port")
     weight: int = Field(1, ge=0, le=10_000, description="relative share for round_robin and random")
     cost_per_1k_tokens: float = Field(0.0, ge=0, description="price used by cost_aware")
+    subset: str = Field("default", min_length=1, description="the endpoint group routes send traffic to")
+    metrics_url: str = Field("", description="resource_aware: where to scrape; default <url>/metrics")
 
     @field_validator("url")
     @classmethod
@@ -98,6 +100,137 @@ class KvAwareConfig(_Strict):
     ttl: Seconds = 600.0
 
 
+RetryOn = Literal["connect-failure", "reset", "5xx", "gateway-error", "retriable-4xx"]
+DEFAULT_RETRY_ON: tuple[RetryOn, ...] = ("connect-failure", "reset", "gateway-error")
+
+
+class HeaderMatch(_Strict):
+    """One request header test (Envoy's header matcher): `exact`, `prefix` or `regex` (a full
+    match), or none of them to require only that the header is present."""
+
+    name: str = Field(min_length=1)
+    exact: str | None = None
+    prefix: str | None = None
+    regex: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> HeaderMatch:
+        if sum(v is not None for v in (self.exact, self.prefix, self.regex)) > 1:
+            raise ValueError("give at most one of exact, prefix, regex")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex does not compile: {exc}") from None
+        return self
+
+
+class BodyMatch(_Strict):
+    """A top-level or dotted field of the JSON body (`metadata.tier`) equal to `exact`."""
+
+    field: str = Field(min_length=1)
+    exact: str | int | float | bool | None = None
+
+
+class RouteMatch(_Strict):
+    """Every given test must hold. `model` is the model name the request asked for."""
+
+    headers: list[HeaderMatch] = Field(default_factory=list)
+    model: str | None = None
+    body: list[BodyMatch] = Field(default_factory=list)
+
+
+class Destination(_Strict):
+    subset: str = Field(min_length=1)
+    weight: int = Field(100, ge=0, le=10_000)
+
+
+class RetryPolicy(_Strict):
+    """Envoy's retry policy. `attempts` counts retries after the first try. A retry goes to another
+    endpoint when one is available; a stream is never retried once bytes reached the client."""
+
+    attempts: int = Field(2, ge=0, le=10)
+    retry_on: list[RetryOn] = Field(default_factory=lambda: list(DEFAULT_RETRY_ON))
+    retriable_status_codes: list[int] = Field(default_factory=list)
+    base_interval: Seconds = 0.025
+    max_interval: Seconds = 0.25
+
+
+class MirrorPolicy(_Strict):
+    """Copy `percent` of the route's requests to `subset`; the copy's answer is only compared."""
+
+    subset: str = Field(min_length=1)
+    percent: float = Field(100.0, ge=0, le=100)
+
+
+class RouteConfig(_Strict):
+    name: str = Field(min_length=1)
+    match: RouteMatch | None = Field(None, description="none: the default route")
+    destinations: list[Destination] = Field(min_length=1)
+    hash_on: str | None = Field(None, description="a header whose value keeps a session on one subset")
+    timeout: Seconds = Field(600.0, description="whole request, retries included; 0 = none")
+    per_try_timeout: Seconds = Field(0.0, description="each try until its response head; 0 = none")
+    stream_idle_timeout: Seconds = Field(60.0, description="a stream silent this long fails; 0 = none")
+    retries: RetryPolicy = RetryPolicy()
+    mirror: MirrorPolicy | None = None
+
+
+class OutlierDetectionConfig(_Strict):
+    """Passive ejection, Envoy's names and defaults. `consecutive_5xx` counts 5xx answers and
+    connect failures; latency ejection compares each endpoint's recent median with its peers'."""
+
+    consecutive_5xx: int = Field(5, ge=1)
+    base_ejection_time: Seconds = 30.0
+    max_ejection_time: Seconds = 300.0
+    max_ejection_percent: float = Field(10.0, ge=0, le=100)
+    latency_factor: float = Field(3.0, gt=1, description="eject above this many times the pool median")
+    latency_min_requests: int = Field(10, ge=1, description="recent requests an endpoint needs to be judged")
+    latency_window: Seconds = Field(30.0, description="how far back 'recent' latency reaches")
+    enabled: bool = True
+
+
+class CircuitBreakerConfig(_Strict):
+    """Back-pressure (Envoy's circuit breakers). 0 = unlimited."""
+
+    max_requests: int = Field(0, ge=0, description="in flight per endpoint")
+    max_pending_requests: int = Field(0, ge=0, description="waiting for an endpoint, per model")
+    queue_timeout: Seconds = Field(1.0, description="how long a request may wait for an endpoint")
+
+
+class RetryBudgetConfig(_Strict):
+    """Envoy's retry budget: retries in flight may be at most `budget_percent` of active requests,
+    with `min_retry_concurrency` allowed regardless."""
+
+    budget_percent: float = Field(20.0, ge=0, le=100)
+    min_retry_concurrency: int = Field(3, ge=0)
+
+
+class ResourceMetricNames(_Strict):
+    """Prometheus names to read; defaults are vLLM's and the DCGM exporter's."""
+
+    queue_depth: str = "vllm:num_requests_waiting"
+    running: str = "vllm:num_requests_running"
+    kv_cache_usage: str = "vllm:gpu_cache_usage_perc"
+    sm_utilization: list[str] = Field(
+        default_factory=lambda: ["DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_GPU_UTIL"]
+    )
+    memory_used: str = "DCGM_FI_DEV_FB_USED"
+    memory_free: str = "DCGM_FI_DEV_FB_FREE"
+
+
+class ResourceAwareConfig(_Strict):
+    """Score = w_sm (1 - SM use) + w_mem (1 - memory used) + w_queue exp(-k queue depth)."""
+
+    scrape_interval: Seconds = 5.0
+    stale_after: Seconds = 15.0
+    max_queue_depth: int = Field(64, ge=1)
+    w_sm: float = Field(0.4, ge=0)
+    w_mem: float = Field(0.3, ge=0)
+    w_queue: float = Field(0.3, ge=0)
+    k: float = Field(0.3, gt=0)
+    metrics: ResourceMetricNames = ResourceMetricNames()
+
+
 class ModelConfig(_Strict):
     name: str = Field(min_length=1)
     endpoints: list[EndpointConfig] = Field(min_length=1)
@@ -108,6 +241,31 @@ class ModelConfig(_Strict):
     )
     health_check: HealthCheckConfig = HealthCheckConfig()
     kv_aware: KvAwareConfig = KvAwareConfig()
+    routes: list[RouteConfig] = Field(
+        default_factory=list, description="tried in order; none: one default route"
+    )
+    outlier_detection: OutlierDetectionConfig = OutlierDetectionConfig()
+    healthy_panic_threshold: float = Field(50.0, ge=0, le=100, description="below this % healthy, use all")
+    circuit_breakers: CircuitBreakerConfig = CircuitBreakerConfig()
+    retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    resource_aware: ResourceAwareConfig = ResourceAwareConfig()
+
+    @model_validator(mode="after")
+    def _routes_name_subsets(self) -> ModelConfig:
+        subsets = {e.subset for e in self.endpoints}
+        problems = []
+        for i, route in enumerate(self.routes):
+            named = [d.subset for d in route.destinations] + ([route.mirror.subset] if route.mirror else [])
+            for subset in named:
+                if subset not in subsets:
+                    problems.append(f"routes[{i}] ({route.name}): no endpoint has subset {subset!r}")
+        names = [r.name for r in self.routes]
+        problems += [
+            f"route name {n!r} is used twice" for n in sorted({n for n in names if names.count(n) > 1})
+        ]
+        if problems:
+            raise ValueError("; ".join(problems) + f" (subsets: {', '.join(sorted(subsets))})")
+        return self
 
 
 class StateConfig(_Strict):

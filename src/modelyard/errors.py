@@ -11,6 +11,7 @@
     │   └── ModelNotFound               404 model_not_found
     ├── MethodNotAllowed                405 method_not_allowed
     ├── PayloadTooLarge                 413 request_too_large
+    ├── Overloaded                      429 rate_limit_error (with Retry-After)
     ├── UpstreamError                   502 upstream_error
     │   ├── UpstreamUnreachable         502 (connect failed: nothing was sent, safe to try elsewhere)
     │   └── UpstreamTimeout             504 upstream_timeout
@@ -103,6 +104,17 @@ class PayloadTooLarge(ModelyardError):
     status = 413
     error_type = "invalid_request_error"
     code = "request_too_large"
+
+
+class Overloaded(ModelyardError):
+    """Every endpoint is at its in-flight limit and the wait queue is full or timed out."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    code = "overloaded"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "1"})
 
 
 class UpstreamError(ModelyardError):

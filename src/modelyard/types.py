@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class Protocol(enum.StrEnum):
@@ -28,3 +29,6 @@ class RoutingRequest:
     prompt_tokens: int = 0
     max_tokens: int = 0
     stream: bool = False
+    fields: dict[str, Any] | None = field(
+        default=None, compare=False, repr=False
+    )  # the parsed body, for route matches

@@ -121,7 +121,7 @@ async def test_unknown_strategy_is_400_listing_valid_names(sim_workers, gateways
     async with http.put(gateway.url + "/admin/strategy", json={"strategy": "fastest"}) as response:
         assert response.status == 400
         message = (await response.json())["error"]["message"]
-    for name in ("round_robin", "random", "least_pending", "kv_aware", "cost_aware"):
+    for name in ("round_robin", "random", "least_pending", "kv_aware", "cost_aware", "resource_aware"):
         assert name in message
     async with http.get(gateway.url + "/admin/strategy") as response:
         assert (await response.json())["strategy"] == "round_robin"

@@ -250,7 +250,14 @@ def test_get_strategy_returns_named_strategy(name: str) -> None:
 
 def test_registry_names_equal_config_strategy_names() -> None:
     assert tuple(STRATEGIES) == STRATEGY_NAMES
-    assert set(STRATEGY_NAMES) == {"round_robin", "random", "least_pending", "kv_aware", "cost_aware"}
+    assert set(STRATEGY_NAMES) == {
+        "round_robin",
+        "random",
+        "least_pending",
+        "kv_aware",
+        "cost_aware",
+        "resource_aware",
+    }
 
 
 def test_affinity_key_is_deterministic() -> None:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from modelyard.cluster import EndpointView
-from modelyard.config import STRATEGY_NAMES
+from modelyard.cluster import EndpointView, ResourceSnapshot
+from modelyard.config import STRATEGY_NAMES, ResourceAwareConfig
 from modelyard.errors import UnknownStrategy
 from modelyard.types import RoutingRequest
 
@@ -29,6 +29,8 @@ class RoutingContext:
     request: RoutingRequest
     seq: int = 0
     affinity: str | None = None
+    now: float = 0.0  # the caller's clock, for snapshot freshness
+    resource: ResourceAwareConfig | None = None  # resource_aware's parameters (the model's config)
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,8 +136,57 @@ class CostAware:
         return Pick(cheapest[best])
 
 
+class ResourceAware:
+    """The best score from each endpoint's scraped load (see `resource_score`); endpoints whose
+    scrape is stale or whose queue is full are skipped; with nothing fresh, least_pending."""
+
+    name = "resource_aware"
+    uses_affinity = False
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
+        params = ctx.resource or ResourceAwareConfig()
+        scores: list[tuple[float, int]] = []
+        for i, endpoint in enumerate(endpoints):
+            score = resource_score(endpoint, params, ctx.now)
+            if score is not None:
+                scores.append((score, i))
+        if not scores:
+            return Pick(_least([e.in_flight for e in endpoints], rng))
+        best = max(score for score, _ in scores)
+        ties = [i for score, i in scores if math.isclose(score, best, rel_tol=1e-12)]
+        return Pick(ties[0] if len(ties) == 1 else rng.choice(ties))
+
+
+def queue_depth(endpoint: EndpointView, snapshot: ResourceSnapshot) -> float:
+    """The scraped queue plus what this gateway sent since the scrape, so scores move between scrapes."""
+    sent_since = max(0, endpoint.in_flight - snapshot.in_flight_at_scrape)
+    return (snapshot.queue_depth or 0.0) + sent_since
+
+
+def resource_score(endpoint: EndpointView, params: ResourceAwareConfig, now: float) -> float | None:
+    """w_sm (1 - SM use) + w_mem (1 - memory used) + w_queue exp(-k depth), over the signals the
+    server exports (missing ones drop out and the weights renormalise). Memory is the GPU frame
+    buffer when DCGM is scraped, else the KV cache. None: stale, never scraped, or queue full."""
+    snapshot = endpoint.resources
+    if snapshot is None or now - snapshot.taken_at > params.stale_after:
+        return None
+    depth = queue_depth(endpoint, snapshot)
+    if depth >= params.max_queue_depth:
+        return None
+    total = params.w_queue * math.exp(-params.k * depth)
+    weight = params.w_queue
+    if snapshot.sm_utilization is not None:
+        total += params.w_sm * (1.0 - snapshot.sm_utilization)
+        weight += params.w_sm
+    memory = snapshot.memory_used if snapshot.memory_used is not None else snapshot.kv_cache_usage
+    if memory is not None:
+        total += params.w_mem * (1.0 - memory)
+        weight += params.w_mem
+    return total / weight if weight else 0.0
+
+
 STRATEGIES: dict[str, Strategy] = {
-    s.name: s for s in (RoundRobin(), Random(), LeastPending(), KvAware(), CostAware())
+    s.name: s for s in (RoundRobin(), Random(), LeastPending(), KvAware(), CostAware(), ResourceAware())
 }
 assert tuple(STRATEGIES) == STRATEGY_NAMES, "config.StrategyName and the registry must list the same names"
 

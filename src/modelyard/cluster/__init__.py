@@ -2,5 +2,14 @@
 
 from modelyard.cluster.endpoint import BackendLoad, Endpoint, EndpointView
 from modelyard.cluster.health import HealthState, HealthThresholds, observe
+from modelyard.cluster.resources import ResourceSnapshot
 
-__all__ = ["BackendLoad", "Endpoint", "EndpointView", "HealthState", "HealthThresholds", "observe"]
+__all__ = [
+    "BackendLoad",
+    "Endpoint",
+    "EndpointView",
+    "HealthState",
+    "HealthThresholds",
+    "ResourceSnapshot",
+    "observe",
+]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from modelyard.cluster.health import HealthState
+from modelyard.cluster.resources import ResourceSnapshot
 
 
 class EndpointView(Protocol):
@@ -24,6 +25,8 @@ class EndpointView(Protocol):
     def in_flight(self) -> int: ...
     @property
     def outstanding_tokens(self) -> int: ...
+    @property
+    def resources(self) -> ResourceSnapshot | None: ...
 
 
 @dataclass(slots=True)
@@ -53,7 +56,9 @@ class Endpoint:
     load: BackendLoad
     weight: int = 1
     cost_per_1k_tokens: float = 0.0
+    subset: str = "default"
     health: HealthState = field(default_factory=HealthState)
+    resources: ResourceSnapshot | None = None  # the latest scrape (resource_aware)
 
     @property
     def healthy(self) -> bool:

@@ -74,6 +74,30 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.retries = Counter(
+            "modelyard_retries_total",
+            "Retries, by model, route and reason",
+            ["model", "route", "reason"],
+            registry=self.registry,
+        )
+        self.retry_budget_exhausted = Counter(
+            "modelyard_retry_budget_exhausted_total",
+            "Retries not made because the retry budget was spent",
+            ["model", "route"],
+            registry=self.registry,
+        )
+        self.overloaded = Counter(
+            "modelyard_overloaded_total",
+            "Requests refused with 429: every endpoint at max_requests and the queue full or timed out",
+            ["model"],
+            registry=self.registry,
+        )
+        self.stream_idle_timeouts = Counter(
+            "modelyard_stream_idle_timeouts_total",
+            "Streams cut because the server sent nothing for stream_idle_timeout",
+            ["model"],
+            registry=self.registry,
+        )
         self.registry.register(_InFlightCollector(loads))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}

@@ -1,14 +1,19 @@
-"""A served model: its endpoints, its current strategy and the counters strategies read."""
+"""A served model: its endpoints, routes and strategy, and the counters the request path keeps
+(sequence, retries in flight, requests waiting for capacity)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 
 from modelyard.balancing import Strategy, get_strategy
+from modelyard.balancing.routes import ALL_SUBSETS, CompiledRoute, compile_routes, select_route
 from modelyard.cluster import BackendLoad, Endpoint, HealthThresholds, observe
 from modelyard.cluster.health import ejected
-from modelyard.config import ModelConfig
+from modelyard.config import ModelConfig, RouteConfig
+from modelyard.errors import NotFound, Overloaded
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -32,12 +37,100 @@ class ServedModel:
                 load=loads.setdefault(e.url, BackendLoad(e.url, e.name)),
                 weight=e.weight,
                 cost_per_1k_tokens=e.cost_per_1k_tokens,
+                subset=e.subset,
             )
             for e in config.endpoints
         ]
+        self.set_routes(config.routes)
+        self.active_requests = 0  # for the retry budget
+        self.active_retries = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()  # requests waiting for capacity
         check = config.health_check
         self.health_checked = check.interval > 0
         self.thresholds = HealthThresholds(check.unhealthy_threshold, check.healthy_threshold)
+
+    # --- routes ------------------------------------------------------------------------------
+
+    def set_routes(self, routes: Sequence[RouteConfig]) -> None:
+        """Swap the routes in one assignment: a request keeps the tuple it started with."""
+        self.routes: tuple[CompiledRoute, ...] = compile_routes(routes)
+
+    def route_for(
+        self, headers: Mapping[str, str], body: Mapping[str, object] | None
+    ) -> CompiledRoute | None:
+        """The request's route; None means the implicit route of a model without routes."""
+        routes = self.routes
+        if not routes:
+            return None
+        route = select_route(routes, headers, self.name, body)
+        if route is None:
+            raise NotFound(
+                f"no route of model {self.name!r} matches this request; routes: "
+                + ", ".join(r.name for r in routes)
+            )
+        return route
+
+    def subset(self, name: str) -> list[Endpoint]:
+        if name == ALL_SUBSETS:
+            return self.endpoints
+        return [e for e in self.endpoints if e.subset == name]
+
+    # --- capacity (circuit breakers) --------------------------------------------------------
+
+    def has_room(self, endpoint: Endpoint) -> bool:
+        limit = self.config.circuit_breakers.max_requests
+        return limit == 0 or endpoint.in_flight < limit
+
+    async def wait_for_room(self) -> None:
+        """Wait (bounded in count and time) until some endpoint releases a request; raises
+        Overloaded (429 with Retry-After) when the queue is full or the wait times out."""
+        breakers = self.config.circuit_breakers
+        if len(self._waiters) >= breakers.max_pending_requests:
+            raise Overloaded(
+                f"model {self.name!r} is at capacity: every endpoint has max_requests in flight and "
+                f"{breakers.max_pending_requests} requests already wait"
+            )
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(breakers.queue_timeout or None):
+                await waiter
+        except TimeoutError:
+            raise Overloaded(
+                f"model {self.name!r} is at capacity: no endpoint freed up within {breakers.queue_timeout:g}s"
+            ) from None
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # we were woken but leave: pass the turn on
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def acquire(self, endpoint: Endpoint, tokens: int) -> None:
+        endpoint.load.acquire(tokens)
+
+    def release(self, endpoint: Endpoint, tokens: int) -> None:
+        endpoint.load.release(tokens)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    # --- retry budget -------------------------------------------------------------------------
+
+    def retry_allowed(self) -> bool:
+        """Envoy's retry budget: retries in flight stay under budget_percent of active requests
+        (at least min_retry_concurrency), so retries cannot multiply an outage."""
+        budget = self.config.retry_budget
+        allowed = max(budget.min_retry_concurrency, budget.budget_percent / 100.0 * self.active_requests)
+        return self.active_retries < allowed
+
+    # --- health -------------------------------------------------------------------------------
 
     def healthy_endpoints(self) -> list[Endpoint]:
         return [e for e in self.endpoints if e.health.healthy]

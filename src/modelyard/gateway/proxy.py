@@ -1,26 +1,42 @@
 """Forward one request to one of a model's endpoints and relay the answer.
 
-The body arrives parsed once (for routing) and leaves as the original bytes. A refused
-connection is tried on another healthy endpoint (nothing was sent, so it is safe); anything
-after the request was sent is answered as it is. Streams are relayed chunk by chunk as they
-arrive; a client that goes away cancels the upstream request (aiohttp handler cancellation,
-and a failed write closes the upstream response).
+The request takes a route (the model's first matching route, or the implicit one), the route
+picks a subset by weight, and the model's strategy picks an endpoint in it. A try that fails in a
+way the route's retry policy names (refused connection, reset, a retriable status, a per-try
+timeout) is retried on another endpoint when one is available, with jittered exponential backoff
+and within the model's retry budget. Nothing is retried once a stream's first byte has gone to
+the client. Every endpoint has an in-flight limit (`max_requests`); when all are full a request
+waits in a bounded queue, or gets 429 at once.
+
+The body arrives parsed once (for routing) and leaves as the original bytes. Streams are relayed
+chunk by chunk as they arrive; a client that goes away cancels the upstream request (aiohttp
+handler cancellation, and a failed write closes the upstream response).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
 import random
 import time
+from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from modelyard.balancing import Pick, RoutingContext, affinity_key
+from modelyard.balancing.routes import ALL_SUBSETS, pick_subset
 from modelyard.cluster import Endpoint
-from modelyard.errors import ModelyardError, NoHealthyEndpoint, UpstreamError, UpstreamUnreachable
+from modelyard.config import Destination, RouteConfig
+from modelyard.errors import (
+    ModelyardError,
+    NoHealthyEndpoint,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from modelyard.gateway.errors import REQUEST_ID
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
@@ -38,8 +54,24 @@ log = logging.getLogger("modelyard.gateway")
 BACKEND_HEADER = "X-Modelyard-Backend"
 STRATEGY_HEADER = "X-Modelyard-Strategy"
 CACHE_HIT_HEADER = "X-Modelyard-Cache-Hit"
+ROUTE_HEADER = "X-Modelyard-Route"
+SUBSET_HEADER = "X-Modelyard-Subset"
 REQUEST_ID_HEADER = "X-Request-Id"
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics only
+
+# The route of a model without routes: every endpoint, the default timeouts and retries.
+IMPLICIT_ROUTE = RouteConfig(name="default", destinations=[Destination(subset=ALL_SUBSETS)])
+_GATEWAY_ERRORS = frozenset({502, 503, 504})
+_RETRIABLE_4XX = frozenset({409, 429})
+
+
+@dataclass(slots=True)
+class _Try:
+    """The outcome of one attempt that may be retried."""
+
+    reason: str  # a retry_on name: connect-failure, reset, 5xx, gateway-error, retriable-4xx, or "" (final)
+    error: ModelyardError | None = None
+    response: UpstreamResponse | None = None
 
 
 class Proxy:
@@ -61,40 +93,258 @@ class Proxy:
         self, request: web.Request, model: ServedModel, routing: RoutingRequest, body: bytes | None
     ) -> web.StreamResponse:
         started = time.perf_counter()
+        compiled = model.route_for(request.headers, routing.fields)
+        route = compiled.config if compiled else IMPLICIT_ROUTE
+        subset = pick_subset(route, request.headers, self._rng)
         strategy = model.strategy
-        seq = model.next_seq()
         key = remembered = None
         if strategy.uses_affinity:
             key = affinity_key(model.name, routing.prompt, model.config.kv_aware.prefix_chars)
             remembered = await self._state.get(key)
-        ctx = RoutingContext(routing, seq, remembered)
+        ctx = RoutingContext(
+            routing,
+            model.next_seq(),
+            remembered,
+            now=time.monotonic(),
+            resource=model.config.resource_aware,
+        )
         request_id = request.headers.get(REQUEST_ID_HEADER) or self._new_request_id()
         request[REQUEST_ID] = request_id
         headers = forwarded_request_headers(request.headers.items(), request_id)
         tokens = routing.prompt_tokens + routing.max_tokens
 
-        endpoint, pick, upstream = await self._send(
-            model, ctx, request.method, request.raw_path, headers, body, tokens, started
+        model.active_requests += 1
+        try:
+            async with asyncio.timeout(route.timeout or None):
+                endpoint, pick, upstream = await self._attempts(
+                    model, route, subset, ctx, request.method, request.raw_path, headers, body, tokens
+                )
+                if key is not None:
+                    self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
+                    if not pick.cache_hit:
+                        await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
+                out_headers = relayed_response_headers(upstream.headers)
+                out_headers[BACKEND_HEADER] = endpoint.name
+                out_headers[STRATEGY_HEADER] = strategy.name
+                out_headers[ROUTE_HEADER] = route.name
+                out_headers[SUBSET_HEADER] = subset
+                out_headers[REQUEST_ID_HEADER] = request_id
+                if pick.cache_hit is not None:
+                    out_headers[CACHE_HIT_HEADER] = "true" if pick.cache_hit else "false"
+                return await self._respond(
+                    request, model, route, endpoint, upstream, out_headers, tokens, started
+                )
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"model {model.name!r}: route {route.name!r} did not finish within {route.timeout:g}s"
+            ) from None
+        finally:
+            model.active_requests -= 1
+
+    async def call(
+        self, model: ServedModel, method: str, path: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, bytes]:
+        """A routed call made by the gateway itself (a graph step naming a model): the model's
+        routes, strategy, health and retries apply, as for a client request."""
+        started = time.perf_counter()
+        lookup = CIMultiDict(headers)
+        compiled = model.route_for(lookup, None)
+        route = compiled.config if compiled else IMPLICIT_ROUTE
+        subset = pick_subset(route, lookup, self._rng)
+        tokens = len(body) // 4
+        ctx = RoutingContext(
+            RoutingRequest(model=model.name, prompt_tokens=tokens),
+            model.next_seq(),
+            now=time.monotonic(),
+            resource=model.config.resource_aware,
         )
-        if key is not None:
-            self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
-            if not pick.cache_hit:
-                await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
+        model.active_requests += 1
+        try:
+            async with asyncio.timeout(route.timeout or None):
+                endpoint, _pick, upstream = await self._attempts(
+                    model, route, subset, ctx, method, path, headers, body, tokens
+                )
+                code = CLIENT_CLOSED
+                try:
+                    data = await upstream.read()
+                    code = upstream.status
+                    return upstream.status, data
+                except UpstreamError as exc:
+                    code = exc.status
+                    raise
+                finally:
+                    upstream.close()
+                    model.release(endpoint, tokens)
+                    self._observe(model, endpoint, code, started)
+        except TimeoutError:
+            raise UpstreamTimeout(f"model {model.name!r} did not answer within {route.timeout:g}s") from None
+        finally:
+            model.active_requests -= 1
 
-        out_headers = relayed_response_headers(upstream.headers)
-        out_headers[BACKEND_HEADER] = endpoint.name
-        out_headers[STRATEGY_HEADER] = strategy.name
-        out_headers[REQUEST_ID_HEADER] = request_id
-        if pick.cache_hit is not None:
-            out_headers[CACHE_HIT_HEADER] = "true" if pick.cache_hit else "false"
+    # --- tries ----------------------------------------------------------------------------------
 
+    async def _attempts(
+        self,
+        model: ServedModel,
+        route: RouteConfig,
+        subset: str,
+        ctx: RoutingContext,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        tokens: int,
+    ) -> tuple[Endpoint, Pick, UpstreamResponse]:
+        """Try, and retry as the route's policy allows. Returns with the chosen endpoint acquired
+        (the caller releases it) and the response head received."""
+        policy = route.retries
+        tried: list[Endpoint] = []
+        retries = 0
+        while True:
+            endpoint, pick = await self._choose(model, subset, ctx, tried, tokens)
+            started = time.perf_counter()
+            try:
+                outcome = await self._try(model, route, endpoint, method, path, headers, body)
+            except BaseException:  # cancelled (the client left, or the route timed out)
+                model.release(endpoint, tokens)
+                self._observe(model, endpoint, CLIENT_CLOSED, started)
+                raise
+            if not outcome.reason:
+                assert outcome.response is not None
+                return endpoint, pick, outcome.response
+            # A failed try: count it, free the endpoint, and decide whether to go again.
+            code = (
+                outcome.error.status
+                if outcome.error
+                else (outcome.response.status if outcome.response else 502)
+            )
+            self._observe(model, endpoint, code, started)
+            tried.append(endpoint)
+            retriable = outcome.reason in policy.retry_on or (
+                outcome.response is not None and outcome.response.status in policy.retriable_status_codes
+            )
+            if retriable and retries < policy.attempts and self._budget(model, route):
+                retries += 1
+                self._metrics.retries.labels(model.name, route.name, outcome.reason).inc()
+                if outcome.response is not None:
+                    outcome.response.close()
+                model.release(endpoint, tokens)
+                model.active_retries += 1
+                try:
+                    await asyncio.sleep(self._backoff(route, retries))
+                finally:
+                    model.active_retries -= 1
+                continue
+            if outcome.response is not None:
+                return endpoint, pick, outcome.response  # not retried: relay the answer as it is
+            model.release(endpoint, tokens)
+            assert outcome.error is not None
+            if outcome.reason == "connect-failure" and len(tried) > 1:
+                names = ", ".join(e.name for e in tried)
+                raise UpstreamError(
+                    f"every endpoint of model {model.name!r} tried refused the connection: {names}"
+                )
+            raise outcome.error
+
+    async def _try(
+        self,
+        model: ServedModel,
+        route: RouteConfig,
+        endpoint: Endpoint,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+    ) -> _Try:
+        try:
+            async with asyncio.timeout(route.per_try_timeout or None):
+                response = await self._pool.send(endpoint.url, method, path, headers, body)
+        except UpstreamUnreachable as exc:
+            model.record_unreachable(endpoint, exc.message)
+            return _Try("connect-failure", error=exc)
+        except TimeoutError:
+            error = UpstreamTimeout(
+                f"{endpoint.name} did not answer within per_try_timeout {route.per_try_timeout:g}s"
+            )
+            return _Try("gateway-error", error=error)
+        except UpstreamTimeout as exc:
+            return _Try("gateway-error", error=exc)
+        except UpstreamError as exc:
+            return _Try("reset", error=exc)
+        status = response.status
+        if status in _GATEWAY_ERRORS:
+            return _Try(
+                "gateway-error" if "gateway-error" in route.retries.retry_on else "5xx", response=response
+            )
+        if status >= 500:
+            return _Try("5xx", response=response)
+        if status in _RETRIABLE_4XX:
+            return _Try("retriable-4xx", response=response)
+        if status in route.retries.retriable_status_codes:
+            return _Try("retriable-status", response=response)
+        return _Try("", response=response)
+
+    async def _choose(
+        self, model: ServedModel, subset: str, ctx: RoutingContext, tried: list[Endpoint], tokens: int
+    ) -> tuple[Endpoint, Pick]:
+        """Pick an endpoint with room, preferring ones not tried yet; wait (bounded) for room."""
+        while True:
+            pool = model.subset(subset)
+            healthy = [e for e in pool if e.health.healthy]
+            if not healthy:
+                self._metrics.observe_request(model.name, "", model.strategy.name, 503, 0.0)
+                raise NoHealthyEndpoint(
+                    f"model {model.name!r} has no healthy endpoint in subset {subset!r}",
+                    headers={"Retry-After": "1"},
+                )
+            fresh = [e for e in healthy if e not in tried] or healthy
+            candidates = [e for e in fresh if model.has_room(e)]
+            if candidates:
+                pick = model.strategy.pick(candidates, ctx, self._rng)
+                endpoint = candidates[pick.index]
+                model.acquire(endpoint, tokens)
+                return endpoint, pick
+            try:
+                await model.wait_for_room()
+            except ModelyardError:
+                self._metrics.overloaded.labels(model.name).inc()
+                raise
+
+    def _budget(self, model: ServedModel, route: RouteConfig) -> bool:
+        if model.retry_allowed():
+            return True
+        self._metrics.retry_budget_exhausted.labels(model.name, route.name).inc()
+        return False
+
+    def _backoff(self, route: RouteConfig, retry: int) -> float:
+        """Full jitter: uniform in [0, min(max_interval, base_interval x 2^(retry-1)))."""
+        policy = route.retries
+        return self._rng.uniform(0, min(policy.max_interval, policy.base_interval * 2 ** (retry - 1)))
+
+    def _observe(self, model: ServedModel, endpoint: Endpoint, code: int, started: float) -> None:
+        seconds = time.perf_counter() - started
+        self._metrics.observe_request(model.name, endpoint.name, model.strategy.name, code, seconds)
+
+    # --- answers ----------------------------------------------------------------------------------
+
+    async def _respond(
+        self,
+        request: web.Request,
+        model: ServedModel,
+        route: RouteConfig,
+        endpoint: Endpoint,
+        upstream: UpstreamResponse,
+        headers: CIMultiDict[str],
+        tokens: int,
+        started: float,
+    ) -> web.StreamResponse:
         code = CLIENT_CLOSED
         try:
             if upstream.content_type == "text/event-stream":
-                response = await self._relay_stream(request, upstream, out_headers, model.name, started)
+                response = await self._relay_stream(request, model, route, upstream, headers, started)
             else:
                 data = await upstream.read()
-                response = web.Response(body=data, status=upstream.status, headers=out_headers)
+                response = web.Response(body=data, status=upstream.status, headers=headers)
             code = upstream.status
             return response
         except UpstreamError as exc:
@@ -102,104 +352,43 @@ class Proxy:
             raise
         finally:
             upstream.close()
-            endpoint.load.release(tokens)
-            self._metrics.observe_request(
-                model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
-            )
-
-    async def call(
-        self, model: ServedModel, method: str, path: str, headers: list[tuple[str, str]], body: bytes
-    ) -> tuple[int, bytes]:
-        """A routed call made by the gateway itself (a graph step naming a model): the model's
-        strategy and health pick the endpoint, as for a client request; status and body come back."""
-        started = time.perf_counter()
-        tokens = len(body) // 4
-        ctx = RoutingContext(RoutingRequest(model=model.name, prompt_tokens=tokens), model.next_seq())
-        endpoint, _pick, upstream = await self._send(model, ctx, method, path, headers, body, tokens, started)
-        code = CLIENT_CLOSED
-        try:
-            data = await upstream.read()
-            code = upstream.status
-            return upstream.status, data
-        except UpstreamError as exc:
-            code = exc.status
-            raise
-        finally:
-            upstream.close()
-            endpoint.load.release(tokens)
-            self._metrics.observe_request(
-                model.name, endpoint.name, model.strategy.name, code, time.perf_counter() - started
-            )
-
-    async def _send(
-        self,
-        model: ServedModel,
-        ctx: RoutingContext,
-        method: str,
-        path: str,
-        headers: list[tuple[str, str]],
-        body: bytes | None,
-        tokens: int,
-        started: float,
-    ) -> tuple[Endpoint, Pick, UpstreamResponse]:
-        """Pick an endpoint and send; a refused connection moves on to another healthy endpoint."""
-        strategy = model.strategy
-        tried: list[Endpoint] = []
-        while True:
-            candidates = [e for e in model.endpoints if e.health.healthy and e not in tried]
-            if not candidates:
-                error: ModelyardError
-                if tried:
-                    names = ", ".join(e.name for e in tried)
-                    error = UpstreamError(
-                        f"every endpoint of model {model.name!r} refused the connection: {names}"
-                    )
-                else:
-                    error = NoHealthyEndpoint(
-                        f"model {model.name!r} has no healthy endpoint", headers={"Retry-After": "1"}
-                    )
-                self._metrics.observe_request(
-                    model.name, "", strategy.name, error.status, time.perf_counter() - started
-                )
-                raise error
-            pick = strategy.pick(candidates, ctx, self._rng)
-            endpoint = candidates[pick.index]
-            endpoint.load.acquire(tokens)
-            try:
-                upstream = await self._pool.send(endpoint.url, method, path, headers, body)
-            except UpstreamUnreachable as exc:
-                endpoint.load.release(tokens)
-                tried.append(endpoint)
-                model.record_unreachable(endpoint, exc.message)
-                continue
-            except BaseException as exc:
-                endpoint.load.release(tokens)
-                code = exc.status if isinstance(exc, UpstreamError) else CLIENT_CLOSED
-                self._metrics.observe_request(
-                    model.name, endpoint.name, strategy.name, code, time.perf_counter() - started
-                )
-                raise
-            return endpoint, pick, upstream
+            model.release(endpoint, tokens)
+            self._observe(model, endpoint, code, started)
 
     async def _relay_stream(
         self,
         request: web.Request,
+        model: ServedModel,
+        route: RouteConfig,
         upstream: UpstreamResponse,
         headers: CIMultiDict[str],
-        model: str,
         started: float,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
+        idle = route.stream_idle_timeout
+        chunks = upstream.iter_chunks()
         first = True
         try:
-            async for chunk in upstream.iter_chunks():
+            while True:
+                try:
+                    async with asyncio.timeout(idle or None):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    # The server stopped producing tokens: fail the stream (the status is already
+                    # sent, so cut the connection rather than end it as if complete).
+                    self._metrics.stream_idle_timeouts.labels(model.name).inc()
+                    log.warning("model %s: stream idle for %gs, closing it", model.name, idle)
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
                 if first:
-                    self._metrics.ttft.labels(model).observe(time.perf_counter() - started)
+                    self._metrics.ttft.labels(model.name).observe(time.perf_counter() - started)
                     first = False
                 await response.write(chunk)
         except UpstreamError as exc:
-            # The server broke off mid-stream; the status is already sent, so end what we have.
-            log.warning("upstream stream for model %s ended early: %r", model, exc)
+            log.warning("upstream stream for model %s ended early: %r", model.name, exc)
         await response.write_eof()
         return response

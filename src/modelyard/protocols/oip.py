@@ -25,8 +25,8 @@ def routing_request(
             json_part = body[: int(header_length)]
         except ValueError:
             raise MalformedBody(f"{BINARY_HEADER} must be an integer, got {header_length!r}") from None
-    parse_json_object(json_part)
+    fields = parse_json_object(json_part)
     # Tensors have no prompt; the leading bytes of the request stand in for one so that
     # identical inputs share affinity under kv_aware.
     prompt = json_part[:affinity_chars].decode("utf-8", "replace")
-    return RoutingRequest(model=model, prompt=prompt, prompt_tokens=len(body) // 4)
+    return RoutingRequest(model=model, prompt=prompt, prompt_tokens=len(body) // 4, fields=fields)

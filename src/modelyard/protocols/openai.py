@@ -48,6 +48,7 @@ def routing_request(body: bytes, kind: str) -> RoutingRequest:
         prompt_tokens=len(prompt.split()),
         max_tokens=max_tokens,
         stream=data.get("stream") is True,
+        fields=data,
     )
 
 
