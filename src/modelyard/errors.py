@@ -5,7 +5,8 @@
     ├── BadRequest                      400 invalid_request_error
     │   ├── MalformedBody               400
     │   ├── UnknownStrategy             400
-    │   └── GraphInvalid                400 (every problem of a graph, with its path)
+    │   ├── GraphInvalid                400 (every problem of a graph, with its path)
+    │   └── RoutesInvalid               400 (every problem of a routes update, with its path)
     ├── Unauthorized                    401 authentication_error
     ├── NotFound                        404 not_found_error
     │   └── ModelNotFound               404 model_not_found
@@ -71,6 +72,14 @@ class GraphInvalid(BadRequest):
         self.source = source
         self.problems = list(problems)
         super().__init__(f"{source}: " + "; ".join(self.problems))
+
+
+class RoutesInvalid(BadRequest):
+    code = "invalid_routes"
+
+    def __init__(self, model: str, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"routes of model {model!r}: " + "; ".join(self.problems))
 
 
 class Unauthorized(ModelyardError):

@@ -7,6 +7,7 @@ import random
 import time
 
 import orjson
+import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -28,6 +29,8 @@ from modelyard.state import SharedState, open_state
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker
+from modelyard.upstream.http1 import Http1Client
+from modelyard.upstream.scrape import ResourceScraper
 
 
 class Gateway:
@@ -44,13 +47,17 @@ class Gateway:
         self.config = config
         self.loads: dict[str, BackendLoad] = {}
         self.metrics = GatewayMetrics(lambda: self.loads.values())
-        self.models = {m.name: ServedModel(m, self.loads, self.metrics.health_changed) for m in config.models}
+        self.models = {
+            m.name: ServedModel(m, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
+            for m in config.models
+        }
         self.state = state or open_state(
             config.state, on_fallback=lambda _exc: self.metrics.state_fallbacks.inc()
         )
         self.pool = UpstreamPool(config.upstream)
         self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))
         self.health = HealthChecker(self.models.values(), self.pool)
+        self.scrapers: dict[str, tuple[ResourceScraper, Http1Client]] = {}
         invoker = GatewayInvoker(self.models, self.proxy, UrlInvoker(self.pool.client))
         self.graphs = GraphService(
             load_config_graphs(config, "config") if graphs is None else graphs,
@@ -69,9 +76,29 @@ class Gateway:
     async def start(self) -> None:
         await self.health.check_once()  # serve with real health from the first request
         self.health.start()
+        for model in self.models.values():
+            if model.strategy.name == "resource_aware":
+                await self.ensure_scraper(model)
+
+    async def ensure_scraper(self, model: ServedModel) -> None:
+        """Scrape the model's endpoints' /metrics while resource_aware may route it. The scraper has
+        its own small client: through the proxy's pool a scrape would queue exactly when the
+        server is saturated, and its snapshot would go stale when it matters most."""
+        if model.name in self.scrapers:
+            return
+        client = Http1Client(max_connections=2, connect_timeout=self.config.upstream.connect_timeout)
+        urls = {e.url: e.metrics_url for e in model.config.endpoints if e.metrics_url}
+        scraper = ResourceScraper(model.endpoints, client, model.config.resource_aware, metrics_urls=urls)
+        self.scrapers[model.name] = (scraper, client)
+        await scraper.scrape_once()
+        scraper.start()
 
     async def stop(self) -> None:
         await self.health.stop()
+        await self.proxy.close()
+        for scraper, client in self.scrapers.values():
+            await scraper.stop()
+            client.close()
         await self.pool.close()
         await self.state.close()
 
@@ -199,7 +226,46 @@ async def put_strategy_handler(request: web.Request) -> web.Response:
         raise BadRequest("'model' must be a string naming one model")
     for model in [gateway.model(target)] if target else gateway.models.values():
         model.strategy = strategy
+        if strategy.name == "resource_aware":
+            await gateway.ensure_scraper(model)
     return _json(_strategies(gateway))
+
+
+# --- routes and canaries -----------------------------------------------------------------------
+
+
+def _routes_view(model: ServedModel) -> dict[str, object]:
+    routes = [r.model_dump(mode="json", exclude_defaults=True) for r in model.config.routes]
+    subsets = sorted({e.subset for e in model.endpoints})
+    return {"model": model.name, "routes": routes, "subsets": subsets}
+
+
+async def get_routes(request: web.Request) -> web.Response:
+    _check_admin(request)
+    return _json(_routes_view(request.app[GATEWAY].model(request.match_info["model"])))
+
+
+async def put_routes(request: web.Request) -> web.Response:
+    """Replace a model's routes (e.g. move a canary 10 -> 50 -> 100): `{"routes": [...]}` or a
+    list, JSON or YAML; validated first (400 with every problem), then swapped atomically."""
+    _check_admin(request)
+    model = request.app[GATEWAY].model(request.match_info["model"])
+    try:
+        data = yaml.safe_load((await _read_body(request)).decode("utf-8", "replace"))
+    except yaml.YAMLError as exc:
+        raise BadRequest(f"routes must be JSON or YAML: {exc}") from None
+    routes = data.get("routes") if isinstance(data, dict) else data
+    model.replace_routes(routes)
+    return _json(_routes_view(model))
+
+
+async def get_canary(request: web.Request) -> web.Response:
+    """Per route with a mirror: answers compared (mean ROUGE-L, exact-match rate) and each
+    subset's p50/p95 latency and error rate."""
+    _check_admin(request)
+    model = request.app[GATEWAY].model(request.match_info["model"])
+    mirrors = {r.name: r.mirror.model_dump() for r in model.config.routes if r.mirror is not None}
+    return _json({"model": model.name, "mirrors": mirrors, "routes": model.canary_summary()})
 
 
 # --- inference graphs ------------------------------------------------------------------------
@@ -288,6 +354,9 @@ def create_app(
     add("GET", "/healthz", healthz)
     add("GET", "/readyz", readyz)
     add("GET", "/metrics", metrics)
+    add("GET", "/admin/models/{model}/routes", get_routes)
+    add("PUT", "/admin/models/{model}/routes", put_routes)
+    add("GET", "/admin/models/{model}/canary", get_canary)
     add("GET", "/v1/graphs", list_graphs)
     add("GET", "/v1/graphs/{name}", get_graph)
     add("POST", "/v1/graphs/{name}", run_graph)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -98,6 +98,24 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.outlier_events = Counter(
+            "modelyard_outlier_events_total",
+            "Outlier detection: ejections by reason (consecutive_5xx, latency), returns, and panic mode",
+            ["model", "backend", "event"],
+            registry=self.registry,
+        )
+        self.canary_agreement = Gauge(
+            "modelyard_canary_agreement",
+            "Mean ROUGE-L between a route's answers and its mirror's (1 = the same words)",
+            ["model", "route"],
+            registry=self.registry,
+        )
+        self.canary_requests = Counter(
+            "modelyard_canary_requests_total",
+            "Mirrored requests and their primaries, by subset and result",
+            ["model", "route", "subset", "result"],
+            registry=self.registry,
+        )
         self.registry.register(_InFlightCollector(loads))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
@@ -105,6 +123,9 @@ class GatewayMetrics:
 
     def graph_step(self, graph: str, node: str, step: str, code: int, seconds: float) -> None:
         self.graph_steps.labels(graph, node, step, str(code)).observe(seconds)
+
+    def outlier_event(self, model: str, backend: str, event: str) -> None:
+        self.outlier_events.labels(model, backend, event).inc()
 
     def health_changed(self, model: str, backend: str, healthy: bool) -> None:
         self.health_transitions.labels(model, backend, "healthy" if healthy else "unhealthy").inc()

@@ -8,14 +8,23 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
+from pydantic import ValidationError
+
 from modelyard.balancing import Strategy, get_strategy
 from modelyard.balancing.routes import ALL_SUBSETS, CompiledRoute, compile_routes, select_route
 from modelyard.cluster import BackendLoad, Endpoint, HealthThresholds, observe
+from modelyard.cluster.canary import CanaryStats
 from modelyard.cluster.health import ejected
+from modelyard.cluster.outlier import OutlierState, decide, routable
+from modelyard.cluster.outlier import observe as observe_outcome
 from modelyard.config import ModelConfig, RouteConfig
-from modelyard.errors import NotFound, Overloaded
+from modelyard.errors import NotFound, Overloaded, RoutesInvalid
 
 log = logging.getLogger("modelyard.gateway")
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
 
 class ServedModel:
@@ -24,9 +33,11 @@ class ServedModel:
         config: ModelConfig,
         loads: dict[str, BackendLoad],
         on_health_change: Callable[[str, str, bool], None] = lambda model, endpoint, healthy: None,
+        on_outlier: Callable[[str, str, str], None] = lambda model, endpoint, event: None,
     ) -> None:
         self.config = config
         self._on_health_change = on_health_change
+        self._on_outlier = on_outlier
         self.name = config.name
         self.strategy: Strategy = get_strategy(config.strategy)
         self.seq = 0  # requests routed so far; kept across strategy switches
@@ -45,6 +56,10 @@ class ServedModel:
         self.active_requests = 0  # for the retry budget
         self.active_retries = 0
         self._waiters: deque[asyncio.Future[None]] = deque()  # requests waiting for capacity
+        self.outliers: dict[str, OutlierState] = {e.name: OutlierState() for e in self.endpoints}
+        self._next_return = float("inf")  # the earliest ejected_until, so routing checks it cheaply
+        self.panicking = False
+        self._canary: dict[str, CanaryStats] = {}
         check = config.health_check
         self.health_checked = check.interval > 0
         self.thresholds = HealthThresholds(check.unhealthy_threshold, check.healthy_threshold)
@@ -54,6 +69,21 @@ class ServedModel:
     def set_routes(self, routes: Sequence[RouteConfig]) -> None:
         """Swap the routes in one assignment: a request keeps the tuple it started with."""
         self.routes: tuple[CompiledRoute, ...] = compile_routes(routes)
+
+    def replace_routes(self, raw: object) -> None:
+        """Validate new routes against this model (subsets, matches, weights) and swap them in
+        atomically; raises RoutesInvalid with every problem."""
+        try:
+            config = ModelConfig.model_validate({**self.config.model_dump(), "routes": raw})
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                loc, message = err["loc"], err["msg"].removeprefix("Value error, ")
+                # Field errors get their path; the model-level subset check names its routes itself.
+                problems.append(f"routes{_path(loc[1:])}: {message}" if loc[:1] == ("routes",) else message)
+            raise RoutesInvalid(self.name, problems) from None
+        self.config = config
+        self.set_routes(config.routes)
 
     def route_for(
         self, headers: Mapping[str, str], body: Mapping[str, object] | None
@@ -129,6 +159,58 @@ class ServedModel:
         budget = self.config.retry_budget
         allowed = max(budget.min_retry_concurrency, budget.budget_percent / 100.0 * self.active_requests)
         return self.active_retries < allowed
+
+    def canary_stats(self, route: str) -> CanaryStats:
+        stats = self._canary.get(route)
+        if stats is None:
+            stats = self._canary[route] = CanaryStats()
+        return stats
+
+    def canary_summary(self) -> dict[str, object]:
+        return {route: stats.summary() for route, stats in self._canary.items()}
+
+    # --- passive health: outlier detection and the panic threshold -------------------------------
+
+    def routable(self, pool: Sequence[Endpoint], now: float) -> list[Endpoint]:
+        """The endpoints to route to: passing health checks and not ejected; below
+        `healthy_panic_threshold` percent of the pool, all of it (Envoy's panic mode), unless
+        none at all is available (then none: the request gets 503 at once)."""
+        if now >= self._next_return:
+            self._decide(now)
+        available = [e for e in pool if e.health.healthy and not self.outliers[e.name].ejected]
+        if not available:
+            return []  # nothing passes: answer 503 at once rather than try endpoints known to be down
+        chosen, panic = routable(available, pool, self.config.healthy_panic_threshold)
+        if panic != self.panicking:
+            self.panicking = panic
+            log.warning("model %s: %s panic mode", self.name, "entering" if panic else "leaving")
+            if panic:
+                self._on_outlier(self.name, "", "panic")
+        return chosen
+
+    def record_outcome(self, endpoint: Endpoint, ok: bool, latency: float | None, now: float) -> None:
+        """An answer (or a failure to get one) from `endpoint`; may eject it, or a slow peer."""
+        detection = self.config.outlier_detection
+        before = self.outliers[endpoint.name]
+        state = observe_outcome(before, ok=ok, latency=latency, now=now, config=detection)
+        self.outliers[endpoint.name] = state
+        if not ok or len(state.samples) % 16 == 0:  # latency is judged every few samples, errors at once
+            self._decide(now)
+
+    def _decide(self, now: float) -> None:
+        decision = decide(self.outliers, now, self.config.outlier_detection)
+        self.outliers = dict(decision.states)
+        for ejection in decision.ejected:
+            log.warning(
+                "model %s: ejecting endpoint %s (%s) for %.1fs",
+                self.name, ejection.name, ejection.reason, ejection.until - now,
+            )  # fmt: skip
+            self._on_outlier(self.name, ejection.name, ejection.reason)
+        for name in decision.returned:
+            log.info("model %s: endpoint %s returns from ejection", self.name, name)
+            self._on_outlier(self.name, name, "returned")
+        untils = [s.ejected_until for s in self.outliers.values() if s.ejected_until is not None]
+        self._next_return = min(untils, default=float("inf"))
 
     # --- health -------------------------------------------------------------------------------
 

@@ -21,15 +21,18 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from modelyard.balancing import Pick, RoutingContext, affinity_key
-from modelyard.balancing.routes import ALL_SUBSETS, pick_subset
+from modelyard.balancing.routes import ALL_SUBSETS, mirrors, pick_subset
 from modelyard.cluster import Endpoint
-from modelyard.config import Destination, RouteConfig
+from modelyard.cluster.canary import answer_text, exact_match, rouge_l
+from modelyard.config import Destination, RetryPolicy, RouteConfig
 from modelyard.errors import (
     ModelyardError,
     NoHealthyEndpoint,
@@ -65,6 +68,37 @@ _GATEWAY_ERRORS = frozenset({502, 503, 504})
 _RETRIABLE_4XX = frozenset({409, 429})
 
 
+_CAPTURE_LIMIT = 1024 * 1024  # bytes of an answer kept for comparing with its shadow
+
+
+@dataclass(slots=True)
+class _Capture:
+    """An answer kept for the canary comparison (bounded), with how it went."""
+
+    subset: str
+    status: int = 0
+    content_type: str | None = None
+    seconds: float = 0.0
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, data: bytes) -> None:
+        if self.size < _CAPTURE_LIMIT:
+            self.parts.append(data[: _CAPTURE_LIMIT - self.size])
+            self.size += len(self.parts[-1])
+
+    def finish(self, status: int, content_type: str | None) -> None:
+        self.status = status
+        self.content_type = content_type
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 400
+
+    def text(self) -> str | None:
+        return answer_text(b"".join(self.parts), self.content_type)
+
+
 @dataclass(slots=True)
 class _Try:
     """The outcome of one attempt that may be retried."""
@@ -85,6 +119,7 @@ class Proxy:
         # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
         self._id_prefix = os.urandom(8).hex()
         self._id_counter = itertools.count(1)
+        self._background: set[asyncio.Task[None]] = set()  # shadow requests in flight
 
     def _new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):016x}"
@@ -113,6 +148,17 @@ class Proxy:
         headers = forwarded_request_headers(request.headers.items(), request_id)
         tokens = routing.prompt_tokens + routing.max_tokens
 
+        primary: asyncio.Future[_Capture] | None = None
+        capture = None
+        # A request already going to the mirror subset has nothing to be compared with.
+        if route.mirror is not None and route.mirror.subset != subset and mirrors(route, self._rng):
+            primary = asyncio.get_running_loop().create_future()
+            capture = _Capture(subset)
+            shadow = self._shadow(
+                model, route, ctx, request.method, request.raw_path, headers, body, tokens, primary
+            )
+            self._spawn(shadow)
+
         model.active_requests += 1
         try:
             async with asyncio.timeout(route.timeout or None):
@@ -132,7 +178,7 @@ class Proxy:
                 if pick.cache_hit is not None:
                     out_headers[CACHE_HIT_HEADER] = "true" if pick.cache_hit else "false"
                 return await self._respond(
-                    request, model, route, endpoint, upstream, out_headers, tokens, started
+                    request, model, route, endpoint, upstream, out_headers, tokens, started, capture
                 )
         except TimeoutError:
             raise UpstreamTimeout(
@@ -140,6 +186,9 @@ class Proxy:
             ) from None
         finally:
             model.active_requests -= 1
+            if primary is not None and capture is not None:
+                capture.seconds = time.perf_counter() - started
+                primary.set_result(capture)
 
     async def call(
         self, model: ServedModel, method: str, path: str, headers: list[tuple[str, str]], body: bytes
@@ -209,6 +258,13 @@ class Proxy:
                 model.release(endpoint, tokens)
                 self._observe(model, endpoint, CLIENT_CLOSED, started)
                 raise
+            head_seconds = time.perf_counter() - started
+            # 5xx answers and failures to answer count against the endpoint; the time to the
+            # response head is its latency (a stream's whole length says nothing about the server).
+            failed = outcome.error is not None or (
+                outcome.response is not None and outcome.response.status >= 500
+            )
+            model.record_outcome(endpoint, not failed, None if failed else head_seconds, time.monotonic())
             if not outcome.reason:
                 assert outcome.response is not None
                 return endpoint, pick, outcome.response
@@ -290,7 +346,7 @@ class Proxy:
         """Pick an endpoint with room, preferring ones not tried yet; wait (bounded) for room."""
         while True:
             pool = model.subset(subset)
-            healthy = [e for e in pool if e.health.healthy]
+            healthy = model.routable(pool, time.monotonic())
             if not healthy:
                 self._metrics.observe_request(model.name, "", model.strategy.name, 503, 0.0)
                 raise NoHealthyEndpoint(
@@ -325,6 +381,71 @@ class Proxy:
         seconds = time.perf_counter() - started
         self._metrics.observe_request(model.name, endpoint.name, model.strategy.name, code, seconds)
 
+    # --- shadow traffic -----------------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Cancel the shadow requests still running."""
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _shadow(
+        self,
+        model: ServedModel,
+        route: RouteConfig,
+        ctx: RoutingContext,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        tokens: int,
+        primary: asyncio.Future[_Capture],
+    ) -> None:
+        """Send a copy to the route's mirror subset, in the background: its answer never reaches
+        the client; it is compared with the primary's (exact match, ROUGE-L) for the canary summary.
+        No retries, so a failing canary cannot add load beyond the copy itself."""
+        assert route.mirror is not None
+        subset = route.mirror.subset
+        shadow_route = route.model_copy(update={"retries": RetryPolicy(attempts=0)})
+        mirrored = _Capture(subset)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(route.timeout or None):
+                shadow_headers = [*headers, ("X-Modelyard-Shadow", "true")]
+                endpoint, _pick, upstream = await self._attempts(
+                    model, shadow_route, subset, ctx, method, path, shadow_headers, body, tokens
+                )
+                try:
+                    mirrored.add(await upstream.read())
+                    mirrored.finish(upstream.status, upstream.header("Content-Type"))
+                finally:
+                    upstream.close()
+                    model.release(endpoint, tokens)
+                    self._observe(model, endpoint, mirrored.status or CLIENT_CLOSED, started)
+        except (ModelyardError, TimeoutError) as exc:
+            log.debug("model %s: shadow request to %s failed: %s", model.name, subset, exc)
+        mirrored.seconds = time.perf_counter() - started
+        answer = await primary
+        stats = model.canary_stats(route.name)
+        for capture in (answer, mirrored):
+            stats.record_outcome(capture.subset, capture.seconds, capture.ok)
+            self._metrics.canary_requests.labels(
+                model.name, route.name, capture.subset, "ok" if capture.ok else "error"
+            ).inc()
+        if answer.ok and mirrored.ok:
+            ours, theirs = answer.text(), mirrored.text()
+            if ours is not None and theirs is not None:
+                stats.record_comparison(rouge_l(ours, theirs), exact_match(ours, theirs))
+                mean = stats.summary()["mean_rouge_l"]
+                if mean is not None:
+                    self._metrics.canary_agreement.labels(model.name, route.name).set(mean)
+
     # --- answers ----------------------------------------------------------------------------------
 
     async def _respond(
@@ -337,15 +458,22 @@ class Proxy:
         headers: CIMultiDict[str],
         tokens: int,
         started: float,
+        capture: _Capture | None = None,
     ) -> web.StreamResponse:
         code = CLIENT_CLOSED
         try:
             if upstream.content_type == "text/event-stream":
-                response = await self._relay_stream(request, model, route, upstream, headers, started)
+                response = await self._relay_stream(
+                    request, model, route, upstream, headers, started, capture
+                )
             else:
                 data = await upstream.read()
+                if capture is not None:
+                    capture.add(data)
                 response = web.Response(body=data, status=upstream.status, headers=headers)
             code = upstream.status
+            if capture is not None:
+                capture.finish(upstream.status, upstream.header("Content-Type"))
             return response
         except UpstreamError as exc:
             code = exc.status
@@ -363,6 +491,7 @@ class Proxy:
         upstream: UpstreamResponse,
         headers: CIMultiDict[str],
         started: float,
+        capture: _Capture | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
@@ -388,6 +517,8 @@ class Proxy:
                     self._metrics.ttft.labels(model.name).observe(time.perf_counter() - started)
                     first = False
                 await response.write(chunk)
+                if capture is not None:
+                    capture.add(chunk)
         except UpstreamError as exc:
             log.warning("upstream stream for model %s ended early: %r", model.name, exc)
         await response.write_eof()
