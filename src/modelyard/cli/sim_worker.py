@@ -49,6 +49,12 @@ def sim_worker(
     oip_scale: Annotated[
         float, typer.Option(help="OIP v2 and KServe v1 outputs are the inputs times this (1.0 echoes).")
     ] = 1.0,
+    answer_variant: Annotated[
+        int,
+        typer.Option(
+            help="0: answers depend on the prompt only; another number answers other words (a canary)."
+        ),
+    ] = 0,
 ) -> None:
     """Run a simulated LLM/OIP server: OpenAI, OIP v2, KServe v1, vLLM metrics.
 
@@ -73,6 +79,7 @@ def sim_worker(
             seed=seed,
             embedding_dim=embedding_dim,
             oip_scale=oip_scale,
+            answer_variant=answer_variant,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{_flag(e['loc'])}: {e['msg']}" for e in exc.errors())

@@ -177,7 +177,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     if engine.should_fail():
         raise _simulated_failure()
     tokens = tokenize(prompt)
-    words = generate_words(prompt, max_tokens)
+    words = generate_words(prompt, max_tokens, engine.config.answer_variant)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -231,7 +231,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     token_lists = [tokenize(p) for p in prompts]
     prompt_tokens = sum(map(len, token_lists))
     completion_tokens = max_tokens * len(prompts)
-    words = [generate_words(p, max_tokens) for p in prompts]
+    words = [generate_words(p, max_tokens, engine.config.answer_variant) for p in prompts]
     base = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",

@@ -32,6 +32,9 @@ class SimWorkerConfig(BaseModel):
     seed: int = Field(default=0, description="seed of the worker's own random.Random")
     embedding_dim: int = Field(default=16, ge=1, le=65536, description="length of /v1/embeddings vectors")
     oip_scale: float = Field(default=1.0, description="OIP and KServe v1 outputs are inputs times this")
+    answer_variant: int = Field(
+        default=0, ge=0, description="0: answers depend on the prompt only; another value: other words"
+    )
 
     @property
     def costs(self) -> CostModel:

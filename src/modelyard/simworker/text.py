@@ -81,9 +81,10 @@ def _seed(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-def generate_words(prompt: str, n: int) -> list[str]:
-    """`n` words drawn from a fixed list by a 64-bit LCG seeded from the prompt."""
-    x = _seed(prompt)
+def generate_words(prompt: str, n: int, variant: int = 0) -> list[str]:
+    """`n` words drawn from a fixed list by a 64-bit LCG seeded from the prompt (and the variant,
+    so a "canary" worker can answer the same prompt differently)."""
+    x = _seed(prompt if not variant else f"{variant}\0{prompt}")
     words = []
     for _ in range(n):
         x = (x * 6364136223846793005 + 1442695040888963407) & _MASK64
