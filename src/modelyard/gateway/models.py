@@ -23,6 +23,27 @@ from modelyard.errors import NotFound, Overloaded, RoutesInvalid
 log = logging.getLogger("modelyard.gateway")
 
 
+def _unknown_subsets(raw: object, subsets: set[str]) -> list[str]:
+    """Subsets named by raw routes that no endpoint has; checked beside pydantic's field checks so
+    that an update with several problems reports all of them (the model validator would run only
+    once every field is valid)."""
+    problems = []
+    for i, route in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(route, dict):
+            continue
+        named = [d.get("subset") for d in route.get("destinations") or [] if isinstance(d, dict)]
+        mirror = route.get("mirror")
+        if isinstance(mirror, dict):
+            named.append(mirror.get("subset"))
+        for subset in named:
+            if isinstance(subset, str) and subset not in subsets:
+                problems.append(
+                    f"routes[{i}] ({route.get('name')}): no endpoint has subset {subset!r} "
+                    f"(subsets: {', '.join(sorted(subsets))})"
+                )
+    return problems
+
+
 def _path(loc: Sequence[int | str]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
@@ -58,7 +79,9 @@ class ServedModel:
         self._waiters: deque[asyncio.Future[None]] = deque()  # requests waiting for capacity
         self.outliers: dict[str, OutlierState] = {e.name: OutlierState() for e in self.endpoints}
         self._next_return = float("inf")  # the earliest ejected_until, so routing checks it cheaply
-        self.panicking = False
+        self._outcomes = 0
+        self._last_decide = 0.0
+        self.panicking: set[str] = set()  # subsets in panic mode
         self._canary: dict[str, CanaryStats] = {}
         check = config.health_check
         self.health_checked = check.interval > 0
@@ -76,11 +99,14 @@ class ServedModel:
         try:
             config = ModelConfig.model_validate({**self.config.model_dump(), "routes": raw})
         except ValidationError as exc:
-            problems = []
+            unknown = _unknown_subsets(raw, {e.subset for e in self.endpoints})
+            problems = list(unknown)
             for err in exc.errors():
                 loc, message = err["loc"], err["msg"].removeprefix("Value error, ")
-                # Field errors get their path; the model-level subset check names its routes itself.
-                problems.append(f"routes{_path(loc[1:])}: {message}" if loc[:1] == ("routes",) else message)
+                if loc[:1] == ("routes",):
+                    problems.append(f"routes{_path(loc[1:])}: {message}")
+                elif not unknown:  # the model-level check repeats what `unknown` already says
+                    problems.append(message)
             raise RoutesInvalid(self.name, problems) from None
         self.config = config
         self.set_routes(config.routes)
@@ -171,7 +197,7 @@ class ServedModel:
 
     # --- passive health: outlier detection and the panic threshold -------------------------------
 
-    def routable(self, pool: Sequence[Endpoint], now: float) -> list[Endpoint]:
+    def routable(self, subset: str, pool: Sequence[Endpoint], now: float) -> list[Endpoint]:
         """The endpoints to route to: passing health checks and not ejected; below
         `healthy_panic_threshold` percent of the pool, all of it (Envoy's panic mode), unless
         none at all is available (then none: the request gets 503 at once)."""
@@ -181,11 +207,15 @@ class ServedModel:
         if not available:
             return []  # nothing passes: answer 503 at once rather than try endpoints known to be down
         chosen, panic = routable(available, pool, self.config.healthy_panic_threshold)
-        if panic != self.panicking:
-            self.panicking = panic
-            log.warning("model %s: %s panic mode", self.name, "entering" if panic else "leaving")
+        if panic != (subset in self.panicking):
+            log.warning(
+                "model %s: subset %s %s panic mode", self.name, subset, "entering" if panic else "leaving"
+            )
             if panic:
+                self.panicking.add(subset)
                 self._on_outlier(self.name, "", "panic")
+            else:
+                self.panicking.discard(subset)
         return chosen
 
     def record_outcome(self, endpoint: Endpoint, ok: bool, latency: float | None, now: float) -> None:
@@ -194,10 +224,13 @@ class ServedModel:
         before = self.outliers[endpoint.name]
         state = observe_outcome(before, ok=ok, latency=latency, now=now, config=detection)
         self.outliers[endpoint.name] = state
-        if not ok or len(state.samples) % 16 == 0:  # latency is judged every few samples, errors at once
+        self._outcomes += 1
+        # Errors are judged at once; latency every 16 answers or every second, whichever comes first.
+        if not ok or self._outcomes % 16 == 0 or now - self._last_decide >= 1.0:
             self._decide(now)
 
     def _decide(self, now: float) -> None:
+        self._last_decide = now
         decision = decide(self.outliers, now, self.config.outlier_detection)
         self.outliers = dict(decision.states)
         for ejection in decision.ejected:

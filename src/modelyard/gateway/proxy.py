@@ -268,18 +268,19 @@ class Proxy:
             if not outcome.reason:
                 assert outcome.response is not None
                 return endpoint, pick, outcome.response
-            # A failed try: count it, free the endpoint, and decide whether to go again.
+            # A failed try: free the endpoint and decide whether to go again. It is counted here
+            # when it ends here (retried or raised); an answer relayed as it is counts once, later.
             code = (
                 outcome.error.status
                 if outcome.error
                 else (outcome.response.status if outcome.response else 502)
             )
-            self._observe(model, endpoint, code, started)
             tried.append(endpoint)
             retriable = outcome.reason in policy.retry_on or (
                 outcome.response is not None and outcome.response.status in policy.retriable_status_codes
             )
             if retriable and retries < policy.attempts and self._budget(model, route):
+                self._observe(model, endpoint, code, started)
                 retries += 1
                 self._metrics.retries.labels(model.name, route.name, outcome.reason).inc()
                 if outcome.response is not None:
@@ -293,6 +294,7 @@ class Proxy:
                 continue
             if outcome.response is not None:
                 return endpoint, pick, outcome.response  # not retried: relay the answer as it is
+            self._observe(model, endpoint, code, started)
             model.release(endpoint, tokens)
             assert outcome.error is not None
             if outcome.reason == "connect-failure" and len(tried) > 1:
@@ -346,7 +348,7 @@ class Proxy:
         """Pick an endpoint with room, preferring ones not tried yet; wait (bounded) for room."""
         while True:
             pool = model.subset(subset)
-            healthy = model.routable(pool, time.monotonic())
+            healthy = model.routable(subset, pool, time.monotonic())
             if not healthy:
                 self._metrics.observe_request(model.name, "", model.strategy.name, 503, 0.0)
                 raise NoHealthyEndpoint(
@@ -462,8 +464,9 @@ class Proxy:
     ) -> web.StreamResponse:
         code = CLIENT_CLOSED
         try:
+            broken = 0
             if upstream.content_type == "text/event-stream":
-                response = await self._relay_stream(
+                response, broken = await self._relay_stream(
                     request, model, route, upstream, headers, started, capture
                 )
             else:
@@ -471,9 +474,9 @@ class Proxy:
                 if capture is not None:
                     capture.add(data)
                 response = web.Response(body=data, status=upstream.status, headers=headers)
-            code = upstream.status
+            code = broken or upstream.status
             if capture is not None:
-                capture.finish(upstream.status, upstream.header("Content-Type"))
+                capture.finish(code, upstream.header("Content-Type"))
             return response
         except UpstreamError as exc:
             code = exc.status
@@ -492,7 +495,11 @@ class Proxy:
         headers: CIMultiDict[str],
         started: float,
         capture: _Capture | None = None,
-    ) -> web.StreamResponse:
+    ) -> tuple[web.StreamResponse, int]:
+        """Relay a stream. Returns the response and 0, or the status the exchange really ended with
+        (502: broke off upstream, 504: idle) when the client's connection had to be cut: the status
+        line is already sent, and ending the stream cleanly would pass a truncated answer off as
+        complete."""
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         idle = route.stream_idle_timeout
@@ -510,9 +517,8 @@ class Proxy:
                     # sent, so cut the connection rather than end it as if complete).
                     self._metrics.stream_idle_timeouts.labels(model.name).inc()
                     log.warning("model %s: stream idle for %gs, closing it", model.name, idle)
-                    if request.transport is not None:
-                        request.transport.close()
-                    return response
+                    _cut(request)
+                    return response, 504
                 if first:
                     self._metrics.ttft.labels(model.name).observe(time.perf_counter() - started)
                     first = False
@@ -520,6 +526,13 @@ class Proxy:
                 if capture is not None:
                     capture.add(chunk)
         except UpstreamError as exc:
-            log.warning("upstream stream for model %s ended early: %r", model.name, exc)
+            log.warning("upstream stream for model %s broke off: %s", model.name, exc.message)
+            _cut(request)
+            return response, exc.status
         await response.write_eof()
-        return response
+        return response, 0
+
+
+def _cut(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.close()
