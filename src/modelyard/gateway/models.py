@@ -225,8 +225,8 @@ class ServedModel:
         state = observe_outcome(before, ok=ok, latency=latency, now=now, config=detection)
         self.outliers[endpoint.name] = state
         self._outcomes += 1
-        # Errors are judged at once; latency every 16 answers or every second, whichever comes first.
-        if not ok or self._outcomes % 16 == 0 or now - self._last_decide >= 1.0:
+        # Errors are judged at once; latency every 64 answers or every second, whichever comes first.
+        if not ok or self._outcomes % 64 == 0 or now - self._last_decide >= 1.0:
             self._decide(now)
 
     def _decide(self, now: float) -> None:

@@ -161,29 +161,24 @@ class Proxy:
 
         model.active_requests += 1
         try:
-            async with asyncio.timeout(route.timeout or None):
-                endpoint, pick, upstream = await self._attempts(
-                    model, route, subset, ctx, request.method, request.raw_path, headers, body, tokens
-                )
-                if key is not None:
-                    self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
-                    if not pick.cache_hit:
-                        await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
-                out_headers = relayed_response_headers(upstream.headers)
-                out_headers[BACKEND_HEADER] = endpoint.name
-                out_headers[STRATEGY_HEADER] = strategy.name
-                out_headers[ROUTE_HEADER] = route.name
-                out_headers[SUBSET_HEADER] = subset
-                out_headers[REQUEST_ID_HEADER] = request_id
-                if pick.cache_hit is not None:
-                    out_headers[CACHE_HIT_HEADER] = "true" if pick.cache_hit else "false"
-                return await self._respond(
-                    request, model, route, endpoint, upstream, out_headers, tokens, started, capture
-                )
-        except TimeoutError:
-            raise UpstreamTimeout(
-                f"model {model.name!r}: route {route.name!r} did not finish within {route.timeout:g}s"
-            ) from None
+            endpoint, pick, upstream = await self._attempts(
+                model, route, subset, ctx, request.method, request.raw_path, headers, body, tokens
+            )
+            if key is not None:
+                self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
+                if not pick.cache_hit:
+                    await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
+            out_headers = relayed_response_headers(upstream.headers)
+            out_headers[BACKEND_HEADER] = endpoint.name
+            out_headers[STRATEGY_HEADER] = strategy.name
+            out_headers[ROUTE_HEADER] = route.name
+            out_headers[SUBSET_HEADER] = subset
+            out_headers[REQUEST_ID_HEADER] = request_id
+            if pick.cache_hit is not None:
+                out_headers[CACHE_HIT_HEADER] = "true" if pick.cache_hit else "false"
+            return await self._respond(
+                request, model, route, endpoint, upstream, out_headers, tokens, started, capture
+            )
         finally:
             model.active_requests -= 1
             if primary is not None and capture is not None:
@@ -209,24 +204,21 @@ class Proxy:
         )
         model.active_requests += 1
         try:
-            async with asyncio.timeout(route.timeout or None):
-                endpoint, _pick, upstream = await self._attempts(
-                    model, route, subset, ctx, method, path, headers, body, tokens
-                )
-                code = CLIENT_CLOSED
-                try:
-                    data = await upstream.read()
-                    code = upstream.status
-                    return upstream.status, data
-                except UpstreamError as exc:
-                    code = exc.status
-                    raise
-                finally:
-                    upstream.close()
-                    model.release(endpoint, tokens)
-                    self._observe(model, endpoint, code, started)
-        except TimeoutError:
-            raise UpstreamTimeout(f"model {model.name!r} did not answer within {route.timeout:g}s") from None
+            endpoint, _pick, upstream = await self._attempts(
+                model, route, subset, ctx, method, path, headers, body, tokens
+            )
+            code = CLIENT_CLOSED
+            try:
+                data = await upstream.read()
+                code = upstream.status
+                return upstream.status, data
+            except UpstreamError as exc:
+                code = exc.status
+                raise
+            finally:
+                upstream.close()
+                model.release(endpoint, tokens)
+                self._observe(model, endpoint, code, started)
         finally:
             model.active_requests -= 1
 
@@ -247,13 +239,16 @@ class Proxy:
         """Try, and retry as the route's policy allows. Returns with the chosen endpoint acquired
         (the caller releases it) and the response head received."""
         policy = route.retries
+        # The route's timeout covers every try, the backoffs and the answer's body: each try gets
+        # what is left as its client deadline (a timer per exchange, no extra task or context).
+        deadline = time.monotonic() + route.timeout if route.timeout else None
         tried: list[Endpoint] = []
         retries = 0
         while True:
             endpoint, pick = await self._choose(model, subset, ctx, tried, tokens)
             started = time.perf_counter()
             try:
-                outcome = await self._try(model, route, endpoint, method, path, headers, body)
+                outcome = await self._try(model, route, endpoint, method, path, headers, body, deadline)
             except BaseException:  # cancelled (the client left, or the route timed out)
                 model.release(endpoint, tokens)
                 self._observe(model, endpoint, CLIENT_CLOSED, started)
@@ -288,7 +283,10 @@ class Proxy:
                 model.release(endpoint, tokens)
                 model.active_retries += 1
                 try:
-                    await asyncio.sleep(self._backoff(route, retries))
+                    pause = self._backoff(route, retries)
+                    if deadline is not None:
+                        pause = max(0.0, min(pause, deadline - time.monotonic()))
+                    await asyncio.sleep(pause)
                 finally:
                     model.active_retries -= 1
                 continue
@@ -313,10 +311,21 @@ class Proxy:
         path: str,
         headers: list[tuple[str, str]],
         body: bytes | None,
+        deadline: float | None,
     ) -> _Try:
+        remaining = None
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UpstreamTimeout(
+                    f"model {model.name!r}: route {route.name!r} did not finish within {route.timeout:g}s"
+                )
         try:
-            async with asyncio.timeout(route.per_try_timeout or None):
-                response = await self._pool.send(endpoint.url, method, path, headers, body)
+            if route.per_try_timeout:
+                async with asyncio.timeout(route.per_try_timeout):
+                    response = await self._pool.send(endpoint.url, method, path, headers, body, remaining)
+            else:
+                response = await self._pool.send(endpoint.url, method, path, headers, body, remaining)
         except UpstreamUnreachable as exc:
             model.record_unreachable(endpoint, exc.message)
             return _Try("connect-failure", error=exc)

@@ -21,11 +21,21 @@ class UpstreamPool:
         return self._client
 
     async def send(
-        self, base_url: str, method: str, path: str, headers: Iterable[tuple[str, str]], body: bytes | None
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        deadline: float | None = None,
     ) -> UpstreamResponse:
-        """Send a request and return once the response head has arrived. The caller must
+        """Send a request and return once the response head has arrived. `deadline` (seconds, for
+        the whole exchange, body included) is capped by `upstream.timeout`. The caller must
         `read()` the response or `close()` it."""
-        return await self._client.request(base_url, method, path, headers, body, self._config.timeout or None)
+        limit = self._config.timeout or None
+        if deadline is not None:
+            limit = min(limit, deadline) if limit else deadline
+        return await self._client.request(base_url, method, path, headers, body, limit)
 
     async def probe(self, base_url: str, path: str, deadline: float) -> str:
         """GET a health path; returns "" when healthy (2xx), else why not."""
