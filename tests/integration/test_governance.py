@@ -823,3 +823,23 @@ async def test_a_failing_mirror_never_fails_the_request(sim_workers, gateways, h
     assert summary["compared"] == 0 and summary["mean_rouge_l"] is None
     assert summary["subsets"]["v2"]["error_rate"] == 1.0
     assert summary["subsets"]["v1"]["error_rate"] == 0.0
+
+
+async def test_a_full_model_refuses_an_oip_request_before_reading_its_body(sim_workers, gateways, http):
+    # OIP names the model in the path, so the gateway can refuse at once, body unread.
+    (worker,) = await sim_workers(1, decode_ms_per_token=3000.0, models=["m"])
+    config = model_config("m", [worker], circuit_breakers={"max_requests": 1, "max_pending_requests": 0})
+    gateway = await gateways([config])
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    first = asyncio.create_task(http.post(gateway.url + "/v2/models/m/infer", json=body))
+
+    async def running() -> bool:
+        return (await sim_stats(http, worker))["running"] == 1
+
+    await wait_until(running)
+    async with http.post(gateway.url + "/v2/models/m/infer", json=body) as response:
+        assert response.status == 429
+        assert response.headers["Retry-After"] == "1"
+        assert "at capacity" in (await response.json())["error"]
+    assert await metric_value(http, gateway.url, "modelyard_overloaded_total", model="m") == 1
+    first.cancel()

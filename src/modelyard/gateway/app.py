@@ -15,7 +15,7 @@ from modelyard import __version__
 from modelyard.balancing import STRATEGIES, get_strategy
 from modelyard.cluster import BackendLoad
 from modelyard.config import GatewayConfig
-from modelyard.errors import BadRequest, ModelNotFound, PayloadTooLarge, Unauthorized
+from modelyard.errors import BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, Unauthorized
 from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER, GatewayInvoker, GraphService, load_config_graphs
 from modelyard.gateway.health import HealthChecker
@@ -145,6 +145,11 @@ async def list_models(request: web.Request) -> web.Response:
 async def oip_infer(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     model = gateway.model(request.match_info["name"])
+    try:
+        model.refuse_if_full()  # the model is in the path: refuse before buffering the body
+    except Overloaded:
+        gateway.metrics.overloaded.labels(model.name).inc()
+        raise
     body = await _read_body(request)
     routing = oip.routing_request(
         model.name, body, request.headers, affinity_chars=model.config.kv_aware.prefix_chars

@@ -110,6 +110,13 @@ class GatewayMetrics:
             ["model", "route"],
             registry=self.registry,
         )
+        self.canary_duration = Histogram(
+            "modelyard_canary_duration_seconds",
+            "Latency of mirrored requests and of their primaries, by subset",
+            ["model", "route", "subset"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.canary_requests = Counter(
             "modelyard_canary_requests_total",
             "Mirrored requests and their primaries, by subset and result",

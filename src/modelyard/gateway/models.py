@@ -137,6 +137,20 @@ class ServedModel:
         limit = self.config.circuit_breakers.max_requests
         return limit == 0 or endpoint.in_flight < limit
 
+    def refuse_if_full(self) -> None:
+        """Answer 429 before reading a request's body when the model could not take it anyway:
+        every endpoint at `max_requests` and the wait queue full."""
+        breakers = self.config.circuit_breakers
+        if (
+            breakers.max_requests
+            and len(self._waiters) >= breakers.max_pending_requests
+            and not any(self.has_room(e) for e in self.endpoints)
+        ):
+            raise Overloaded(
+                f"model {self.name!r} is at capacity: every endpoint has max_requests in flight and "
+                f"{breakers.max_pending_requests} requests already wait"
+            )
+
     async def wait_for_room(self) -> None:
         """Wait (bounded in count and time) until some endpoint releases a request; raises
         Overloaded (429 with Retry-After) when the queue is full or the wait times out."""

@@ -449,6 +449,9 @@ class Proxy:
             self._metrics.canary_requests.labels(
                 model.name, route.name, capture.subset, "ok" if capture.ok else "error"
             ).inc()
+            self._metrics.canary_duration.labels(model.name, route.name, capture.subset).observe(
+                capture.seconds
+            )
         if answer.ok and mirrored.ok:
             ours, theirs = answer.text(), mirrored.text()
             if ours is not None and theirs is not None:
