@@ -261,9 +261,6 @@ class ServedModel:
 
     # --- health -------------------------------------------------------------------------------
 
-    def healthy_endpoints(self) -> list[Endpoint]:
-        return [e for e in self.endpoints if e.health.healthy]
-
     @property
     def ready(self) -> bool:
         return any(e.health.healthy for e in self.endpoints)

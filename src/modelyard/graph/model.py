@@ -8,7 +8,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-RouterType = Literal["Sequence", "Splitter", "Ensemble", "Switch"]
 ROOT = "root"
 
 
