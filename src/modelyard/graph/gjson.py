@@ -823,6 +823,23 @@ def _parse_query(query: str) -> _Query | None:
     return _Query(qpath, 2 + lead, op, value, i + 1, vesc)
 
 
+def _closing_quote(text: str, start: int) -> int:
+    """The index of the `"` that ends a string whose content starts at `start` (a quote preceded by
+    an odd number of backslashes is escaped), or len(text) when it never ends."""
+    i, n = start, len(text)
+    while i < n:
+        if text[i] == '"':
+            slashes = 0
+            k = i - 1
+            while k >= start and text[k] == "\\":
+                slashes += 1
+                k -= 1
+            if slashes % 2 == 0:
+                return i
+        i += 1
+    return n
+
+
 def _squash(text: str) -> str:
     """gjson's squash: the leading bracketed (or quoted) value of `text`, brackets balanced."""
     i, depth = (0, 0) if text[0] == '"' else (1, 1)
@@ -830,18 +847,7 @@ def _squash(text: str) -> str:
     while i < n:
         c = text[i]
         if c == '"':
-            i += 1
-            s2 = i
-            while i < n:
-                if text[i] == '"':
-                    slashes = 0
-                    k = i - 1
-                    while k >= s2 and text[k] == "\\":
-                        slashes += 1
-                        k -= 1
-                    if slashes % 2 == 0:
-                        break
-                i += 1
+            i = _closing_quote(text, i + 1)
             if depth == 0:
                 return text if i >= n else text[: i + 1]
         elif c in "{[(":
@@ -1061,18 +1067,7 @@ def _parse_squash(text: str) -> str:
     while i < n:
         c = text[i]
         if c == '"':
-            i += 1
-            s2 = i
-            while i < n:
-                if text[i] == '"':
-                    slashes = 0
-                    k = i - 1
-                    while k >= s2 and text[k] == "\\":
-                        slashes += 1
-                        k -= 1
-                    if slashes % 2 == 0:
-                        break
-                i += 1
+            i = _closing_quote(text, i + 1)
         elif c in "{[(":
             depth += 1
         elif c in "}])":
