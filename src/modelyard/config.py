@@ -66,6 +66,7 @@ class EndpointConfig(_Strict):
     cost_per_1k_tokens: float = Field(0.0, ge=0, description="price used by cost_aware")
     subset: str = Field("default", min_length=1, description="the endpoint group routes send traffic to")
     metrics_url: str = Field("", description="resource_aware: where to scrape; default <url>/metrics")
+    gpu_metrics_url: str = Field("", description="resource_aware: a DCGM exporter for this server's GPU")
 
     @field_validator("url")
     @classmethod

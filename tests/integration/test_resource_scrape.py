@@ -281,3 +281,38 @@ async def test_default_error_reporting_logs_once_per_outage(exporter, client, ca
         await scraper.scrape_once()
     assert len(caplog.records) == 1
     assert "down" in caplog.records[0].getMessage() and "503" in caplog.records[0].getMessage()
+
+
+async def test_a_dcgm_exporter_beside_the_server_adds_gpu_signals(sim_workers, exporter, client):
+    (worker,) = await sim_workers(1)
+    dcgm = (
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0"} 80\n'
+        'DCGM_FI_DEV_FB_USED{gpu="0"} 6000\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="0"} 2000\n'
+    )
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=dcgm)
+
+    gpu_url = await exporter([web.get("/metrics", metrics)])
+    ep = endpoint("w", worker.url)
+    scraper = ResourceScraper(
+        [ep], client, ResourceAwareConfig(), gpu_metrics_urls={worker.url: gpu_url + "/metrics"}
+    )
+    await scraper.scrape_once()
+    assert ep.resources is not None
+    assert ep.resources.queue_depth == 0  # from the server itself
+    assert ep.resources.sm_utilization == pytest.approx(0.8)  # from the exporter
+    assert ep.resources.memory_used == pytest.approx(0.75)
+
+
+async def test_an_unreachable_gpu_exporter_leaves_the_servers_own_signals(sim_workers, client):
+    (worker,) = await sim_workers(1)
+    ep = endpoint("w", worker.url)
+    scraper = ResourceScraper(
+        [ep], client, ResourceAwareConfig(), gpu_metrics_urls={worker.url: "http://127.0.0.1:1/metrics"}
+    )
+    await scraper.scrape_once()
+    assert ep.resources is not None
+    assert ep.resources.queue_depth == 0
+    assert ep.resources.sm_utilization is None and ep.resources.memory_used is None

@@ -87,8 +87,14 @@ class Gateway:
         if model.name in self.scrapers:
             return
         client = Http1Client(max_connections=2, connect_timeout=self.config.upstream.connect_timeout)
-        urls = {e.url: e.metrics_url for e in model.config.endpoints if e.metrics_url}
-        scraper = ResourceScraper(model.endpoints, client, model.config.resource_aware, metrics_urls=urls)
+        endpoints = model.config.endpoints
+        scraper = ResourceScraper(
+            model.endpoints,
+            client,
+            model.config.resource_aware,
+            metrics_urls={e.url: e.metrics_url for e in endpoints if e.metrics_url},
+            gpu_metrics_urls={e.url: e.gpu_metrics_url for e in endpoints if e.gpu_metrics_url},
+        )
         self.scrapers[model.name] = (scraper, client)
         await scraper.scrape_once()
         scraper.start()

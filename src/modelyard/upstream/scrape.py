@@ -130,6 +130,7 @@ class ResourceScraper:
         client: Http1Client,
         config: ResourceAwareConfig,
         metrics_urls: Mapping[str, str] | None = None,
+        gpu_metrics_urls: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[Endpoint, str], None] | None = None,
     ) -> None:
@@ -145,6 +146,11 @@ class ResourceScraper:
         self._targets = {
             id(e): _split_url((metrics_urls or {}).get(e.url) or e.url.rstrip("/") + "/metrics")
             for e in self._endpoints
+        }
+        # A DCGM exporter runs beside the server, at its own address: scraped too, merged in; when
+        # it fails the server's own signals still count (the GPU ones drop out of the score).
+        self._gpu_targets = {
+            id(e): _split_url(url) for e in self._endpoints if (url := (gpu_metrics_urls or {}).get(e.url))
         }
         self._failing: set[int] = set()  # endpoints whose last scrape failed (default logging only)
         self._task: asyncio.Task[None] | None = None
@@ -193,11 +199,29 @@ class ResourceScraper:
             self._on_error(endpoint, f"scraping {base_url}{path} failed: {exc}")
             return
         self._failing.discard(id(endpoint))
+        gpu = self._gpu_targets.get(id(endpoint))
+        if gpu is not None:
+            families = {**families, **await self._gpu_families(endpoint, *gpu)}
         # The reading and the gateway's own in-flight count are taken at the same moment, so the
         # strategy can add what was sent since to the scraped queue.
         endpoint.resources = snapshot_from_metrics(
             families, self._config.metrics, self._clock(), endpoint.in_flight
         )
+
+    async def _gpu_families(
+        self, endpoint: Endpoint, base_url: str, path: str
+    ) -> dict[str, list[tuple[dict[str, str], float]]]:
+        deadline = self._config.scrape_interval
+        try:
+            async with asyncio.timeout(deadline):
+                response = await self._client.request(base_url, "GET", path, _HEADERS, None, deadline)
+                body = await response.read()
+            if response.status != 200:
+                raise ValueError(f"answered {response.status}")
+            return parse_prometheus(body.decode("utf-8"), self._wanted)
+        except (ModelyardError, TimeoutError, ValueError) as exc:
+            log.debug("%s: GPU metrics from %s%s unavailable: %r", endpoint.name, base_url, path, exc)
+            return {}
 
     def _log_error(self, endpoint: Endpoint, message: str) -> None:
         # Once per outage, not every interval.
