@@ -1083,3 +1083,35 @@ async def test_server_write_timeout_closes_the_connection_and_cancels_the_call(
         await wait_for(service.event(service.cancelled, "/slow"))
     finally:
         release.set()
+
+
+async def test_in_an_istio_mesh_https_services_are_called_over_http(
+    service: Service, http: aiohttp.ClientSession
+) -> None:
+    # KServe's router asks the sidecar's admin port once; when it answers 200, the sidecar does TLS.
+    plain = service.on("/predict", body=b'{"ok":true}')
+    sidecar = service.on("/admin", body=b"")
+    spec = graph(seq({"serviceUrl": plain.replace("http://", "https://")}))
+    parsed, _ = parse_graph(GraphDocument("g", spec, "<test>"))
+    running = await start_router(parsed, host="127.0.0.1", port=0, mesh_probe_url=sidecar)
+    try:
+        answer = await call(http, running)
+        assert (answer.status, answer.body) == (200, b'{"ok":true}')
+    finally:
+        await running.stop()
+
+
+async def test_outside_a_mesh_https_stays_https(service: Service, http: aiohttp.ClientSession) -> None:
+    # No sidecar (refused): the https URL is called as https; a plain-HTTP server cannot answer it.
+    plain = service.on("/predict", body=b'{"ok":true}')
+    parsed, _ = parse_graph(
+        GraphDocument("g", graph(seq({"serviceUrl": plain.replace("http://", "https://")})), "<t>")
+    )
+    no_sidecar = f"http://127.0.0.1:{free_port()}/"
+    running = await start_router(parsed, host="127.0.0.1", port=0, mesh_probe_url=no_sidecar)
+    try:
+        answer = await call(http, running)
+        assert answer.status == 500
+        assert service.bodies("/predict") == []
+    finally:
+        await running.stop()

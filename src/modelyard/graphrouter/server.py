@@ -16,6 +16,8 @@ from modelyard.graphrouter.app import GraphResponder, create_router_app
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 
+ISTIO_ADMIN_URL = "http://localhost:15000"  # where KServe's router looks for an Istio sidecar
+
 
 class RunningRouter:
     def __init__(
@@ -40,6 +42,7 @@ async def start_router(
     services: Mapping[str, str] | None = None,
     patterns: list[re.Pattern[str]] | None = None,
     seed: int | None = None,
+    mesh_probe_url: str | None = ISTIO_ADMIN_URL,
 ) -> RunningRouter:
     timeouts = graph.spec.router_timeouts
     client = Http1Client(max_connections=1024, connect_timeout=30.0)
@@ -47,6 +50,7 @@ async def start_router(
         client,
         services=services,
         call_timeout=float(timeouts.service_client) if timeouts and timeouts.service_client else None,
+        mesh_probe_url=mesh_probe_url,
     )
     rng = random.Random(seed) if seed is not None else None
     responder = GraphResponder(graph, invoker, patterns or [], rng=rng)

@@ -25,10 +25,34 @@ class UrlInvoker:
         *,
         services: Mapping[str, str] | None = None,
         call_timeout: float | None = None,
+        mesh_probe_url: str | None = None,
     ) -> None:
         self._client = client
         self._services = dict(services or {})
         self._call_timeout = call_timeout
+        self._mesh_probe_url = mesh_probe_url
+        self._in_mesh: bool | None = None  # probed once, on the first https call
+
+    async def in_mesh(self) -> bool:
+        """KServe's router: with an Istio sidecar (its admin port answers 200), https services are
+        called over plain http and the sidecar handles TLS. Refused: not in a mesh. Asked once."""
+        if self._in_mesh is None:
+            if not self._mesh_probe_url:
+                self._in_mesh = False
+            else:
+                parts = urlsplit(self._mesh_probe_url)
+                try:
+                    response = await self._client.request(
+                        f"{parts.scheme}://{parts.netloc}", "GET", parts.path or "/", (), None, 3.0
+                    )
+                    await response.read()
+                    self._in_mesh = response.status == 200
+                except ModelyardError as exc:
+                    cause = exc.__cause__
+                    if not (isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED):
+                        raise GraphFailure(500, f'Get "{self._mesh_probe_url}": {exc.message}') from None
+                    self._in_mesh = False
+        return self._in_mesh
 
     def url_for(self, step: InferenceStep) -> str:
         if step.service_url:
@@ -51,7 +75,8 @@ class UrlInvoker:
         if not parts.hostname or any(c in parts.netloc for c in "{}$ "):
             bad = next((c for c in parts.netloc if c in "{}$ "), "")
             raise GraphFailure(500, f'parse "{url}": invalid character "{bad}" in host name')
-        origin = f"{parts.scheme}://{parts.netloc}"
+        scheme = "http" if parts.scheme == "https" and await self.in_mesh() else parts.scheme
+        origin = f"{scheme}://{parts.netloc}"
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         sent = list(headers)
         if not any(name.lower() == "content-type" for name, _ in sent):
