@@ -729,7 +729,11 @@ async def test_switching_to_resource_aware_at_runtime_starts_scraping(sim_worker
     async with http.put(gateway.url + "/admin/strategy", json={"strategy": "resource_aware"}) as response:
         assert response.status == 200
         assert (await response.json())["models"] == {"m": "resource_aware"}
-    assert all(e.resources is not None for e in endpoints)
+
+    async def scraped() -> bool:
+        return all(e.resources is not None for e in endpoints)
+
+    await wait_until(scraped)  # the switch started the scraper; its first scrape follows at once
     tasks = await keep_busy(http, busy, 4)
     try:
         await wait_until(scraped_queue(gateway, 0, 3))

@@ -78,9 +78,9 @@ class Gateway:
         self.health.start()
         for model in self.models.values():
             if model.strategy.name == "resource_aware":
-                await self.ensure_scraper(model)
+                self.ensure_scraper(model)
 
-    async def ensure_scraper(self, model: ServedModel) -> None:
+    def ensure_scraper(self, model: ServedModel) -> None:
         """Scrape the model's endpoints' /metrics while resource_aware may route it. The scraper has
         its own small client: through the proxy's pool a scrape would queue exactly when the
         server is saturated, and its snapshot would go stale when it matters most."""
@@ -95,9 +95,10 @@ class Gateway:
             metrics_urls={e.url: e.metrics_url for e in endpoints if e.metrics_url},
             gpu_metrics_urls={e.url: e.gpu_metrics_url for e in endpoints if e.gpu_metrics_url},
         )
-        self.scrapers[model.name] = (scraper, client)
-        await scraper.scrape_once()
+        # Started before anything awaits, and recorded with it: a cancelled admin call can no
+        # longer leave a scraper recorded but never running. Its loop scrapes at once.
         scraper.start()
+        self.scrapers[model.name] = (scraper, client)
 
     async def stop(self) -> None:
         await self.health.stop()
@@ -238,7 +239,7 @@ async def put_strategy_handler(request: web.Request) -> web.Response:
     for model in [gateway.model(target)] if target else gateway.models.values():
         model.strategy = strategy
         if strategy.name == "resource_aware":
-            await gateway.ensure_scraper(model)
+            gateway.ensure_scraper(model)
     return _json(_strategies(gateway))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
@@ -76,7 +77,7 @@ class ServedModel:
         self.set_routes(config.routes)
         self.active_requests = 0  # for the retry budget
         self.active_retries = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()  # requests waiting for capacity
+        self._waiters: deque[tuple[str, asyncio.Future[None]]] = deque()  # (subset, waiter) awaiting room
         self.outliers: dict[str, OutlierState] = {e.name: OutlierState() for e in self.endpoints}
         self._next_return = float("inf")  # the earliest ejected_until, so routing checks it cheaply
         self._outcomes = 0
@@ -151,43 +152,54 @@ class ServedModel:
                 f"{breakers.max_pending_requests} requests already wait"
             )
 
-    async def wait_for_room(self) -> None:
-        """Wait (bounded in count and time) until some endpoint releases a request; raises
-        Overloaded (429 with Retry-After) when the queue is full or the wait times out."""
+    async def wait_for_room(self, subset: str, until: float) -> None:
+        """Wait until an endpoint of `subset` releases a request, or until `until` (monotonic
+        time, one deadline across re-waits); raises Overloaded (429 with Retry-After) when the
+        queue is full or time is up. The queue is bounded by `max_pending_requests`."""
         breakers = self.config.circuit_breakers
         if len(self._waiters) >= breakers.max_pending_requests:
             raise Overloaded(
                 f"model {self.name!r} is at capacity: every endpoint has max_requests in flight and "
                 f"{breakers.max_pending_requests} requests already wait"
             )
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (subset, waiter)
+        self._waiters.append(entry)
         try:
-            async with asyncio.timeout(breakers.queue_timeout or None):
+            async with asyncio.timeout(max(0.0, until - time.monotonic())):
                 await waiter
         except TimeoutError:
+            self._pass_on(entry)
             raise Overloaded(
                 f"model {self.name!r} is at capacity: no endpoint freed up within {breakers.queue_timeout:g}s"
             ) from None
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self._wake_one()  # we were woken but leave: pass the turn on
+            self._pass_on(entry)
             raise
         finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+
+    def _pass_on(self, entry: tuple[str, asyncio.Future[None]]) -> None:
+        subset, waiter = entry
+        if waiter.done() and not waiter.cancelled():
+            self._wake(subset)  # woken, but leaving anyway (timed out or cancelled): the next one goes
 
     def acquire(self, endpoint: Endpoint, tokens: int) -> None:
         endpoint.load.acquire(tokens)
 
     def release(self, endpoint: Endpoint, tokens: int) -> None:
         endpoint.load.release(tokens)
-        self._wake_one()
+        if self._waiters:
+            self._wake(endpoint.subset)
 
-    def _wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
+    def _wake(self, subset: str) -> None:
+        """Wake the first waiter that an endpoint of `subset` can serve (a waiter for every
+        endpoint of the model is served by any)."""
+        for entry in self._waiters:
+            wanted, waiter = entry
+            if not waiter.done() and wanted in (subset, ALL_SUBSETS):
+                self._waiters.remove(entry)
                 waiter.set_result(None)
                 return
 

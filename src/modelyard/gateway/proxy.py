@@ -167,7 +167,13 @@ class Proxy:
             if key is not None:
                 self._metrics.kv_affinity.labels("hit" if pick.cache_hit else "miss").inc()
                 if not pick.cache_hit:
-                    await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
+                    try:
+                        await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
+                    except BaseException:  # the client left while we wrote: free what we hold
+                        upstream.close()
+                        model.release(endpoint, tokens)
+                        self._observe(model, endpoint, CLIENT_CLOSED, started)
+                        raise
             out_headers = relayed_response_headers(upstream.headers)
             out_headers[BACKEND_HEADER] = endpoint.name
             out_headers[STRATEGY_HEADER] = strategy.name
@@ -235,72 +241,98 @@ class Proxy:
         headers: list[tuple[str, str]],
         body: bytes | None,
         tokens: int,
+        *,
+        counted: bool = True,
     ) -> tuple[Endpoint, Pick, UpstreamResponse]:
         """Try, and retry as the route's policy allows. Returns with the chosen endpoint acquired
-        (the caller releases it) and the response head received."""
+        (the caller releases it) and the response head received. `counted=False` (shadow copies)
+        keeps the tries out of the request metrics, which describe what clients got."""
         policy = route.retries
-        # The route's timeout covers every try, the backoffs and the answer's body: each try gets
-        # what is left as its client deadline (a timer per exchange, no extra task or context).
+        # The route's timeout covers every try, the waits and the answer's body: each try gets what
+        # is left as its client deadline (a timer per exchange, no extra task or context).
         deadline = time.monotonic() + route.timeout if route.timeout else None
         tried: list[Endpoint] = []
         retries = 0
-        while True:
-            endpoint, pick = await self._choose(model, subset, ctx, tried, tokens)
-            started = time.perf_counter()
-            try:
-                outcome = await self._try(model, route, endpoint, method, path, headers, body, deadline)
-            except BaseException:  # cancelled (the client left, or the route timed out)
-                model.release(endpoint, tokens)
-                self._observe(model, endpoint, CLIENT_CLOSED, started)
-                raise
-            head_seconds = time.perf_counter() - started
-            # 5xx answers and failures to answer count against the endpoint; the time to the
-            # response head is its latency (a stream's whole length says nothing about the server).
-            failed = outcome.error is not None or (
-                outcome.response is not None and outcome.response.status >= 500
-            )
-            model.record_outcome(endpoint, not failed, None if failed else head_seconds, time.monotonic())
-            if not outcome.reason:
-                assert outcome.response is not None
-                return endpoint, pick, outcome.response
-            # A failed try: free the endpoint and decide whether to go again. It is counted here
-            # when it ends here (retried or raised); an answer relayed as it is counts once, later.
-            code = (
-                outcome.error.status
-                if outcome.error
-                else (outcome.response.status if outcome.response else 502)
-            )
-            tried.append(endpoint)
-            retriable = outcome.reason in policy.retry_on or (
-                outcome.response is not None and outcome.response.status in policy.retriable_status_codes
-            )
-            if retriable and retries < policy.attempts and self._budget(model, route):
-                self._observe(model, endpoint, code, started)
-                retries += 1
-                self._metrics.retries.labels(model.name, route.name, outcome.reason).inc()
-                if outcome.response is not None:
-                    outcome.response.close()
-                model.release(endpoint, tokens)
-                model.active_retries += 1
+        retrying = False  # holds a place in the retry budget from the decision to the try's end
+        try:
+            while True:
+                endpoint, pick = await self._choose(model, subset, ctx, tried, tokens, deadline, counted)
+                started = time.perf_counter()
                 try:
+                    outcome = await self._try(model, route, endpoint, method, path, headers, body, deadline)
+                except BaseException as exc:  # cancelled (the client left), or the route's time is up
+                    model.release(endpoint, tokens)
+                    if counted:
+                        code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
+                        self._observe(model, endpoint, code, started)
+                    raise
+                if retrying:
+                    model.active_retries -= 1
+                    retrying = False
+                head_seconds = time.perf_counter() - started
+                # 5xx answers and failures to answer count against the endpoint; the time to the
+                # response head is its latency (a stream's length says nothing about the server).
+                failed = outcome.error is not None or (
+                    outcome.response is not None and outcome.response.status >= 500
+                )
+                model.record_outcome(endpoint, not failed, None if failed else head_seconds, time.monotonic())
+                if not outcome.reason:
+                    assert outcome.response is not None
+                    return endpoint, pick, outcome.response
+                # A failed try: free the endpoint and decide whether to go again. It is counted here
+                # when it ends here (retried or raised); an answer relayed as it is counts once, later.
+                code = (
+                    outcome.error.status
+                    if outcome.error
+                    else (outcome.response.status if outcome.response else 502)
+                )
+                tried.append(endpoint)
+                out_of_time = deadline is not None and time.monotonic() >= deadline
+                retriable = not out_of_time and (
+                    outcome.reason in policy.retry_on
+                    or (
+                        outcome.response is not None
+                        and outcome.response.status in policy.retriable_status_codes
+                    )
+                )
+                if retriable and retries < policy.attempts and self._budget(model, route):
+                    if counted:
+                        self._observe(model, endpoint, code, started)
+                    retries += 1
+                    self._metrics.retries.labels(model.name, route.name, outcome.reason).inc()
+                    if outcome.response is not None:
+                        outcome.response.close()
+                    model.release(endpoint, tokens)
+                    model.active_retries += 1
+                    retrying = True
                     pause = self._backoff(route, retries)
                     if deadline is not None:
                         pause = max(0.0, min(pause, deadline - time.monotonic()))
                     await asyncio.sleep(pause)
-                finally:
-                    model.active_retries -= 1
-                continue
-            if outcome.response is not None:
-                return endpoint, pick, outcome.response  # not retried: relay the answer as it is
-            self._observe(model, endpoint, code, started)
-            model.release(endpoint, tokens)
-            assert outcome.error is not None
-            if outcome.reason == "connect-failure" and len(tried) > 1:
-                names = ", ".join(e.name for e in tried)
-                raise UpstreamError(
-                    f"every endpoint of model {model.name!r} tried refused the connection: {names}"
-                )
-            raise outcome.error
+                    continue
+                if outcome.response is not None and not out_of_time:
+                    return endpoint, pick, outcome.response  # not retried: relay the answer as it is
+                if outcome.response is not None:
+                    outcome.response.close()
+                model.release(endpoint, tokens)
+                if out_of_time:
+                    code = 504
+                if counted:
+                    self._observe(model, endpoint, code, started)
+                if out_of_time:
+                    raise UpstreamTimeout(
+                        f"model {model.name!r}: route {route.name!r} did not finish within {route.timeout:g}s"
+                    )
+                assert outcome.error is not None
+                if outcome.reason == "connect-failure" and len(tried) > 1:
+                    names = ", ".join(e.name for e in tried)
+                    raise UpstreamError(
+                        f"every endpoint of model {model.name!r} tried refused the connection: {names}"
+                    )
+                raise outcome.error
+        finally:
+            if retrying:
+                model.active_retries -= 1
 
     async def _try(
         self,
@@ -352,27 +384,40 @@ class Proxy:
         return _Try("", response=response)
 
     async def _choose(
-        self, model: ServedModel, subset: str, ctx: RoutingContext, tried: list[Endpoint], tokens: int
+        self,
+        model: ServedModel,
+        subset: str,
+        ctx: RoutingContext,
+        tried: list[Endpoint],
+        tokens: int,
+        deadline: float | None,
+        counted: bool = True,
     ) -> tuple[Endpoint, Pick]:
         """Pick an endpoint with room, preferring ones not tried yet; wait (bounded) for room."""
+        until: float | None = None  # one queue deadline, however often this wakes and re-waits
         while True:
             pool = model.subset(subset)
             healthy = model.routable(subset, pool, time.monotonic())
             if not healthy:
-                self._metrics.observe_request(model.name, "", model.strategy.name, 503, 0.0)
+                if counted:
+                    self._metrics.observe_request(model.name, "", model.strategy.name, 503, 0.0)
                 raise NoHealthyEndpoint(
                     f"model {model.name!r} has no healthy endpoint in subset {subset!r}",
                     headers={"Retry-After": "1"},
                 )
-            fresh = [e for e in healthy if e not in tried] or healthy
-            candidates = [e for e in fresh if model.has_room(e)]
+            fresh = [e for e in healthy if e not in tried and model.has_room(e)]
+            candidates = fresh or [e for e in healthy if model.has_room(e)]
             if candidates:
                 pick = model.strategy.pick(candidates, ctx, self._rng)
                 endpoint = candidates[pick.index]
                 model.acquire(endpoint, tokens)
                 return endpoint, pick
+            if until is None:
+                until = time.monotonic() + model.config.circuit_breakers.queue_timeout
+                if deadline is not None:
+                    until = min(until, deadline)
             try:
-                await model.wait_for_room()
+                await model.wait_for_room(subset, until)
             except ModelyardError:
                 self._metrics.overloaded.labels(model.name).inc()
                 raise
@@ -430,7 +475,16 @@ class Proxy:
             async with asyncio.timeout(route.timeout or None):
                 shadow_headers = [*headers, ("X-Modelyard-Shadow", "true")]
                 endpoint, _pick, upstream = await self._attempts(
-                    model, shadow_route, subset, ctx, method, path, shadow_headers, body, tokens
+                    model,
+                    shadow_route,
+                    subset,
+                    ctx,
+                    method,
+                    path,
+                    shadow_headers,
+                    body,
+                    tokens,
+                    counted=False,
                 )
                 try:
                     mirrored.add(await upstream.read())
@@ -438,7 +492,6 @@ class Proxy:
                 finally:
                     upstream.close()
                     model.release(endpoint, tokens)
-                    self._observe(model, endpoint, mirrored.status or CLIENT_CLOSED, started)
         except (ModelyardError, TimeoutError) as exc:
             log.debug("model %s: shadow request to %s failed: %s", model.name, subset, exc)
         mirrored.seconds = time.perf_counter() - started

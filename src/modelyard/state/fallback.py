@@ -67,6 +67,8 @@ class FallbackState:
         await self._local.close()
 
     def _failed(self, exc: Exception) -> None:
+        if self.degraded:
+            return  # requests already in flight when it failed: one outage, one backoff step
         if self._on_fallback is not None:
             self._on_fallback(exc)
         log.warning("shared state unavailable, routing on local state for %.1fs: %s", self._backoff, exc)

@@ -21,8 +21,9 @@ HOP_BY_HOP = frozenset(
     )
 )
 # Recomputed by the next hop (Host, Content-Length), already settled with the client (Expect: the
-# gateway holds the whole body), or set by the gateway's own server (Date, Server).
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
+# gateway holds the whole body; Content-Encoding: aiohttp has decoded a gzip/deflate body), or set
+# by the gateway's own server (Date, Server).
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
 _NOT_FORWARDED_WITH_ID = _NOT_FORWARDED | {"x-request-id"}  # the gateway sets its own
 

@@ -22,6 +22,8 @@ import httptools
 
 from modelyard.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 
+IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
 _RESUME_BELOW = 64 * 1024
 _HEADER_ENCODING = ("utf-8", "surrogateescape")  # as aiohttp decodes them, so values round-trip
@@ -236,6 +238,10 @@ class _Connection(asyncio.Protocol):
         self._close()
         self._pool.release(self, False)
 
+    def expire(self) -> None:
+        """Close an idle connection (no exchange in flight)."""
+        self._close()
+
     def pause_reading(self) -> None:
         if not self._paused and self._transport is not None and not self.closed:
             self._paused = True
@@ -281,46 +287,67 @@ class _HostPool:
         self.host_header = parts.netloc.encode()
         self._limit = limit
         self._connect_timeout = connect_timeout
-        self._idle: list[_Connection] = []
+        self._idle: list[tuple[_Connection, float]] = []  # (connection, idle since), newest last
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def acquire(self) -> tuple[_Connection, bool]:
-        """A connection to send on, and whether it was reused from the idle list."""
+    def _reuse(self) -> _Connection | None:
+        """The most recently used idle connection that is still good. Connections idle longer
+        than IDLE_TIMEOUT are closed rather than reused: servers drop idle keep-alives (uvicorn,
+        so vLLM, after 5 s), and a request sent on one would be lost in the race."""
+        now = asyncio.get_running_loop().time()
         while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed:
-                return conn, True
+            conn, since = self._idle.pop()
+            if not conn.closed and now - since < IDLE_TIMEOUT:
+                return conn
+            conn.expire()
             self._open -= 1
+        return None
+
+    async def acquire(self, until: float | None = None) -> tuple[_Connection, bool]:
+        """A connection to send on, and whether it was reused; waits for a free slot at most until
+        `until` (loop time), the request's deadline."""
+        conn = self._reuse()
+        if conn is not None:
+            return conn, True
+        loop = asyncio.get_running_loop()
         while self._open >= self._limit:
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = loop.create_future()
             self._waiters.append(waiter)
             try:
-                await waiter
+                async with asyncio.timeout_at(until):
+                    await waiter
+            except TimeoutError:
+                self._pass_on(waiter)
+                raise UpstreamTimeout(f"{self.origin}: no connection free before the deadline") from None
             except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake_one()  # we were woken but will not use the slot: pass the turn on
+                self._pass_on(waiter)
                 raise
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn, True
-                self._open -= 1
+            conn = self._reuse()
+            if conn is not None:
+                return conn, True
         self._open += 1
         try:
-            return await self._connect(), False
+            return await self._connect(until), False
         except BaseException:
             self._open -= 1
             self._wake_one()
             raise
 
-    async def _connect(self) -> _Connection:
+    def _pass_on(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done() and not waiter.cancelled():
+            self._wake_one()  # woken, but leaving anyway: the next waiter gets the slot
+
+    async def _connect(self, until: float | None = None) -> _Connection:
         loop = asyncio.get_running_loop()
+        limit = loop.time() + self._connect_timeout if self._connect_timeout else None
+        if until is not None:
+            limit = until if limit is None else min(limit, until)
         try:
-            async with asyncio.timeout(self._connect_timeout or None):
+            async with asyncio.timeout_at(limit):
                 _, conn = await loop.create_connection(
                     lambda: _Connection(self),
                     self._host,
@@ -338,7 +365,7 @@ class _HostPool:
 
     def release(self, conn: _Connection, reusable: bool) -> None:
         if reusable:
-            self._idle.append(conn)
+            self._idle.append((conn, asyncio.get_running_loop().time()))
         else:
             self._open -= 1
         self._wake_one()
@@ -351,10 +378,8 @@ class _HostPool:
                 return
 
     def close(self) -> None:
-        for conn in self._idle:
-            conn.closed = True
-            if conn._transport is not None:
-                conn._transport.close()
+        for conn, _since in self._idle:
+            conn.expire()
         self._idle.clear()
 
 
@@ -400,14 +425,23 @@ class Http1Client:
         the whole exchange, body included."""
         pool = self._pool(base_url)
         payload = encode_request(method, pool.prefix + path, pool.host_header, headers, body)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + deadline if deadline else None  # waiting and connecting count too
         for _attempt in range(2):
-            conn, reused = await pool.acquire()
+            conn, reused = await pool.acquire(until)
+            left = None if until is None else until - loop.time()
+            if left is not None and left <= 0:
+                pool.release(conn, reusable=True)
+                raise UpstreamTimeout(f"{pool.origin}: no time left to send the request")
             try:
-                return await conn.send(payload, deadline)
+                return await conn.send(payload, left)
             except _StaleConnection:
                 conn.abandon()
-                if reused:
-                    continue  # the server had closed it while idle; nothing was processed
+                # A reused connection closed before any answer: the server dropped it while idle,
+                # or took the request and died. Only a request that may run twice is sent again;
+                # for the others the caller's retry policy decides ("reset").
+                if reused and method in _IDEMPOTENT:
+                    continue
                 raise UpstreamError(f"{pool.origin} closed the connection without answering") from None
             except BaseException:
                 conn.abandon()
