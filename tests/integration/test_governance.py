@@ -847,3 +847,128 @@ async def test_a_full_model_refuses_an_oip_request_before_reading_its_body(sim_w
         assert "at capacity" in (await response.json())["error"]
     assert await metric_value(http, gateway.url, "modelyard_overloaded_total", model="m") == 1
     first.cancel()
+
+
+# --- regressions found in review ---------------------------------------------------------------
+
+
+async def test_a_freed_endpoint_wakes_a_waiter_of_its_own_subset(sim_workers, gateways, http):
+    # Subsets a and b, one endpoint each, one request each at a time. A waiter for `a` stands
+    # first in the queue; when b frees up, the waiter for b must get it, not time out behind a's.
+    a, b = await sim_workers(2, decode_ms_per_token=20.0)
+    config = in_subsets(model_config("m", [a, b]), "a", "b")
+    config["routes"] = [
+        {
+            "name": "to-b",
+            "match": {"headers": [{"name": "x-sub", "exact": "b"}]},
+            "destinations": [{"subset": "b"}],
+        },
+        {"name": "to-a", "destinations": [{"subset": "a"}]},
+    ]
+    config["circuit_breakers"] = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "5s"}
+    gateway = await gateways([config])
+    hold_a = asyncio.create_task(http.post(gateway.url + CHAT, json=chat(max_tokens=5000)))
+    b_short = asyncio.create_task(post(http, gateway.url, chat(max_tokens=10), {"x-sub": "b"}))
+
+    async def both_running() -> bool:
+        return (await sim_stats(http, a))["running"] == 1 and (await sim_stats(http, b))["running"] == 1
+
+    await wait_until(both_running)
+    wait_a = asyncio.create_task(post(http, gateway.url, chat(max_tokens=1)))  # queued first, for a
+    wait_b = asyncio.create_task(post(http, gateway.url, chat(max_tokens=1), {"x-sub": "b"}))
+    try:
+        assert (await b_short).status == 200
+        answer = await asyncio.wait_for(wait_b, 5)  # served when b frees, ahead of a's waiter
+        assert answer.status == 200 and answer.backend == "w1"
+        assert not wait_a.done()  # a is still busy: its waiter still waits
+    finally:
+        hold_a.cancel()
+        wait_a.cancel()
+        await asyncio.gather(hold_a, wait_a, return_exceptions=True)
+
+
+async def test_the_retry_budget_counts_retries_in_flight(upstreams, gateways, http):
+    # A retried try that is still talking to an upstream holds its place in the budget: with room
+    # for one retry at a time, a second failure while the first retry runs is not retried.
+    release = asyncio.Event()
+
+    async def slow_unavailable(request: web.Request, upstream: Upstream) -> web.Response:
+        async with asyncio.timeout(10):
+            await release.wait()
+        return web.json_response({"error": {"message": "later"}}, status=503)
+
+    failing = await upstreams(unavailable)
+    slow = await upstreams(slow_unavailable)
+    config = {
+        "name": "m",
+        # weight 0: first tries always go to "fails"; retries go to the endpoint not tried, "slow".
+        "endpoints": [{"name": "fails", "url": failing.url}, {"name": "slow", "url": slow.url, "weight": 0}],
+        "health_check": {"interval": "60s"},
+        "retry_budget": {"budget_percent": 0, "min_retry_concurrency": 1},
+        "outlier_detection": {"enabled": False},
+        "routes": [{"name": "r", "destinations": [{"subset": "default"}], "retries": {"attempts": 1}}],
+    }
+    gateway = await gateways([config])
+    first = asyncio.create_task(post(http, gateway.url))
+    try:
+
+        async def retry_in_flight() -> bool:
+            return slow.requests == 1
+
+        await wait_until(retry_in_flight)
+        second = await post(http, gateway.url)  # fails at once; its retry would exceed the budget
+        assert second.status == 503
+        assert slow.requests == 1
+        labels = {"model": "m", "route": "r"}
+        assert await metric_value(http, gateway.url, "modelyard_retry_budget_exhausted_total", **labels) == 1
+    finally:
+        release.set()
+        await first
+
+
+async def test_a_client_leaving_during_the_affinity_write_frees_the_endpoint(sim_workers, http):
+    from modelyard.config import validate_config
+    from modelyard.gateway import start_gateway
+    from modelyard.state import MemoryState
+
+    class SlowState(MemoryState):
+        async def set(self, key: str, value: str, ttl: float) -> None:
+            await asyncio.sleep(0.5)  # a slow shared store; the client gives up before it answers
+            await super().set(key, value, ttl)
+
+    (worker,) = await sim_workers(1)
+    config = validate_config(
+        {"listen": {"port": 0}, "models": [model_config("m", [worker], strategy="kv_aware")]}, "<test>"
+    )
+    gateway = await start_gateway(config, state=SlowState())
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            async with asyncio.timeout(0.1):
+                await http.post(gateway.url + CHAT, json=chat())
+
+        async def freed() -> bool:
+            return await metric_value(http, gateway.url, "modelyard_backend_in_flight", backend="w0") == 0
+
+        await wait_until(freed)
+    finally:
+        await gateway.stop()
+
+
+async def test_a_gzip_request_body_reaches_the_server_decoded_and_labelled_so(upstreams, gateways, http):
+    import gzip
+
+    seen: list[tuple[str | None, bytes]] = []
+
+    async def record(request: web.Request, upstream: Upstream) -> web.Response:
+        seen.append((request.headers.get("Content-Encoding"), await request.read()))
+        return await answers("fine")(request, upstream)
+
+    upstream = await upstreams(record)
+    gateway = await gateways(
+        [{"name": "m", "endpoints": [{"url": upstream.url}], "health_check": {"interval": 0}}]
+    )
+    body = orjson.dumps(chat())
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with http.post(gateway.url + CHAT, data=gzip.compress(body), headers=headers) as response:
+        assert response.status == 200
+    assert seen == [(None, body)]

@@ -618,3 +618,51 @@ async def test_bodiless_204_and_304_answers_keep_the_connection(servers, clients
         response = await get(client, url, path)
         assert await response.read() == b""
     assert len(set(ports)) == 1
+
+
+async def test_a_post_is_not_resent_when_a_reused_connection_closes_without_answering(servers, clients):
+    # The server read the POST and then closed: it may have run it. Sending it again could run it
+    # twice, so the client reports the failure and leaves the decision to the caller's retry policy.
+    received: list[bytes] = []
+
+    async def handle(reader, writer, index):
+        while (request := await read_request(reader)) is not None:
+            received.append(request.split(b"\r\n\r\n", 1)[1])
+            if len(received) == 2:
+                writer.close()
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    server = await servers.raw(handle)
+    client = clients()
+    async with asyncio.timeout(WAIT):
+        first = await client.request(server.url, "POST", "/run", (), b"first", WAIT)
+        assert await first.read() == b"ok"
+        with pytest.raises(UpstreamError):
+            await client.request(server.url, "POST", "/run", (), b"second", WAIT)
+    assert received == [b"first", b"second"]  # the second POST went out once
+
+
+async def test_the_deadline_covers_waiting_for_a_free_connection(servers, clients):
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        async with asyncio.timeout(WAIT):
+            await release.wait()
+        return web.Response(text="late")
+
+    url = await servers.web(("GET", "/slow", slow))
+    client = clients(max_connections=1)
+    holder = asyncio.create_task(get(client, url, "/slow", deadline=WAIT))
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(UpstreamTimeout):
+            # The only connection is busy: the wait for it counts against the 0.2 s.
+            await get(client, url, "/slow", deadline=0.2)
+        assert loop.time() - started < 1.0
+    finally:
+        release.set()
+        response = await holder
+        await response.read()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from modelyard.errors import StateUnavailable
@@ -247,3 +249,27 @@ async def test_fallback_close_closes_both_stores() -> None:
     await state.close()
     assert remote.closed
     assert len(local) == 0
+
+
+async def test_requests_in_flight_when_the_remote_fails_count_as_one_outage() -> None:
+    # Ten lookups that were already waiting on the remote all fail together: one fallback,
+    # one log line, one backoff step (not ten doublings of the backoff).
+    clock = FakeClock()
+    reported: list[Exception] = []
+    gate = asyncio.Event()
+
+    class SlowFlaky(FlakyRemote):
+        async def get(self, key: str) -> str | None:
+            await gate.wait()
+            return await super().get(key)
+
+    remote = SlowFlaky()
+    state = FallbackState(remote, MemoryState(clock=clock), on_fallback=reported.append, clock=clock)
+    lookups = [asyncio.create_task(state.get(f"k{i}")) for i in range(10)]
+    await asyncio.sleep(0)  # let every lookup reach the remote
+    remote.down = True
+    gate.set()
+    assert await asyncio.gather(*lookups) == [None] * 10
+    assert len(reported) == 1
+    clock.advance(0.6)  # past the first backoff step (0.5 s): the remote is asked again
+    assert not state.degraded

@@ -51,8 +51,10 @@ class Gateway:
             m.name: ServedModel(m, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
             for m in config.models
         }
-        self.state = state or open_state(
-            config.state, on_fallback=lambda _exc: self.metrics.state_fallbacks.inc()
+        self.state = (
+            state
+            if state is not None
+            else open_state(config.state, on_fallback=lambda _exc: self.metrics.state_fallbacks.inc())
         )
         self.pool = UpstreamPool(config.upstream)
         self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))
