@@ -50,6 +50,7 @@ class Reply:
     content_type: str | None = "application/json"
     gate: asyncio.Event | None = None  # answer only once this is set (bounded by GATE_TIMEOUT)
     echo: bool = False  # answer with the request body
+    headers: dict[str, str] = field(default_factory=dict)  # extra response headers (Location...)
 
 
 @dataclass
@@ -101,6 +102,7 @@ class Service:
                 except TimeoutError:
                     return web.Response(status=599, text="gate timed out")
             headers = {"Content-Type": reply.content_type} if reply.content_type else {}
+            headers.update(reply.headers)
             response = web.Response(
                 status=reply.status, body=body if reply.echo else reply.body, headers=headers
             )
@@ -1115,3 +1117,32 @@ async def test_outside_a_mesh_https_stays_https(service: Service, http: aiohttp.
         assert service.bodies("/predict") == []
     finally:
         await running.stop()
+
+
+async def test_redirects_are_followed_as_gos_client_does(
+    router: Start, service: Service, http: aiohttp.ClientSession
+) -> None:
+    # 307 repeats the POST with its body; 302 turns it into a GET without one.
+    service.on("/final", echo=True)
+    kept = service.on("/moved-307", status=307, body=b"", content_type=None, headers={"Location": "/final"})
+    running = await router(graph(seq({"serviceUrl": kept})))
+    answer = await call(http, running, b'{"x": 1}')
+    assert (answer.status, answer.body) == (200, b'{"x": 1}')
+    assert [(r.method, r.body) for r in service.received if r.path == "/final"] == [("POST", b'{"x": 1}')]
+
+    service.on("/moved-302", status=302, body=b"", content_type=None, headers={"Location": "/final"})
+    running = await router(graph(seq({"serviceUrl": service.url("/moved-302")})))
+    answer = await call(http, running, b'{"x": 2}')
+    assert answer.status == 200 and answer.body == b""  # the echo of a GET without a body
+    assert [(r.method, r.body) for r in service.received if r.path == "/final"][-1] == ("GET", b"")
+
+
+async def test_a_redirect_loop_stops_after_ten_like_go(
+    router: Start, service: Service, http: aiohttp.ClientSession
+) -> None:
+    loop = service.on("/loop", status=307, body=b"", content_type=None, headers={"Location": "/loop"})
+    running = await router(graph(seq({"serviceUrl": loop})))
+    answer = await call(http, running)
+    assert answer.status == 500
+    assert answer.body == error_body(f'Post "{loop}": stopped after 10 redirects')
+    assert len([r for r in service.received if r.path == "/loop"]) == 10

@@ -6,13 +6,17 @@ a graph failure whose cause reads like the Go client's error, so that answers ma
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from modelyard.errors import ModelyardError, UpstreamTimeout
 from modelyard.graph import GraphFailure, InferenceStep, Outcome
 from modelyard.upstream.http1 import Http1Client
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_MAX_REDIRECTS = 10  # Go's default CheckRedirect
 
 
 class UrlInvoker:
@@ -63,6 +67,36 @@ class UrlInvoker:
         return await self.post(self.url_for(step), body, headers)
 
     async def post(self, url: str, body: bytes, headers: Sequence[tuple[str, str]]) -> Outcome:
+        """POST as Go's default client does: up to 10 redirects followed (301/302/303 turn into a
+        GET without a body, 307/308 repeat the POST), one `serviceClient` deadline for all."""
+        sent = list(headers)
+        if not any(name.lower() == "content-type" for name, _ in sent):
+            sent.append(("Content-Type", "application/json"))
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self._call_timeout if self._call_timeout else None
+        method, current = "POST", url
+        payload: bytes | None = body
+        for hop in range(_MAX_REDIRECTS + 1):
+            left = None if until is None else max(0.001, until - loop.time())
+            status, data, location = await self._exchange(method, current, payload, sent, left)
+            if status not in _REDIRECTS or not location:
+                return Outcome(status, data)
+            current = urljoin(current, location)
+            if hop == _MAX_REDIRECTS - 1:
+                raise GraphFailure(500, f'Post "{current}": stopped after {_MAX_REDIRECTS} redirects')
+            if status in (301, 302, 303):
+                method, payload = "GET", None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: list[tuple[str, str]],
+        deadline: float | None,
+    ) -> tuple[int, bytes, str | None]:
+        """One request; errors worded as Go's client words them (its Op is the first method)."""
         parts = urlsplit(url)
         if not parts.scheme:
             raise GraphFailure(500, f'Post "{url}": unsupported protocol scheme ""')
@@ -78,11 +112,9 @@ class UrlInvoker:
         scheme = "http" if parts.scheme == "https" and await self.in_mesh() else parts.scheme
         origin = f"{scheme}://{parts.netloc}"
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        sent = list(headers)
-        if not any(name.lower() == "content-type" for name, _ in sent):
-            sent.append(("Content-Type", "application/json"))
+        sent = headers if body is not None else [(n, v) for n, v in headers if n.lower() != "content-type"]
         try:
-            response = await self._client.request(origin, "POST", path, sent, body, self._call_timeout)
+            response = await self._client.request(origin, method, path, sent, body, deadline)
             data = await response.read()
         except UpstreamTimeout:
             raise GraphFailure(
@@ -91,7 +123,7 @@ class UrlInvoker:
             ) from None
         except ModelyardError as exc:
             raise GraphFailure(500, f'Post "{url}": {_go_reason(exc, parts.hostname, parts.port)}') from None
-        return Outcome(response.status, data)
+        return response.status, data, response.header("Location")
 
 
 def _go_reason(exc: ModelyardError, host: str, port: int | None) -> str:
