@@ -972,3 +972,38 @@ async def test_a_gzip_request_body_reaches_the_server_decoded_and_labelled_so(up
     async with http.post(gateway.url + CHAT, data=gzip.compress(body), headers=headers) as response:
         assert response.status == 200
     assert seen == [(None, body)]
+
+
+async def test_newcomers_queue_behind_waiters_of_their_subset_only(sim_workers, gateways, http):
+    # a is full and has a waiter; a request for b, which has room, is served at once.
+    a, b = await sim_workers(2, decode_ms_per_token=20.0)
+    config = in_subsets(model_config("m", [a, b]), "a", "b")
+    config["routes"] = [
+        {
+            "name": "to-b",
+            "match": {"headers": [{"name": "x-sub", "exact": "b"}]},
+            "destinations": [{"subset": "b"}],
+        },
+        {"name": "to-a", "destinations": [{"subset": "a"}]},
+    ]
+    config["circuit_breakers"] = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "5s"}
+    gateway = await gateways([config])
+    hold_a = asyncio.create_task(http.post(gateway.url + CHAT, json=chat(max_tokens=5000)))
+
+    async def a_running() -> bool:
+        return (await sim_stats(http, a))["running"] == 1
+
+    await wait_until(a_running)
+    wait_a = asyncio.create_task(post(http, gateway.url, chat(max_tokens=1)))
+
+    async def a_waiter_queued() -> bool:
+        return gateway.app[GATEWAY].models["m"].queued_for("a")
+
+    await wait_until(a_waiter_queued)
+    try:
+        answer = await asyncio.wait_for(post(http, gateway.url, chat(max_tokens=1), {"x-sub": "b"}), 2)
+        assert answer.status == 200 and answer.backend == "w1"
+    finally:
+        hold_a.cancel()
+        wait_a.cancel()
+        await asyncio.gather(hold_a, wait_a, return_exceptions=True)

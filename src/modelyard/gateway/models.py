@@ -185,6 +185,13 @@ class ServedModel:
         if waiter.done() and not waiter.cancelled():
             self._wake(subset)  # woken, but leaving anyway (timed out or cancelled): the next one goes
 
+    def queued_for(self, subset: str) -> bool:
+        """Requests wait for an endpoint that a request for `subset` could also take."""
+        return any(
+            not waiter.done() and (subset == ALL_SUBSETS or wanted in (subset, ALL_SUBSETS))
+            for wanted, waiter in self._waiters
+        )
+
     def acquire(self, endpoint: Endpoint, tokens: int) -> None:
         endpoint.load.acquire(tokens)
 

@@ -405,8 +405,11 @@ class Proxy:
                     f"model {model.name!r} has no healthy endpoint in subset {subset!r}",
                     headers={"Retry-After": "1"},
                 )
-            fresh = [e for e in healthy if e not in tried and model.has_room(e)]
-            candidates = fresh or [e for e in healthy if model.has_room(e)]
+            if until is None and model.queued_for(subset):
+                candidates: list[Endpoint] = []  # requests already wait: a newcomer queues behind them
+            else:
+                fresh = [e for e in healthy if e not in tried and model.has_room(e)]
+                candidates = fresh or [e for e in healthy if model.has_room(e)]
             if candidates:
                 pick = model.strategy.pick(candidates, ctx, self._rng)
                 endpoint = candidates[pick.index]
