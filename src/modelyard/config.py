@@ -369,6 +369,8 @@ def _duplicate_names(data: Any) -> list[str]:
             if not isinstance(endpoint, dict) or not isinstance(endpoint.get("url", ""), str):
                 continue
             label = endpoint.get("name") or _default_endpoint_name(endpoint.get("url", ""))
+            if not isinstance(label, str):
+                continue  # pydantic reports the wrong type
             if label in seen_endpoints:
                 problems.append(
                     f"models[{i}].endpoints[{j}].name: endpoint names must be unique within a model; "
@@ -379,28 +381,39 @@ def _duplicate_names(data: Any) -> list[str]:
 
 
 def _default_endpoint_name(url: str) -> str:
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
+    except ValueError:  # a malformed URL: the url field's own check reports it
         return url
     return f"{parts.hostname}:{port}"
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
-    """`MODELYARD_A__B=v` becomes {"a": {"b": v}}, with v read as a YAML scalar (numbers, booleans)."""
+    """`MODELYARD_A__B=v` becomes {"a": {"b": "v"}}. Values stay strings (pydantic turns "9000"
+    into a port and "true" into a flag, and a token stays "0123" rather than becoming 83); only a
+    value written as a JSON/YAML list or mapping (`[...]`, `{...}`) is parsed."""
     result: dict[str, Any] = {}
-    for key, raw in env.items():
+    for key in sorted(env):  # a stable order, whatever the environment's
         if not key.startswith(ENV_PREFIX) or "__" not in key:
             continue
+        raw = env[key]
         parts = key[len(ENV_PREFIX) :].lower().split("__")
         node = result
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        try:
-            node[parts[-1]] = yaml.safe_load(raw) if raw else raw
-        except yaml.YAMLError:
-            node[parts[-1]] = raw
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError("environment", [f"{key}: {'.'.join(parts[:-1])} is also set as a value"])
+            node = child
+        value: Any = raw
+        if raw.lstrip()[:1] in ("[", "{"):
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                value = raw
+        if isinstance(node.get(parts[-1]), dict):
+            raise ConfigError("environment", [f"{key}: {'.'.join(parts)} also has fields set"])
+        node[parts[-1]] = value
     return result
 
 

@@ -141,3 +141,10 @@ async def test_gateway_survives_bad_input(gateway, http):
             assert response.status == 400
     async with http.post(gateway.url + CHAT, json={"model": "alpha", "messages": []}) as response:
         assert response.status == 200
+
+
+async def test_get_on_a_predict_path_is_405(gateway, http):
+    async with http.get(gateway.url + "/v1/models/alpha:predict") as response:
+        assert response.status == 405
+        assert response.headers["Allow"] == "POST"
+        assert isinstance((await response.json())["error"], str)

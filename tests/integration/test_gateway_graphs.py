@@ -177,3 +177,15 @@ def test_an_invalid_graph_in_the_config_names_its_path():
     assert info.value.problems == [
         "graphs.g.nodes.root.steps: a Sequence needs at least one step (KServe drops the connection)"
     ]
+
+
+async def test_put_of_a_manifest_named_otherwise_is_refused(setup, http):
+    gateway, _ = setup
+    manifest = (
+        "apiVersion: serving.kserve.io/v1alpha1\nkind: InferenceGraph\nmetadata: {name: other}\n"
+        "spec:\n  nodes:\n    root: {routerType: Sequence, steps: [{serviceName: double}]}\n"
+    )
+    async with http.put(gateway.url + "/admin/graphs/quad", data=manifest) as response:
+        assert response.status == 400
+        problems = (await response.json())["error"]["problems"]
+    assert problems == ["metadata.name: the manifest names 'other'; the path names 'quad'"]

@@ -279,3 +279,37 @@ def test_serve_refuses_a_bad_graph(graph_json: str, message: str) -> None:
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1].startswith(message)
     assert "Traceback" not in result.stderr
+
+
+def test_serve_takes_the_spec_kserves_controller_passes(tmp_path):
+    """The controller keeps serviceName beside the serviceUrl it resolved; the router must start."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = (
+        '{"nodes":{"root":{"routerType":"Sequence","steps":[{"name":"a","serviceName":"model-a",'
+        '"serviceUrl":"http://127.0.0.1:9/v1/models/model-a:predict"}]}}}'
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "modelyard", "graph", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--graph-json", spec, "--drain-seconds", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                    break
+            except OSError:
+                assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+                time.sleep(0.05)  # a bounded wait for the server process to listen
+        else:
+            raise AssertionError("the router did not start")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

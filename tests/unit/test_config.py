@@ -166,22 +166,35 @@ def test_missing_file(tmp_path: Path) -> None:
     assert info.value.problems == ["cannot read file: No such file or directory"]
 
 
-def test_env_overrides_nest_on_double_underscore_and_read_yaml_scalars() -> None:
+def test_env_overrides_nest_on_double_underscore_and_keep_strings() -> None:
     env = {
         "MODELYARD_LISTEN__PORT": "9001",
         "MODELYARD_STATE__BACKEND": "redis",
-        "MODELYARD_ADMIN__TOKEN": "s3cret",
+        "MODELYARD_ADMIN__TOKEN": "0123",
         "MODELYARD_UPSTREAM__TIMEOUT": "2.5",
         "MODELYARD_DEBUG": "1",  # no "__": not a field path
         "OTHER_LISTEN__PORT": "1",
         "PATH": "/usr/bin",
     }
-    assert env_overrides(env) == {
-        "listen": {"port": 9001},
-        "state": {"backend": "redis"},
-        "admin": {"token": "s3cret"},
-        "upstream": {"timeout": 2.5},
-    }
+    overrides = env_overrides(env)
+    assert overrides["listen"] == {"port": "9001"}
+    assert overrides["admin"] == {"token": "0123"}
+    config = validate_config(overrides, "<env>")
+    assert config.listen.port == 9001  # pydantic reads the number
+    assert config.admin.token == "0123"  # a token stays as written (YAML would read 83)
+    assert config.upstream.timeout == 2.5
+
+
+def test_env_lists_and_mappings_are_parsed() -> None:
+    overrides = env_overrides({"MODELYARD_LISTEN__HOST": "::1", "MODELYARD_X__Y": '["a", "b"]'})
+    assert overrides == {"listen": {"host": "::1"}, "x": {"y": ["a", "b"]}}
+
+
+def test_env_setting_a_field_and_its_subfield_is_one_clear_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        env_overrides({"MODELYARD_LISTEN__PORT": "1", "MODELYARD_LISTEN__PORT__X": "2"})
+    assert info.value.source == "environment"
+    assert "MODELYARD_LISTEN__PORT" in info.value.problems[0]
 
 
 def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
@@ -226,3 +239,13 @@ def test_example_config_loads() -> None:
     assert config.models, "the example config should route at least one model"
     for m in config.models:
         assert m.endpoints
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [{"url": "http://[::1:9000"}, {"url": "http://127.0.0.1:9000", "name": [1]}],
+)
+def test_malformed_endpoints_are_problems_not_crashes(endpoint: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_config({"models": [{"name": "m", "endpoints": [endpoint]}]}, "<test>")
+    assert all(p.startswith("models[0].endpoints[0].") for p in info.value.problems)

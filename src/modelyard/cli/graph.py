@@ -18,7 +18,7 @@ from rich.table import Table
 from modelyard.errors import GraphInvalid
 from modelyard.gateway import run as run_loop
 from modelyard.graph import (
-    GraphDocument,
+    Graph,
     GraphFailure,
     RunContext,
     StepTrace,
@@ -62,8 +62,7 @@ def _fail(error: GraphInvalid) -> typer.Exit:
     return typer.Exit(1)
 
 
-def _unresolved(document: GraphDocument, services: dict[str, str]) -> list[str]:
-    graph, _ = parse_graph(document)
+def _unresolved(graph: Graph, services: dict[str, str]) -> list[str]:
     return sorted(
         {
             step.service_name
@@ -112,7 +111,11 @@ def run(
 ) -> None:
     """Run a graph once against real services; print the answer and the trace of every step."""
     services = _services(service)
-    body = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
+    try:
+        body = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
+    except OSError as exc:
+        err.print("[red]error:[/red] " + escape(f"--data {data}: {exc.strerror}"))
+        raise typer.Exit(1) from None
     try:
         documents = load_graph_paths([file])
         chosen = [d for d in documents if name is None or d.name == name]
@@ -121,7 +124,7 @@ def run(
             err.print("[red]error:[/red] " + escape(f"{file}: choose one graph with --name ({names})"))
             raise typer.Exit(2)
         graph, _ = parse_graph(chosen[0])
-        missing = _unresolved(chosen[0], services)
+        missing = _unresolved(graph, services)
     except GraphInvalid as error:
         raise _fail(error) from None
     if missing:
@@ -158,7 +161,7 @@ def serve(
     graph_json: Annotated[
         str, typer.Option("--graph-json", help="The InferenceGraph spec as JSON (KServe's router flag).")
     ],
-    port: Annotated[int, typer.Option(help="Listen port (KServe's router: 8080).")] = 8080,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Listen port (KServe's router: 8080).")] = 8080,
     host: Annotated[str, typer.Option(help="Listen address.")] = "0.0.0.0",
     name: Annotated[
         str, typer.Option("--inferencegraph-name", help="The graph's name (for messages).")
@@ -176,10 +179,12 @@ def serve(
     except orjson.JSONDecodeError as exc:
         err.print("[red]error:[/red] " + escape(f"--graph-json is not valid JSON: {exc}"))
         raise typer.Exit(1) from None
+    # KServe passes the spec; a whole InferenceGraph manifest is taken too (its spec is used).
+    wrapped = spec if isinstance(spec, dict) and "kind" in spec else {"graphs": {name: spec}}
     try:
-        (document,) = load_graph_text(orjson.dumps({"graphs": {name: spec}}).decode(), "--graph-json")
-        graph, report = parse_graph(document)
-        missing = _unresolved(document, services)
+        (document,) = load_graph_text(orjson.dumps(wrapped).decode(), "--graph-json")
+        graph, report = parse_graph(document, resolved=True)
+        missing = _unresolved(graph, services)
     except GraphInvalid as error:
         raise _fail(error) from None
     for warning in report.warnings:

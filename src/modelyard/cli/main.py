@@ -98,7 +98,7 @@ async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
     async def start() -> None:
         gateway = await start_gateway(config, graphs=graphs)
         holder.append(gateway)
-        counts = f"{len(config.models)} models, {len(graphs)} graphs"
+        counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
         typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
 
     async def stop() -> None:
@@ -140,9 +140,13 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Config files to c
             for problem in error.problems:
                 err.print("[red]error:[/red] " + escape(f"{file}: {problem}"), soft_wrap=True)
         else:
-            typer.echo(f"{file}: ok ({len(config.models)} models, {len(graphs)} graphs)")
+            typer.echo(f"{file}: ok ({_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')})")
     if failed:
         raise typer.Exit(1)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @app.command()

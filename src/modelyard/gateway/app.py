@@ -15,7 +15,14 @@ from modelyard import __version__
 from modelyard.balancing import STRATEGIES, get_strategy
 from modelyard.cluster import BackendLoad
 from modelyard.config import GatewayConfig
-from modelyard.errors import BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, Unauthorized
+from modelyard.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    Unauthorized,
+)
 from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER, GatewayInvoker, GraphService, load_config_graphs
 from modelyard.gateway.health import HealthChecker
@@ -169,7 +176,12 @@ async def oip_infer(request: web.Request) -> web.StreamResponse:
 async def model_get(request: web.Request) -> web.StreamResponse:
     """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
     gateway = request.app[GATEWAY]
-    model = gateway.model(request.match_info["name"])
+    name = request.match_info["name"]
+    if name.endswith(":predict"):  # GET on KServe v1's predict path: the route exists for POST
+        raise MethodNotAllowed(
+            f"method GET is not allowed on {request.path}; allowed: POST", headers={"Allow": "POST"}
+        )
+    model = gateway.model(name)
     return await gateway.proxy.forward(request, model, RoutingRequest(model=model.name), None)
 
 

@@ -124,7 +124,7 @@ class GraphService:
     def put(self, name: str, body: bytes) -> tuple[Graph, list[str]]:
         """Validate a spec (YAML or JSON), or a whole KServe manifest, and swap it in atomically:
         requests already running keep the graph they started with. Returns the warnings."""
-        source = f"graph {name!r}"
+        source = f"PUT /admin/graphs/{name}"
         text = body.decode("utf-8", "replace")
         try:
             data = yaml.safe_load(text)
@@ -134,6 +134,10 @@ class GraphService:
             ) from None
         if isinstance(data, dict) and ("kind" in data or "apiVersion" in data):
             (document,) = load_graph_text(text, source)
+            if document.name != name:
+                raise GraphInvalid(
+                    source, [f"metadata.name: the manifest names {document.name!r}; the path names {name!r}"]
+                )
             data = document.spec
         graph, report = parse_graph(GraphDocument(name, data, source))
         self._graphs = {**self._graphs, name: graph}

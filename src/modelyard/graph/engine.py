@@ -60,6 +60,7 @@ class RunContext:
     rng: random.Random
     trace: list[StepTrace] | None = None
     observe: Any = None  # optional callable(node, step_name, status, seconds) for metrics
+    enforce_timeout: bool = True  # the gateway enforces spec.timeout; KServe's router never reads it
 
 
 class Graph:
@@ -82,8 +83,8 @@ class Graph:
     async def run(self, body: bytes, ctx: RunContext) -> Outcome:
         """Run from `root`. The graph's `timeout` is enforced (KServe ignores it): past it every
         pending call is cancelled and the run fails with 504."""
-        timeout = self.timeout
-        if timeout is None:
+        timeout = self.timeout if ctx.enforce_timeout else None
+        if timeout is None or timeout <= 0:
             return await self._node(ROOT, body, ctx, 0)
         try:
             async with asyncio.timeout(timeout):

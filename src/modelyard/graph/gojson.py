@@ -113,8 +113,14 @@ def decode_predictions(data: bytes) -> list[Any] | None:
         return None
     if not isinstance(value, dict):
         return None  # null decodes to an empty struct; an array or scalar fails to decode
-    predictions = value.get("predictions")
-    instances = value.get("instances")
+    # Go matches JSON keys to struct fields case-insensitively; a later duplicate wins.
+    predictions = instances = None
+    for key, item in value.items():
+        folded = key.lower()
+        if folded == "predictions":
+            predictions = item
+        elif folded == "instances":
+            instances = item
     if instances is not None and not isinstance(instances, list):
         return None
     if not isinstance(predictions, list) or not predictions:

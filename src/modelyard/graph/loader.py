@@ -59,9 +59,10 @@ def load_graph_paths(paths: Iterable[str | Path]) -> list[GraphDocument]:
     return found
 
 
-def parse_graph(document: GraphDocument) -> tuple[Graph, Report]:
-    """Validate and compile; raises GraphInvalid listing every error (warnings come back)."""
-    spec, report = validate_graph(document.name, document.spec)
+def parse_graph(document: GraphDocument, *, resolved: bool = False) -> tuple[Graph, Report]:
+    """Validate and compile; raises GraphInvalid listing every error (warnings come back).
+    `resolved`: the spec as KServe's controller passes it to the router (see validate_graph)."""
+    spec, report = validate_graph(document.name, document.spec, resolved=resolved)
     if spec is None or not report.ok:
         raise GraphInvalid(f"{document.source}: graph {document.name!r}", [str(p) for p in report.errors])
     return Graph(document.name, spec), report

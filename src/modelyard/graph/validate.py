@@ -47,8 +47,10 @@ class Report:
         self.warnings.append(Problem(path, message, "warning"))
 
 
-def validate_graph(name: str, raw: Any) -> tuple[GraphSpec | None, Report]:
-    """Check a graph spec (the `spec` of an InferenceGraph, as parsed JSON/YAML)."""
+def validate_graph(name: str, raw: Any, *, resolved: bool = False) -> tuple[GraphSpec | None, Report]:
+    """Check a graph spec (the `spec` of an InferenceGraph, as parsed JSON/YAML). `resolved`: the
+    spec KServe's controller hands its router, where a step keeps its `serviceName` beside the
+    `serviceUrl` resolved from it; that pair counts as one target."""
     report = Report()
     if not _NAME.match(name):
         report.error(
@@ -61,16 +63,16 @@ def validate_graph(name: str, raw: Any) -> tuple[GraphSpec | None, Report]:
         spec = GraphSpec.model_validate(raw)
     except ValidationError as exc:
         for err in exc.errors():
-            report.error(_loc(err["loc"]), _message(err))
+            report.error(_loc(err["loc"]) or "spec", _message(err))
         return None, report
-    _kserve_checks(name, spec, report)
+    _kserve_checks(name, spec, report, resolved)
     _structure_checks(spec, report)
     if spec.timeout is not None and spec.timeout <= 0:
-        report.error("timeout", f"expected a positive number of seconds, got {spec.timeout}")
+        report.warn("timeout", f"not a positive number of seconds ({spec.timeout}): no graph timeout applies")
     return spec, report
 
 
-def _kserve_checks(graph: str, spec: GraphSpec, report: Report) -> None:
+def _kserve_checks(graph: str, spec: GraphSpec, report: Report, resolved: bool = False) -> None:
     """The webhook's checks 2-5, with its messages."""
     if ROOT not in spec.nodes:
         report.error(
@@ -89,7 +91,8 @@ def _kserve_checks(graph: str, spec: GraphSpec, report: Report) -> None:
                 )
             seen.add(step.name)
         for i, step in enumerate(node.steps):
-            targets = sum(1 for t in (step.node_name, step.service_name, step.service_url) if t)
+            named = step.service_name if not (resolved and step.service_url) else ""
+            targets = sum(1 for t in (step.node_name, named, step.service_url) if t)
             where = f'Step {i} ("{step.name}") in node "{node_name}" of InferenceGraph "{graph}"'
             if targets == 0:
                 report.error(f"{base}.steps[{i}]", f"{where} does not specify an inference target")

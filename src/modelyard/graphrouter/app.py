@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import re
 
@@ -31,14 +32,20 @@ class GraphResponder:
         self.draining = False
 
     async def respond(self, body: bytes, headers: list[tuple[str, str]]) -> web.Response:
-        ctx = RunContext(self.invoker, propagated(headers, self.patterns), self.rng)
+        # As KServe's router: spec.timeout is not applied (Knative enforces it in front, if anyone).
+        ctx = RunContext(self.invoker, propagated(headers, self.patterns), self.rng, enforce_timeout=False)
         result: Outcome | GraphFailure
         try:
             result = await self.graph.run(body, ctx)
         except GraphFailure as failure:
             result = failure
+        except Exception as exc:  # a bug of ours must still answer as KServe's router does
+            log.exception("graph %s failed", self.graph.name)
+            result = GraphFailure(500, str(exc))
         return to_response(result)
 
+
+log = logging.getLogger("modelyard.graphrouter")
 
 GO_SERVER_TIMEOUT = 60  # KServe's router: ReadTimeout and WriteTimeout default to a minute
 
@@ -93,9 +100,9 @@ def _seconds(value: int | None) -> float:
 
 
 def create_router_app(
-    responder: GraphResponder, *, max_body_bytes: int = 32 * 1024 * 1024
+    responder: GraphResponder, *, max_body_bytes: int = 1024 * 1024 * 1024
 ) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes)  # Go's server has no body limit; ours is large
     app[ROUTER] = responder
     app.router.add_route("*", "/readyz", _readyz)  # Go's mux answers readiness for any method
     app.router.add_route("*", "/{tail:.*}", _run_graph)

@@ -16,6 +16,7 @@ from modelyard.graphrouter.app import GraphResponder, create_router_app
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 
+GO_MAX_HEADER_BYTES = 1 << 20  # net/http's DefaultMaxHeaderBytes
 ISTIO_ADMIN_URL = "http://localhost:15000"  # where KServe's router looks for an Istio sidecar
 
 
@@ -56,7 +57,12 @@ async def start_router(
     responder = GraphResponder(graph, invoker, patterns or [], rng=rng)
     idle = float(timeouts.server_idle) if timeouts and timeouts.server_idle else 180.0  # Go: IdleTimeout
     runner = web.AppRunner(
-        create_router_app(responder), handler_cancellation=True, access_log=None, keepalive_timeout=idle
+        create_router_app(responder),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=idle,
+        max_line_size=GO_MAX_HEADER_BYTES,  # Go's server takes 1 MB of headers; aiohttp only 8 KB
+        max_field_size=GO_MAX_HEADER_BYTES,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections.abc import Mapping, Sequence
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 from modelyard.errors import ModelyardError, UpstreamTimeout
 from modelyard.graph import GraphFailure, InferenceStep, Outcome
 from modelyard.upstream.http1 import Http1Client
 
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"
+_QUERY_SAFE = _PATH_SAFE + "?"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10  # Go's default CheckRedirect
 
@@ -81,7 +83,12 @@ class UrlInvoker:
             status, data, location = await self._exchange(method, current, payload, sent, left)
             if status not in _REDIRECTS or not location:
                 return Outcome(status, data)
-            current = urljoin(current, location)
+            try:
+                current = urljoin(current, location)
+            except ValueError as exc:
+                raise GraphFailure(
+                    500, f'Post "{current}": failed to parse Location header "{location}": {exc}'
+                ) from None
             if hop == _MAX_REDIRECTS - 1:
                 raise GraphFailure(500, f'Post "{current}": stopped after {_MAX_REDIRECTS} redirects')
             if status in (301, 302, 303):
@@ -97,21 +104,24 @@ class UrlInvoker:
         deadline: float | None,
     ) -> tuple[int, bytes, str | None]:
         """One request; errors worded as Go's client words them (its Op is the first method)."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a malformed port
+        except ValueError as exc:
+            raise GraphFailure(500, f'parse "{url}": {exc}') from None
         if not parts.scheme:
             raise GraphFailure(500, f'Post "{url}": unsupported protocol scheme ""')
         if parts.scheme not in ("http", "https"):
             raise GraphFailure(500, f'Post "{url}": unsupported protocol scheme "{parts.scheme}"')
-        try:
-            parts.port  # noqa: B018 - raises on a malformed port
-        except ValueError:
-            raise GraphFailure(500, f'parse "{url}": invalid port') from None
         if not parts.hostname or any(c in parts.netloc for c in "{}$ "):
             bad = next((c for c in parts.netloc if c in "{}$ "), "")
             raise GraphFailure(500, f'parse "{url}": invalid character "{bad}" in host name')
         scheme = "http" if parts.scheme == "https" and await self.in_mesh() else parts.scheme
         origin = f"{scheme}://{parts.netloc}"
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # Percent-encode what may not stand in a request line (spaces, non-ASCII), as Go does.
+        path = quote(parts.path or "/", safe=_PATH_SAFE) + (
+            f"?{quote(parts.query, safe=_QUERY_SAFE)}" if parts.query else ""
+        )
         sent = headers if body is not None else [(n, v) for n, v in headers if n.lower() != "content-type"]
         try:
             response = await self._client.request(origin, method, path, sent, body, deadline)

@@ -226,3 +226,7 @@ def test_valid_is_go_json_valid(body: bytes, ok: bool) -> None:
 
 def test_valid_survives_deep_nesting() -> None:
     assert gojson.valid(b"[" * 100_000) is False
+
+
+def test_map_predictions_matches_keys_as_go_does_case_insensitively() -> None:
+    assert gojson.decode_predictions(b'{"Predictions": [1, 2]}') == [1.0, 2.0]

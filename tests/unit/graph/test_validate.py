@@ -392,7 +392,17 @@ def test_schema_error_still_reports_a_bad_name() -> None:
 
 
 @pytest.mark.parametrize("timeout", [0, -5])
-def test_graph_timeout_must_be_positive(timeout: int) -> None:
-    assert _errors({"nodes": {"root": _seq({"serviceUrl": URL})}, "timeout": timeout}) == [
-        ("timeout", f"expected a positive number of seconds, got {timeout}")
+def test_a_graph_timeout_that_is_not_positive_is_a_warning(timeout: int) -> None:
+    # KServe's webhook accepts it (and its router ignores the field): a warning, not an error.
+    assert _warnings({"nodes": {"root": _seq({"serviceUrl": URL})}, "timeout": timeout}) == [
+        ("timeout", f"not a positive number of seconds ({timeout}): no graph timeout applies")
     ]
+
+
+def test_the_router_input_may_keep_service_name_beside_its_resolved_url() -> None:
+    # KServe's controller adds serviceUrl and keeps serviceName in the JSON it gives the router.
+    step = {"serviceName": "model-a", "serviceUrl": URL}
+    spec = {"nodes": {"root": _seq(step)}}
+    assert any("more than one of" in message for _path, message in _errors(spec))
+    _spec, report = validate_graph("g", spec, resolved=True)
+    assert report.ok
