@@ -170,9 +170,7 @@ class Proxy:
                     try:
                         await self._state.set(key, endpoint.name, model.config.kv_aware.ttl)
                     except BaseException:  # the client left while we wrote: free what we hold
-                        upstream.close()
-                        model.release(endpoint, tokens)
-                        self._observe(model, endpoint, CLIENT_CLOSED, started)
+                        self._finish(model, endpoint, upstream, tokens, CLIENT_CLOSED, started)
                         raise
             out_headers = relayed_response_headers(upstream.headers)
             out_headers[BACKEND_HEADER] = endpoint.name
@@ -222,9 +220,7 @@ class Proxy:
                 code = exc.status
                 raise
             finally:
-                upstream.close()
-                model.release(endpoint, tokens)
-                self._observe(model, endpoint, code, started)
+                self._finish(model, endpoint, upstream, tokens, code, started)
         finally:
             model.active_requests -= 1
 
@@ -436,6 +432,21 @@ class Proxy:
         policy = route.retries
         return self._rng.uniform(0, min(policy.max_interval, policy.base_interval * 2 ** (retry - 1)))
 
+    def _finish(
+        self,
+        model: ServedModel,
+        endpoint: Endpoint,
+        upstream: UpstreamResponse,
+        tokens: int,
+        code: int,
+        started: float,
+    ) -> None:
+        """The end of an exchange that reached the client: the connection back to its pool (or
+        closed), the endpoint's slot freed, the request counted once."""
+        upstream.close()
+        model.release(endpoint, tokens)
+        self._observe(model, endpoint, code, started)
+
     def _observe(self, model: ServedModel, endpoint: Endpoint, code: int, started: float) -> None:
         seconds = time.perf_counter() - started
         self._metrics.observe_request(model.name, endpoint.name, model.strategy.name, code, seconds)
@@ -550,9 +561,7 @@ class Proxy:
             code = exc.status
             raise
         finally:
-            upstream.close()
-            model.release(endpoint, tokens)
-            self._observe(model, endpoint, code, started)
+            self._finish(model, endpoint, upstream, tokens, code, started)
 
     async def _relay_stream(
         self,

@@ -679,57 +679,22 @@ def _parse_array_path(path: str) -> _ArrayPath:
     n = len(path)
     arrch = alogok = q_on = q_all = False
     alogkey = q_path = q_op = q_value = ""
+
+    def split(part: str, rest: str, pipe: str, piped: bool, more: bool) -> _ArrayPath:
+        # The query state read here is what the scan has gathered so far (closures bind late).
+        return _ArrayPath(
+            part, rest, pipe, piped, more, arrch, alogok, alogkey, q_on, q_all, q_path, q_op, q_value
+        )
+
     i = 0
     while i < n:
         c = path[i]
         if c == "|":
-            return _ArrayPath(
-                path[:i],
-                "",
-                path[i + 1 :],
-                True,
-                False,
-                arrch,
-                alogok,
-                alogkey,
-                q_on,
-                q_all,
-                q_path,
-                q_op,
-                q_value,
-            )
+            return split(path[:i], "", path[i + 1 :], True, False)
         if c == ".":
             if not arrch and i < n - 1 and _is_dot_piper_char(path[i + 1 :]):
-                return _ArrayPath(
-                    path[:i],
-                    "",
-                    path[i + 1 :],
-                    True,
-                    False,
-                    arrch,
-                    alogok,
-                    alogkey,
-                    q_on,
-                    q_all,
-                    q_path,
-                    q_op,
-                    q_value,
-                )
-            return _ArrayPath(
-                path[:i],
-                path[i + 1 :],
-                "",
-                False,
-                True,
-                arrch,
-                alogok,
-                alogkey,
-                q_on,
-                q_all,
-                q_path,
-                q_op,
-                q_value,
-            )
+                return split(path[:i], "", path[i + 1 :], True, False)
+            return split(path[:i], path[i + 1 :], "", False, True)
         if c == "#":
             arrch = True
             if i == 0 and n > 1:
@@ -750,7 +715,7 @@ def _parse_array_path(path: str) -> _ArrayPath:
                     if i + 1 < n and path[i + 1] == "#":
                         q_all = True
         i += 1
-    return _ArrayPath(path, "", "", False, False, arrch, alogok, alogkey, q_on, q_all, q_path, q_op, q_value)
+    return split(path, "", "", False, False)
 
 
 class _Query(NamedTuple):

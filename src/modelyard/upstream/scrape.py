@@ -180,20 +180,14 @@ class ResourceScraper:
 
     async def _scrape(self, endpoint: Endpoint) -> None:
         base_url, path = self._targets[id(endpoint)]
-        deadline = self._config.scrape_interval
         try:
-            # Http1Client's deadline starts after connecting; the outer timeout bounds it all.
-            async with asyncio.timeout(deadline):
-                response = await self._client.request(base_url, "GET", path, _HEADERS, None, deadline)
-                body = await response.read()
-            if response.status != 200:
-                raise ValueError(f"answered {response.status}")
-            families = parse_prometheus(body.decode("utf-8"), self._wanted)
+            families = await self._fetch(base_url, path)
         except ModelyardError as exc:
             self._on_error(endpoint, f"scraping {base_url}{path} failed: {exc.message}")
             return
         except TimeoutError:
-            self._on_error(endpoint, f"scraping {base_url}{path} failed: no answer within {deadline:g}s")
+            interval = self._config.scrape_interval
+            self._on_error(endpoint, f"scraping {base_url}{path} failed: no answer within {interval:g}s")
             return
         except ValueError as exc:  # includes UnicodeDecodeError and the parser's errors
             self._on_error(endpoint, f"scraping {base_url}{path} failed: {exc}")
@@ -201,27 +195,27 @@ class ResourceScraper:
         self._failing.discard(id(endpoint))
         gpu = self._gpu_targets.get(id(endpoint))
         if gpu is not None:
-            families = {**families, **await self._gpu_families(endpoint, *gpu)}
+            try:
+                families = {**families, **await self._fetch(*gpu)}
+            except (ModelyardError, TimeoutError, ValueError) as exc:
+                # The server's own signals still count; the GPU ones drop out of the score.
+                log.debug("%s: GPU metrics from %s%s unavailable: %r", endpoint.name, *gpu, exc)
         # The reading and the gateway's own in-flight count are taken at the same moment, so the
         # strategy can add what was sent since to the scraped queue.
         endpoint.resources = snapshot_from_metrics(
             families, self._config.metrics, self._clock(), endpoint.in_flight
         )
 
-    async def _gpu_families(
-        self, endpoint: Endpoint, base_url: str, path: str
-    ) -> dict[str, list[tuple[dict[str, str], float]]]:
+    async def _fetch(self, base_url: str, path: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """One scrape, bounded by the interval (Http1Client's deadline starts after connecting; the
+        outer timeout bounds it all). Raises ModelyardError, TimeoutError or ValueError."""
         deadline = self._config.scrape_interval
-        try:
-            async with asyncio.timeout(deadline):
-                response = await self._client.request(base_url, "GET", path, _HEADERS, None, deadline)
-                body = await response.read()
-            if response.status != 200:
-                raise ValueError(f"answered {response.status}")
-            return parse_prometheus(body.decode("utf-8"), self._wanted)
-        except (ModelyardError, TimeoutError, ValueError) as exc:
-            log.debug("%s: GPU metrics from %s%s unavailable: %r", endpoint.name, base_url, path, exc)
-            return {}
+        async with asyncio.timeout(deadline):
+            response = await self._client.request(base_url, "GET", path, _HEADERS, None, deadline)
+            body = await response.read()
+        if response.status != 200:
+            raise ValueError(f"answered {response.status}")
+        return parse_prometheus(body.decode("utf-8"), self._wanted)
 
     def _log_error(self, endpoint: Endpoint, message: str) -> None:
         # Once per outage, not every interval.
