@@ -852,9 +852,9 @@ async def test_a_full_model_refuses_an_oip_request_before_reading_its_body(sim_w
 # --- regressions found in review ---------------------------------------------------------------
 
 
-async def test_a_freed_endpoint_wakes_a_waiter_of_its_own_subset(sim_workers, gateways, http):
-    # Subsets a and b, one endpoint each, one request each at a time. A waiter for `a` stands
-    # first in the queue; when b frees up, the waiter for b must get it, not time out behind a's.
+async def two_subsets_of_one(sim_workers: Any, gateways: Any) -> tuple[Any, Any, Any]:
+    """Subsets a and b, one slow worker each, one request in flight per endpoint, a wait queue;
+    `x-sub: b` routes to b, everything else to a."""
     a, b = await sim_workers(2, decode_ms_per_token=20.0)
     config = in_subsets(model_config("m", [a, b]), "a", "b")
     config["routes"] = [
@@ -866,7 +866,13 @@ async def test_a_freed_endpoint_wakes_a_waiter_of_its_own_subset(sim_workers, ga
         {"name": "to-a", "destinations": [{"subset": "a"}]},
     ]
     config["circuit_breakers"] = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "5s"}
-    gateway = await gateways([config])
+    return await gateways([config]), a, b
+
+
+async def test_a_freed_endpoint_wakes_a_waiter_of_its_own_subset(sim_workers, gateways, http):
+    # Subsets a and b, one endpoint each, one request each at a time. A waiter for `a` stands
+    # first in the queue; when b frees up, the waiter for b must get it, not time out behind a's.
+    gateway, a, b = await two_subsets_of_one(sim_workers, gateways)
     hold_a = asyncio.create_task(http.post(gateway.url + CHAT, json=chat(max_tokens=5000)))
     b_short = asyncio.create_task(post(http, gateway.url, chat(max_tokens=10), {"x-sub": "b"}))
 
@@ -976,18 +982,7 @@ async def test_a_gzip_request_body_reaches_the_server_decoded_and_labelled_so(up
 
 async def test_newcomers_queue_behind_waiters_of_their_subset_only(sim_workers, gateways, http):
     # a is full and has a waiter; a request for b, which has room, is served at once.
-    a, b = await sim_workers(2, decode_ms_per_token=20.0)
-    config = in_subsets(model_config("m", [a, b]), "a", "b")
-    config["routes"] = [
-        {
-            "name": "to-b",
-            "match": {"headers": [{"name": "x-sub", "exact": "b"}]},
-            "destinations": [{"subset": "b"}],
-        },
-        {"name": "to-a", "destinations": [{"subset": "a"}]},
-    ]
-    config["circuit_breakers"] = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "5s"}
-    gateway = await gateways([config])
+    gateway, a, _b = await two_subsets_of_one(sim_workers, gateways)
     hold_a = asyncio.create_task(http.post(gateway.url + CHAT, json=chat(max_tokens=5000)))
 
     async def a_running() -> bool:

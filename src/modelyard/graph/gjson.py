@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -395,41 +396,31 @@ def _query_matches(rp: _ArrayPath, value: Any) -> bool:
     return False
 
 
+# Comparison operators, as gjson's queryMatches applies them to strings (byte-wise) and numbers.
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
 def _compare_strings(op: str, value: str, literal: str) -> bool:
-    if op == "=":
-        return value == literal
-    if op == "!=":
-        return value != literal
     if op == "%":
         return _match_limit(value, literal)
     if op == "!%":
         return not _match_limit(value, literal)
-    left, right = _go_bytes(value), _go_bytes(literal)
-    if op == "<":
-        return left < right
-    if op == "<=":
-        return left <= right
-    if op == ">":
-        return left > right
-    if op == ">=":
-        return left >= right
-    return False
+    if op in ("=", "!="):
+        return _COMPARE[op](value, literal)
+    compare = _COMPARE.get(op)
+    return compare is not None and compare(_go_bytes(value), _go_bytes(literal))
 
 
 def _compare_numbers(op: str, value: float, literal: float) -> bool:
-    if op == "=":
-        return value == literal
-    if op == "!=":
-        return value != literal
-    if op == "<":
-        return value < literal
-    if op == "<=":
-        return value <= literal
-    if op == ">":
-        return value > literal
-    if op == ">=":
-        return value >= literal
-    return False
+    compare = _COMPARE.get(op)
+    return compare is not None and compare(value, literal)
 
 
 def _go_bytes(text: str) -> bytes:
