@@ -280,11 +280,19 @@ class StateConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1, description="inference request bodies")
+    max_admin_body_bytes: int = Field(
+        1024 * 1024, ge=1, description="admin bodies (routes, graphs, strategy), parsed as YAML or JSON"
+    )
 
 
 class AdminConfig(_Strict):
-    token: str | None = Field(None, description="when set, /admin and PUT /strategy need this bearer token")
+    token: str | None = Field(None, description="when set, /admin/* and /strategy need this bearer token")
+    protect_graph_views: bool = Field(
+        False,
+        description="with a token, GET /v1/graphs and /v1/graphs/{name} need it too "
+        "(graph specs list service URLs)",
+    )
 
 
 class UpstreamConfig(_Strict):

@@ -15,6 +15,9 @@
     ├── Overloaded                      429 rate_limit_error (with Retry-After)
     ├── UpstreamError                   502 upstream_error
     │   ├── UpstreamUnreachable         502 (connect failed: nothing was sent, safe to try elsewhere)
+    │   ├── UpstreamClosed              502 (the server closed the connection before any answer byte)
+    │   ├── EndpointTakenOut            502 (its endpoint failed a health check or was ejected
+    │   │                                    before any answer byte: retried elsewhere, as a reset)
     │   └── UpstreamTimeout             504 upstream_timeout
     ├── NoHealthyEndpoint               503 service_unavailable
     └── StateUnavailable                503 (internal: the gateway falls back to local state)
@@ -134,6 +137,14 @@ class UpstreamError(ModelyardError):
 
 class UpstreamUnreachable(UpstreamError):
     code = "upstream_unreachable"
+
+
+class UpstreamClosed(UpstreamError):
+    code = "upstream_closed"
+
+
+class EndpointTakenOut(UpstreamError):
+    code = "endpoint_taken_out"
 
 
 class UpstreamTimeout(UpstreamError):

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from modelyard.gateway.app import GATEWAY
+from modelyard.gateway import GATEWAY
 from support import metric_value, model_config, sim_stats, wait_until
 
 CHAT = "/v1/chat/completions"
@@ -419,6 +419,16 @@ async def test_a_relayed_503_is_counted_once(upstreams, gateways, http):
     assert await metric_value(http, gateway.url, "modelyard_requests_total", backend="w0", code="503") == 1
 
 
+def final_error(received: bytes) -> dict[str, Any]:
+    """The stream as received is the first event, then one final event carrying an error."""
+    assert received.startswith(FIRST_EVENT)
+    rest = received[len(FIRST_EVENT) :]
+    assert rest.startswith(b"data: ") and rest.endswith(b"\n\n") and rest.count(b"\n\n") == 1, rest
+    error = orjson.loads(rest[len(b"data: ") :])["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
 async def test_a_stream_is_not_retried_after_its_first_byte(sim_workers, upstreams, gateways, http):
     broken = await upstreams(one_chunk_then_break)
     (spare,) = await sim_workers(1)
@@ -426,19 +436,23 @@ async def test_a_stream_is_not_retried_after_its_first_byte(sim_workers, upstrea
     async with http.post(gateway.url + CHAT, json=chat(stream=True)) as response:
         assert response.status == 200 and response.headers["X-Modelyard-Backend"] == "w0"
         received, _cut = await read_stream(response)
-    assert received == FIRST_EVENT  # the first chunk, and no [DONE]
+    final_error(received)  # the first chunk, the error, and no [DONE]
     assert broken.requests == 1
     assert (await sim_stats(http, spare))["requests_total"] == 0
     assert await metric_value(http, gateway.url, "modelyard_retries_total") == 0
 
 
-async def test_a_stream_broken_upstream_is_cut_for_the_client(upstreams, gateways, http):
+async def test_a_stream_broken_upstream_ends_with_an_error_event(upstreams, gateways, http):
     broken = await upstreams(one_chunk_then_break)
     gateway = await gateways([model_config("m", [broken])])
     async with http.post(gateway.url + CHAT, json=chat(stream=True)) as response:
         received, cut = await read_stream(response)
-    assert received == FIRST_EVENT
-    assert cut
+    error = final_error(received)
+    assert error["type"] == "upstream_error" and "closed the connection" in error["message"]
+    assert not cut  # a well-formed chunked body: the error event says the answer is incomplete
+    errors = "modelyard_stream_errors_total"
+    assert await metric_value(http, gateway.url, errors, model="m", code="bad_gateway") == 1
+    assert await metric_value(http, gateway.url, "modelyard_requests_total", code="502") == 1
 
 
 async def test_a_spent_retry_budget_relays_the_failure(sim_workers, upstreams, gateways, http):
@@ -482,15 +496,17 @@ async def test_route_timeout_answers_504(sim_workers, gateways, http):
     assert "'r'" in answer.body["error"]["message"]
 
 
-async def test_stream_idle_timeout_cuts_a_silent_stream(upstreams, gateways, http):
+async def test_stream_idle_timeout_ends_a_silent_stream_with_an_error_event(upstreams, gateways, http):
     silent = await upstreams(one_chunk_then_silence)
     gateway = await gateways([model_config("m", [silent], routes=only_route(stream_idle_timeout="200ms"))])
     async with http.post(gateway.url + CHAT, json=chat(stream=True)) as response:
         assert response.status == 200
         received, cut = await read_stream(response)
-    assert received == FIRST_EVENT
-    assert cut  # the connection ends without the chunked terminator (and without [DONE])
+    assert final_error(received)["code"] == "upstream_timeout"  # and no [DONE]
+    assert not cut
     assert await metric_value(http, gateway.url, "modelyard_stream_idle_timeouts_total", model="m") == 1
+    errors = "modelyard_stream_errors_total"
+    assert await metric_value(http, gateway.url, errors, model="m", code="upstream_timeout") == 1
 
 
 # --- 5. outlier detection and panic mode ---------------------------------------------------------
@@ -697,7 +713,7 @@ async def stop(tasks: list[asyncio.Task[None]]) -> None:
 
 
 def scraped_queue(gateway: Any, index: int, depth: int) -> Callable[[], Awaitable[bool]]:
-    endpoint = gateway.app[GATEWAY].models["m"].endpoints[index]
+    endpoint = gateway.app[GATEWAY].clusters["m"].endpoints[index]
 
     async def seen() -> bool:
         return endpoint.resources is not None and endpoint.resources.queue_depth == depth
@@ -724,7 +740,7 @@ async def test_switching_to_resource_aware_at_runtime_starts_scraping(sim_worker
     busy, idle = await sim_workers(2, max_concurrency=1, decode_ms_per_token=20.0)
     config = model_config("m", [busy, idle], resource_aware={"scrape_interval": "100ms"})
     gateway = await gateways([config])
-    endpoints = gateway.app[GATEWAY].models["m"].endpoints
+    endpoints = gateway.app[GATEWAY].clusters["m"].endpoints
     assert [e.resources for e in endpoints] == [None, None]  # round_robin: nothing scraped
     async with http.put(gateway.url + "/admin/strategy", json={"strategy": "resource_aware"}) as response:
         assert response.status == 200
@@ -992,7 +1008,7 @@ async def test_newcomers_queue_behind_waiters_of_their_subset_only(sim_workers, 
     wait_a = asyncio.create_task(post(http, gateway.url, chat(max_tokens=1)))
 
     async def a_waiter_queued() -> bool:
-        return gateway.app[GATEWAY].models["m"].queued_for("a")
+        return gateway.app[GATEWAY].clusters["m"].capacity.queued_for("a")
 
     await wait_until(a_waiter_queued)
     try:

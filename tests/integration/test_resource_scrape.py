@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from modelyard.balancing import RoutingContext, get_strategy
+from modelyard.balancing import RoutingContext
+from modelyard.balancing.strategies import ResourceAware
 from modelyard.cluster import BackendLoad, Endpoint
 from modelyard.config import ResourceAwareConfig
 from modelyard.simworker import SimWorker
@@ -31,13 +32,15 @@ class FakeClock:
         return self.now
 
 
-def endpoint(name: str, url: str) -> Endpoint:
-    return Endpoint(name=name, url=url, load=BackendLoad(url=url, name=name))
+def endpoint(name: str, url: str, *, metrics_url: str = "", gpu_metrics_url: str = "") -> Endpoint:
+    load = BackendLoad(url=url, name=name)
+    return Endpoint(name, url, load, metrics_url=metrics_url, gpu_metrics_url=gpu_metrics_url)
 
 
 def pick(endpoints: Sequence[Endpoint], config: ResourceAwareConfig, now: float) -> str:
-    ctx = RoutingContext(request=RoutingRequest(model="m"), now=now, resource=config)
-    return endpoints[get_strategy("resource_aware").pick(endpoints, ctx, random.Random(0)).index].name
+    ctx = RoutingContext(request=RoutingRequest(model="m"), now=now)
+    strategy = ResourceAware(config)
+    return endpoints[strategy.pick(endpoints, ctx, random.Random(0)).index].name
 
 
 @pytest.fixture
@@ -98,7 +101,7 @@ async def test_a_queued_worker_scrapes_deeper_and_the_idle_one_is_picked(sim_wor
     clock = FakeClock()
     errors: list[str] = []
     scraper = ResourceScraper(
-        [busy, idle], client, config, clock=clock, on_error=lambda e, m: errors.append(m)
+        lambda: [busy, idle], client, config, clock=clock, on_error=lambda e, m: errors.append(m)
     )
     tasks = await queue_up(http, busy_worker, SLOTS + QUEUED)
     try:
@@ -120,7 +123,7 @@ async def test_each_scrape_swaps_in_a_new_snapshot_with_the_in_flight_count(sim_
     (worker,) = await sim_workers(1)
     ep = endpoint("w", worker.url)
     clock = FakeClock()
-    scraper = ResourceScraper([ep], client, ResourceAwareConfig(), clock=clock)
+    scraper = ResourceScraper(lambda: [ep], client, ResourceAwareConfig(), clock=clock)
     await scraper.scrape_once()
     first = ep.resources
     ep.load.acquire(10)
@@ -139,7 +142,7 @@ async def test_a_stopped_worker_keeps_its_snapshot_until_it_goes_stale(sim_worke
     clock = FakeClock()
     failures: list[tuple[str, str]] = []
     scraper = ResourceScraper(
-        [live, dead], client, config, clock=clock, on_error=lambda e, m: failures.append((e.name, m))
+        lambda: [live, dead], client, config, clock=clock, on_error=lambda e, m: failures.append((e.name, m))
     )
     await scraper.scrape_once()
     old = dead.resources
@@ -183,10 +186,8 @@ async def test_a_custom_metrics_url_is_honoured(sim_workers, exporter, client):
         return web.Response(text=VLLM_AND_DCGM)
 
     exporter_url = await exporter([web.get("/custom/prom", metrics)])
-    ep = endpoint("w", worker.url)
-    scraper = ResourceScraper(
-        [ep], client, ResourceAwareConfig(), metrics_urls={worker.url: exporter_url + "/custom/prom?gpu=all"}
-    )
+    ep = endpoint("w", worker.url, metrics_url=exporter_url + "/custom/prom?gpu=all")
+    scraper = ResourceScraper(lambda: [ep], client, ResourceAwareConfig())
     await scraper.scrape_once()
     assert seen == ["/custom/prom?gpu=all"]
     assert ep.resources is not None
@@ -198,8 +199,8 @@ async def test_a_custom_metrics_url_is_honoured(sim_workers, exporter, client):
 
 async def test_an_empty_metrics_url_means_the_default(sim_workers, client):
     (worker,) = await sim_workers(1)
-    ep = endpoint("w", worker.url)
-    await ResourceScraper([ep], client, ResourceAwareConfig(), metrics_urls={worker.url: ""}).scrape_once()
+    ep = endpoint("w", worker.url, metrics_url="")
+    await ResourceScraper(lambda: [ep], client, ResourceAwareConfig()).scrape_once()
     assert ep.resources is not None and ep.resources.queue_depth == 0
 
 
@@ -218,7 +219,8 @@ async def test_bad_answers_are_reported_and_keep_the_old_snapshot(exporter, clie
     url = await exporter([web.get("/metrics", metrics)])
     ep = endpoint("x", url)
     failures: list[str] = []
-    scraper = ResourceScraper([ep], client, ResourceAwareConfig(), on_error=lambda e, m: failures.append(m))
+    config = ResourceAwareConfig()
+    scraper = ResourceScraper(lambda: [ep], client, config, on_error=lambda e, m: failures.append(m))
     await scraper.scrape_once()
     good = ep.resources
     await scraper.scrape_once()
@@ -240,7 +242,7 @@ async def test_a_scrape_is_bounded_by_the_interval(exporter, client):
     ep = endpoint("slow", url)
     failures: list[str] = []
     config = ResourceAwareConfig(scrape_interval=0.2)
-    scraper = ResourceScraper([ep], client, config, on_error=lambda e, m: failures.append(m))
+    scraper = ResourceScraper(lambda: [ep], client, config, on_error=lambda e, m: failures.append(m))
     try:
         await asyncio.wait_for(scraper.scrape_once(), timeout=5)
     finally:
@@ -252,7 +254,7 @@ async def test_a_scrape_is_bounded_by_the_interval(exporter, client):
 async def test_start_scrapes_in_the_background_until_stopped(sim_workers, client):
     (worker,) = await sim_workers(1)
     ep = endpoint("w", worker.url)
-    scraper = ResourceScraper([ep], client, ResourceAwareConfig(scrape_interval=0.01))
+    scraper = ResourceScraper(lambda: [ep], client, ResourceAwareConfig(scrape_interval=0.01))
     taken: set[float] = set()
 
     async def scraped_twice() -> bool:
@@ -275,7 +277,7 @@ async def test_default_error_reporting_logs_once_per_outage(exporter, client, ca
         return web.Response(status=503)
 
     url = await exporter([web.get("/metrics", unavailable)])
-    scraper = ResourceScraper([endpoint("down", url)], client, ResourceAwareConfig())
+    scraper = ResourceScraper(lambda: [endpoint("down", url)], client, ResourceAwareConfig())
     with caplog.at_level("WARNING", logger="modelyard.upstream"):
         await scraper.scrape_once()
         await scraper.scrape_once()
@@ -295,10 +297,8 @@ async def test_a_dcgm_exporter_beside_the_server_adds_gpu_signals(sim_workers, e
         return web.Response(text=dcgm)
 
     gpu_url = await exporter([web.get("/metrics", metrics)])
-    ep = endpoint("w", worker.url)
-    scraper = ResourceScraper(
-        [ep], client, ResourceAwareConfig(), gpu_metrics_urls={worker.url: gpu_url + "/metrics"}
-    )
+    ep = endpoint("w", worker.url, gpu_metrics_url=gpu_url + "/metrics")
+    scraper = ResourceScraper(lambda: [ep], client, ResourceAwareConfig())
     await scraper.scrape_once()
     assert ep.resources is not None
     assert ep.resources.queue_depth == 0  # from the server itself
@@ -308,10 +308,8 @@ async def test_a_dcgm_exporter_beside_the_server_adds_gpu_signals(sim_workers, e
 
 async def test_an_unreachable_gpu_exporter_leaves_the_servers_own_signals(sim_workers, client):
     (worker,) = await sim_workers(1)
-    ep = endpoint("w", worker.url)
-    scraper = ResourceScraper(
-        [ep], client, ResourceAwareConfig(), gpu_metrics_urls={worker.url: "http://127.0.0.1:1/metrics"}
-    )
+    ep = endpoint("w", worker.url, gpu_metrics_url="http://127.0.0.1:1/metrics")
+    scraper = ResourceScraper(lambda: [ep], client, ResourceAwareConfig())
     await scraper.scrape_once()
     assert ep.resources is not None
     assert ep.resources.queue_depth == 0

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from modelyard.balancing import RoutingContext, get_strategy
-from modelyard.balancing.strategies import resource_score
+from modelyard.balancing import RoutingContext, build_strategy
+from modelyard.balancing.strategies import ResourceAware, resource_score
 from modelyard.cluster import ResourceSnapshot
-from modelyard.config import ResourceAwareConfig
+from modelyard.config import ModelConfig, ResourceAwareConfig
 from modelyard.types import RoutingRequest
 
 NOW = 1000.0
@@ -49,9 +49,9 @@ def snap(
     )
 
 
-def pick(eps: Sequence[FakeEndpoint], *, params: ResourceAwareConfig | None = PARAMS, seed: int = 0) -> str:
-    ctx = RoutingContext(request=RoutingRequest(model="m"), now=NOW, resource=params)
-    return eps[get_strategy("resource_aware").pick(eps, ctx, random.Random(seed)).index].name
+def pick(eps: Sequence[FakeEndpoint], *, params: ResourceAwareConfig = PARAMS, seed: int = 0) -> str:
+    ctx = RoutingContext(request=RoutingRequest(model="m"), now=NOW)
+    return eps[ResourceAware(params).pick(eps, ctx, random.Random(seed)).index].name
 
 
 def score(endpoint: FakeEndpoint, params: ResourceAwareConfig = PARAMS) -> float | None:
@@ -169,7 +169,17 @@ def test_equal_scores_are_broken_at_random() -> None:
     assert set(pick(eps, seed=seed) for seed in range(60)) == {"a", "b", "c"}
 
 
-def test_without_parameters_the_defaults_apply() -> None:
-    busy = FakeEndpoint("busy", resources=snap(12, sm=0.95))
-    idle = FakeEndpoint("idle", resources=snap(0, sm=0.05))
-    assert pick([busy, idle], params=None) == "idle"
+def test_the_strategy_is_built_with_its_models_own_parameters() -> None:
+    # An idle queue on a GPU that is busy with other work, against a long queue on an idle GPU.
+    queue_free = FakeEndpoint("queue-free", resources=snap(0, sm=0.95))
+    gpu_free = FakeEndpoint("gpu-free", resources=snap(12, sm=0.05))
+    ctx = RoutingContext(request=RoutingRequest(model="m"), now=NOW)
+    endpoints = [{"url": "http://127.0.0.1:1"}]
+    queue_only = ModelConfig(name="m", endpoints=endpoints, resource_aware={"w_sm": 0, "w_mem": 0})
+    defaults = ModelConfig(name="m", endpoints=endpoints)
+    eps = [queue_free, gpu_free]
+
+    def chosen(config: ModelConfig) -> str:
+        return eps[build_strategy("resource_aware", config).pick(eps, ctx, random.Random(0)).index].name
+
+    assert (chosen(queue_only), chosen(defaults)) == ("queue-free", "gpu-free")

@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from modelyard.balancing import STRATEGIES, Pick, RoutingContext, affinity_key, get_strategy
+from modelyard.balancing import Need, Pick, RoutingContext, affinity_key, build_strategy
 from modelyard.balancing.strategies import smooth_weighted_schedule
-from modelyard.config import STRATEGY_NAMES
+from modelyard.config import STRATEGY_NAMES, ModelConfig
 from modelyard.errors import BadRequest, UnknownStrategy
 from modelyard.types import RoutingRequest
 
@@ -32,6 +32,13 @@ def endpoints(*names: str, **fields: Sequence[object]) -> list[FakeEndpoint]:
         FakeEndpoint(name, **{key: values[i] for key, values in fields.items()})  # type: ignore[arg-type]
         for i, name in enumerate(names)
     ]
+
+
+MODEL = ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}])
+
+
+def get_strategy(name: object):  # type: ignore[no-untyped-def]
+    return build_strategy(name, MODEL)
 
 
 def context(seq: int = 0, affinity: str | None = None, *, tokens: int = 0) -> RoutingContext:
@@ -179,8 +186,10 @@ def test_kv_aware_fallback_spreads_ties_like_least_pending() -> None:
     assert chosen == {"a", "b"}
 
 
-def test_only_kv_aware_uses_affinity() -> None:
-    assert {name for name, s in STRATEGIES.items() if s.uses_affinity} == {"kv_aware"}
+def test_strategies_declare_what_they_need() -> None:
+    needs = {name: get_strategy(name).needs for name in STRATEGY_NAMES}
+    assert {name for name, need in needs.items() if Need.AFFINITY in need} == {"kv_aware"}
+    assert {name for name, need in needs.items() if Need.RESOURCES in need} == {"resource_aware"}
 
 
 # cost_aware
@@ -233,7 +242,7 @@ def test_cost_aware_free_endpoints_spread_by_outstanding_tokens() -> None:
 
 
 @pytest.mark.parametrize("name", ["fastest", "", "Round_Robin", None, 3])
-def test_get_strategy_unknown_name_is_a_400_listing_valid_names(name: object) -> None:
+def test_build_strategy_unknown_name_is_a_400_listing_valid_names(name: object) -> None:
     with pytest.raises(UnknownStrategy) as info:
         get_strategy(name)
     assert isinstance(info.value, BadRequest)
@@ -244,12 +253,13 @@ def test_get_strategy_unknown_name_is_a_400_listing_valid_names(name: object) ->
 
 
 @pytest.mark.parametrize("name", STRATEGY_NAMES)
-def test_get_strategy_returns_named_strategy(name: str) -> None:
-    assert get_strategy(name).name == name
+def test_build_strategy_returns_a_new_named_strategy_per_model(name: str) -> None:
+    first, second = get_strategy(name), get_strategy(name)
+    assert first.name == second.name == name
+    assert first is not second  # per model: one model's parameters never reach another
 
 
-def test_registry_names_equal_config_strategy_names() -> None:
-    assert tuple(STRATEGIES) == STRATEGY_NAMES
+def test_config_lists_every_strategy() -> None:
     assert set(STRATEGY_NAMES) == {
         "round_robin",
         "random",

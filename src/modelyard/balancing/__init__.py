@@ -1,12 +1,21 @@
-"""Routing policies: pure functions of an endpoint snapshot, a request and an RNG."""
+"""Policy, pure: routing strategies, route matching and the retry policy."""
 
 from modelyard.balancing.strategies import (
-    STRATEGIES,
+    Need,
     Pick,
     RoutingContext,
     Strategy,
     affinity_key,
-    get_strategy,
+    build_strategy,
+    check_strategy_name,
 )
 
-__all__ = ["STRATEGIES", "Pick", "RoutingContext", "Strategy", "affinity_key", "get_strategy"]
+__all__ = [
+    "Need",
+    "Pick",
+    "RoutingContext",
+    "Strategy",
+    "affinity_key",
+    "build_strategy",
+    "check_strategy_name",
+]

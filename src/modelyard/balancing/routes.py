@@ -15,9 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modelyard.config import HeaderMatch, RouteConfig
+from pydantic import ValidationError
+
+from modelyard.config import Destination, HeaderMatch, ModelConfig, RouteConfig
+from modelyard.errors import RoutesInvalid
 
 ALL_SUBSETS = "*"  # the implicit route of a model without routes: every endpoint
+# The route of a model without routes: every endpoint, the default timeouts and retries.
+IMPLICIT_ROUTE = RouteConfig(name="default", destinations=[Destination(subset=ALL_SUBSETS)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +112,47 @@ def pick_subset(route: RouteConfig, headers: Mapping[str, str], rng: random.Rand
 def mirrors(route: RouteConfig, rng: random.Random) -> bool:
     """Whether this request is also copied to the route's mirror subset."""
     return route.mirror is not None and rng.random() * 100 < route.mirror.percent
+
+
+def validate_routes(model: ModelConfig, raw: object) -> ModelConfig:
+    """`model` with its routes replaced by `raw` (parsed JSON/YAML), checked against the model
+    (subsets, matches, weights); raises RoutesInvalid with every problem."""
+    try:
+        return ModelConfig.model_validate({**model.model_dump(), "routes": raw})
+    except ValidationError as exc:
+        unknown = _unknown_subsets(raw, {e.subset for e in model.endpoints})
+        problems = list(unknown)
+        for err in exc.errors():
+            loc, message = err["loc"], err["msg"].removeprefix("Value error, ")
+            if loc[:1] == ("routes",):
+                problems.append(f"routes{_path(loc[1:])}: {message}")
+            elif not unknown:  # the model-level check repeats what `unknown` already says
+                problems.append(message)
+        raise RoutesInvalid(model.name, problems) from None
+
+
+def _unknown_subsets(raw: object, subsets: set[str]) -> list[str]:
+    """Subsets named by raw routes that no endpoint has; checked beside pydantic's field checks so
+    that an update with several problems reports all of them (the model validator would run only
+    once every field is valid)."""
+    problems = []
+    for i, route in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(route, dict):
+            continue
+        destinations = route.get("destinations")
+        listed = destinations if isinstance(destinations, list) else []
+        named = [d.get("subset") for d in listed if isinstance(d, dict)]
+        mirror = route.get("mirror")
+        if isinstance(mirror, dict):
+            named.append(mirror.get("subset"))
+        for subset in named:
+            if isinstance(subset, str) and subset not in subsets:
+                problems.append(
+                    f"routes[{i}] ({route.get('name')}): no endpoint has subset {subset!r} "
+                    f"(subsets: {', '.join(sorted(subsets))})"
+                )
+    return problems
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)

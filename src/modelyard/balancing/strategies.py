@@ -1,22 +1,25 @@
-"""The five strategies, looked up by name.
+"""The six strategies, built per model by name from that model's parameters.
 
 Each `pick(endpoints, ctx, rng)` chooses among the *healthy* endpoints (never empty) and touches
 nothing else: the sequence number, the remembered affinity and the RNG come in as arguments, so a
 strategy can be switched at runtime without losing the gateway's counters or affinity table.
+A strategy declares in `needs` what the gateway must gather for it beyond the endpoints: the
+remembered affinity of the request's prompt prefix, or the servers' scraped load.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from modelyard.cluster import EndpointView, ResourceSnapshot
-from modelyard.config import STRATEGY_NAMES, ResourceAwareConfig
+from modelyard.config import STRATEGY_NAMES, ModelConfig, ResourceAwareConfig
 from modelyard.errors import UnknownStrategy
 from modelyard.types import RoutingRequest
 
@@ -30,7 +33,6 @@ class RoutingContext:
     seq: int = 0
     affinity: str | None = None
     now: float = 0.0  # the caller's clock, for snapshot freshness
-    resource: ResourceAwareConfig | None = None  # resource_aware's parameters (the model's config)
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,9 +41,19 @@ class Pick:
     cache_hit: bool | None = None  # kv_aware only: was the remembered endpoint used?
 
 
+class Need(enum.Enum):
+    """What a strategy reads beyond the endpoints' own counters."""
+
+    AFFINITY = "affinity"  # the endpoint remembered for the prompt prefix (SharedState, kv_aware config)
+    RESOURCES = "resources"  # each server's scraped load (a ResourceScraper on the model's endpoints)
+
+
+NOTHING: frozenset[Need] = frozenset()
+
+
 class Strategy(Protocol):
     name: str
-    uses_affinity: bool
+    needs: frozenset[Need]
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick: ...
 
@@ -66,7 +78,7 @@ def smooth_weighted_schedule(weights: tuple[int, ...]) -> tuple[int, ...]:
 
 class RoundRobin:
     name = "round_robin"
-    uses_affinity = False
+    needs = NOTHING
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         weights = tuple(e.weight for e in endpoints)
@@ -78,7 +90,7 @@ class RoundRobin:
 
 class Random:
     name = "random"
-    uses_affinity = False
+    needs = NOTHING
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         weights = [e.weight for e in endpoints]
@@ -96,7 +108,7 @@ def _least(values: Sequence[float], rng: random.Random) -> int:
 
 class LeastPending:
     name = "least_pending"
-    uses_affinity = False
+    needs = NOTHING
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         return Pick(_least([e.in_flight for e in endpoints], rng))
@@ -107,7 +119,7 @@ class KvAware:
     KV cache likely still holds it; a new prefix goes to the least pending endpoint."""
 
     name = "kv_aware"
-    uses_affinity = True
+    needs = frozenset({Need.AFFINITY})
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         if ctx.affinity is not None:
@@ -122,7 +134,7 @@ class CostAware:
     Among equal costs (e.g. all free) the endpoint with fewer outstanding tokens wins."""
 
     name = "cost_aware"
-    uses_affinity = False
+    needs = NOTHING
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         tokens = ctx.request.prompt_tokens + ctx.request.max_tokens
@@ -141,13 +153,15 @@ class ResourceAware:
     scrape is stale or whose queue is full are skipped; with nothing fresh, least_pending."""
 
     name = "resource_aware"
-    uses_affinity = False
+    needs = frozenset({Need.RESOURCES})
+
+    def __init__(self, params: ResourceAwareConfig) -> None:
+        self.params = params
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
-        params = ctx.resource or ResourceAwareConfig()
         scores: list[tuple[float, int]] = []
         for i, endpoint in enumerate(endpoints):
-            score = resource_score(endpoint, params, ctx.now)
+            score = resource_score(endpoint, self.params, ctx.now)
             if score is not None:
                 scores.append((score, i))
         if not scores:
@@ -185,16 +199,29 @@ def resource_score(endpoint: EndpointView, params: ResourceAwareConfig, now: flo
     return total / weight if weight else 0.0
 
 
-STRATEGIES: dict[str, Strategy] = {
-    s.name: s for s in (RoundRobin(), Random(), LeastPending(), KvAware(), CostAware(), ResourceAware())
+# Each model gets its own instance, built from its config: parameters live in the strategy, not
+# in every request's context.
+_FACTORIES: dict[str, Callable[[ModelConfig], Strategy]] = {
+    "round_robin": lambda _model: RoundRobin(),
+    "random": lambda _model: Random(),
+    "least_pending": lambda _model: LeastPending(),
+    "kv_aware": lambda _model: KvAware(),
+    "cost_aware": lambda _model: CostAware(),
+    "resource_aware": lambda model: ResourceAware(model.resource_aware),
 }
-assert tuple(STRATEGIES) == STRATEGY_NAMES, "config.StrategyName and the registry must list the same names"
+assert tuple(_FACTORIES) == STRATEGY_NAMES, "config.StrategyName and the factories must list the same names"
 
 
-def get_strategy(name: object) -> Strategy:
-    if not isinstance(name, str) or name not in STRATEGIES:
-        raise UnknownStrategy(name, STRATEGIES)
-    return STRATEGIES[name]
+def check_strategy_name(name: object) -> str:
+    """`name` when it names a strategy; else UnknownStrategy (400) listing the valid names."""
+    if not isinstance(name, str) or name not in _FACTORIES:
+        raise UnknownStrategy(name, STRATEGY_NAMES)
+    return name
+
+
+def build_strategy(name: object, model: ModelConfig) -> Strategy:
+    """A new strategy for `model`, with that model's parameters."""
+    return _FACTORIES[check_strategy_name(name)](model)
 
 
 def affinity_key(model: str, prompt: str, prefix_chars: int) -> str:

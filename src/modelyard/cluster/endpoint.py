@@ -57,6 +57,8 @@ class Endpoint:
     weight: int = 1
     cost_per_1k_tokens: float = 0.0
     subset: str = "default"
+    metrics_url: str = ""  # resource_aware: where its load is scraped ("" = <url>/metrics)
+    gpu_metrics_url: str = ""  # resource_aware: a DCGM exporter beside it
     health: HealthState = field(default_factory=HealthState)
     resources: ResourceSnapshot | None = None  # the latest scrape (resource_aware)
 

@@ -12,14 +12,14 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import orjson
-import yaml
 from aiohttp import web
 
 from modelyard.config import GatewayConfig
 from modelyard.errors import ConfigError, GraphInvalid, ModelyardError, NotFound
-from modelyard.gateway.models import ServedModel
+from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.proxy import Proxy
 from modelyard.graph import (
     Graph,
@@ -31,10 +31,10 @@ from modelyard.graph import (
     StepTrace,
     answer,
     load_graph_paths,
-    load_graph_text,
     parse_graph,
 )
 from modelyard.graph.headers import compile_patterns, propagated
+from modelyard.graph.loader import graphs_in_documents
 from modelyard.upstream.graph_invoker import UrlInvoker
 
 TRACE_REQUEST_HEADER = "X-Modelyard-Trace"
@@ -68,27 +68,27 @@ def load_config_graphs(config: GatewayConfig, source: str) -> dict[str, Graph]:
 
 
 class GatewayInvoker:
-    def __init__(self, models: dict[str, ServedModel], proxy: Proxy, urls: UrlInvoker) -> None:
-        self._models = models
+    def __init__(self, clusters: dict[str, Cluster], proxy: Proxy, urls: UrlInvoker) -> None:
+        self._clusters = clusters
         self._proxy = proxy
         self._urls = urls
 
     async def call(self, step: InferenceStep, body: bytes, headers: Sequence[tuple[str, str]]) -> Outcome:
         if step.service_url:
             return await self._urls.post(step.service_url, body, headers)
-        model = self._models.get(step.service_name)
-        if model is None:
-            known = ", ".join(sorted(self._models)) or "(none)"
+        cluster = self._clusters.get(step.service_name)
+        if cluster is None:
+            known = ", ".join(sorted(self._clusters)) or "(none)"
             raise GraphFailure(
                 500, f"serviceName {step.service_name!r} is not a model of this gateway; known: {known}"
             )
-        name = model.name
-        path = f"/v1/models/{name}:predict" if model.config.protocol == "v1" else f"/v2/models/{name}/infer"
+        name = cluster.name
+        path = f"/v1/models/{name}:predict" if cluster.config.protocol == "v1" else f"/v2/models/{name}/infer"
         sent = list(headers)
         if not any(n.lower() == "content-type" for n, _ in sent):
             sent.append(("Content-Type", "application/json"))
         try:
-            status, data = await self._proxy.call(model, "POST", path, sent, body)
+            status, data = await self._proxy.call(cluster, "POST", path, sent, body)
         except ModelyardError as exc:
             raise GraphFailure(500, f"model {name!r}: {exc.message}") from None
         return Outcome(status, data)
@@ -121,19 +121,17 @@ class GraphService:
             raise NotFound(f"graph {name!r} not found; known graphs: {known}")
         return graph
 
-    def put(self, name: str, body: bytes) -> tuple[Graph, list[str]]:
-        """Validate a spec (YAML or JSON), or a whole KServe manifest, and swap it in atomically:
+    def put(self, name: str, documents: list[Any]) -> tuple[Graph, list[str]]:
+        """Validate a parsed body, a spec or a whole KServe manifest, and swap it in atomically:
         requests already running keep the graph they started with. Returns the warnings."""
         source = f"PUT /admin/graphs/{name}"
-        text = body.decode("utf-8", "replace")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
+        if len(documents) != 1:
             raise GraphInvalid(
-                source, [f"invalid YAML or JSON: {getattr(exc, 'problem', None) or exc}"]
-            ) from None
+                source, [f"expected one document (a spec or a manifest), got {len(documents)}"]
+            )
+        data = documents[0]
         if isinstance(data, dict) and ("kind" in data or "apiVersion" in data):
-            (document,) = load_graph_text(text, source)
+            (document,) = graphs_in_documents(documents, source)
             if document.name != name:
                 raise GraphInvalid(
                     source, [f"metadata.name: the manifest names {document.name!r}; the path names {name!r}"]

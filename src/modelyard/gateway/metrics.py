@@ -98,6 +98,12 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.stream_errors = Counter(
+            "modelyard_stream_errors_total",
+            "Streams that broke off after their status was sent, ended with a final error event, by code",
+            ["model", "code"],
+            registry=self.registry,
+        )
         self.outlier_events = Counter(
             "modelyard_outlier_events_total",
             "Outlier detection: ejections by reason (consecutive_5xx, latency), returns, and panic mode",

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from modelyard.documents import DocumentError, parse_documents
 from modelyard.errors import GraphInvalid
 from modelyard.graph.engine import Graph
 from modelyard.graph.validate import Report, validate_graph
@@ -26,13 +25,17 @@ class GraphDocument:
     source: str  # file name and where in it, for messages
 
 
-def load_graph_text(text: str, source: str) -> list[GraphDocument]:
+def load_graph_text(text: str | bytes, source: str, *, untrusted: bool = False) -> list[GraphDocument]:
+    """The graphs of a file's or a request's text; `untrusted`: it came over the network."""
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise GraphInvalid(source, [f"{where}invalid YAML: {getattr(exc, 'problem', None) or exc}"]) from None
+        documents = parse_documents(text, untrusted=untrusted)
+    except DocumentError as exc:
+        raise GraphInvalid(source, [str(exc)]) from None
+    return graphs_in_documents(documents, source)
+
+
+def graphs_in_documents(documents: list[Any], source: str) -> list[GraphDocument]:
+    """The graphs of parsed documents: KServe manifests, or `graphs:` mappings."""
     found: list[GraphDocument] = []
     for index, document in enumerate(documents):
         where = source if len(documents) == 1 else f"{source} (document {index + 1})"

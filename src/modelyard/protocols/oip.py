@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from modelyard.errors import MalformedBody
 from modelyard.protocols.openai import parse_json_object
+from modelyard.protocols.tokens import tokens_in_bytes
 from modelyard.types import RoutingRequest
 
 BINARY_HEADER = "Inference-Header-Content-Length"
@@ -29,4 +30,4 @@ def routing_request(
     # Tensors have no prompt; the leading bytes of the request stand in for one so that
     # identical inputs share affinity under kv_aware.
     prompt = json_part[:affinity_chars].decode("utf-8", "replace")
-    return RoutingRequest(model=model, prompt=prompt, prompt_tokens=len(body) // 4, fields=fields)
+    return RoutingRequest(model=model, prompt=prompt, prompt_tokens=tokens_in_bytes(len(body)), fields=fields)

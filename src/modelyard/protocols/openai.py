@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from modelyard.errors import BadRequest, MalformedBody
+from modelyard.protocols.tokens import count_tokens
 from modelyard.types import RoutingRequest
 
 DEFAULT_MAX_TOKENS = 16  # what OpenAI-compatible servers assume for completions when unset
@@ -45,7 +46,7 @@ def routing_request(body: bytes, kind: str) -> RoutingRequest:
     return RoutingRequest(
         model=model or "",
         prompt=prompt,
-        prompt_tokens=len(prompt.split()),
+        prompt_tokens=count_tokens(prompt),
         max_tokens=max_tokens,
         stream=data.get("stream") is True,
         fields=data,

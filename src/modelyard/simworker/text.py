@@ -26,10 +26,6 @@ def tokenize(text: str) -> list[str]:
     return text.split()
 
 
-def count_tokens(text: str) -> int:
-    return len(text.split())
-
-
 def chat_prompt(messages: Sequence[object]) -> str:
     """Join the messages as `role content` lines. Raises ValueError on a non-object message."""
     lines = []

@@ -1,7 +1,13 @@
 """HTTP to inference servers: keep-alive pools, forwarding, probes."""
 
 from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
-from modelyard.upstream.http1 import UpstreamResponse
+from modelyard.upstream.http1 import Flight, UpstreamResponse
 from modelyard.upstream.pool import UpstreamPool
 
-__all__ = ["UpstreamPool", "UpstreamResponse", "forwarded_request_headers", "relayed_response_headers"]
+__all__ = [
+    "Flight",
+    "UpstreamPool",
+    "UpstreamResponse",
+    "forwarded_request_headers",
+    "relayed_response_headers",
+]

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from modelyard.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from modelyard.errors import UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 
 IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
@@ -31,6 +31,25 @@ _HEADER_ENCODING = ("utf-8", "surrogateescape")  # as aiohttp decodes them, so v
 
 class _StaleConnection(Exception):
     """A reused keep-alive connection closed before answering: the server timed it out."""
+
+
+class Flight:
+    """A request on its way, which its owner may give up on while no byte of the answer has
+    arrived: its endpoint was taken out (a failed health check, an ejection), so waiting on would
+    only stall the client. Once a byte has arrived, the answer may already be on its way to a
+    client, so `abort` leaves it alone."""
+
+    __slots__ = ("_conn", "_error")
+
+    def __init__(self) -> None:
+        self._conn: _Connection | None = None
+        self._error: UpstreamError | None = None
+
+    def abort(self, error: UpstreamError) -> None:
+        if self._error is None:
+            self._error = error  # also stops a request still waiting for a connection
+        if self._conn is not None:
+            self._conn.abort_if_silent(error)
 
 
 class UpstreamResponse:
@@ -230,6 +249,10 @@ class _Connection(asyncio.Protocol):
             self._close()
         self._pool.release(self, reusable)
 
+    def abort_if_silent(self, error: UpstreamError) -> None:
+        if not self._received and self._head is not None and not self._head.done():
+            self._abort(error)
+
     def abandon(self) -> None:
         """Give up on the exchange in flight (cancelled, failed): the connection cannot be reused."""
         self._response = None
@@ -420,9 +443,10 @@ class Http1Client:
         headers: Iterable[tuple[str, str]],
         body: bytes | None,
         deadline: float | None,
+        flight: Flight | None = None,
     ) -> UpstreamResponse:
         """Send a request; return once the response head has arrived. `deadline` (seconds) bounds
-        the whole exchange, body included."""
+        the whole exchange, body included; `flight` lets the caller abort it until then."""
         pool = self._pool(base_url)
         payload = encode_request(method, pool.prefix + path, pool.host_header, headers, body)
         loop = asyncio.get_running_loop()
@@ -433,6 +457,11 @@ class Http1Client:
             if left is not None and left <= 0:
                 pool.release(conn, reusable=True)
                 raise UpstreamTimeout(f"{pool.origin}: no time left to send the request")
+            if flight is not None:
+                if flight._error is not None:
+                    pool.release(conn, reusable=True)
+                    raise flight._error
+                flight._conn = conn
             try:
                 return await conn.send(payload, left)
             except _StaleConnection:
@@ -442,11 +471,14 @@ class Http1Client:
                 # for the others the caller's retry policy decides ("reset").
                 if reused and method in _IDEMPOTENT:
                     continue
-                raise UpstreamError(f"{pool.origin} closed the connection without answering") from None
+                raise UpstreamClosed(f"{pool.origin} closed the connection without answering") from None
             except BaseException:
                 conn.abandon()
                 raise
-        raise UpstreamError(f"{pool.origin} closed the connection without answering")
+            finally:
+                if flight is not None:
+                    flight._conn = None
+        raise UpstreamClosed(f"{pool.origin} closed the connection without answering")
 
     def close(self) -> None:
         for pool in self._pools.values():

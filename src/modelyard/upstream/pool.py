@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from modelyard.config import UpstreamConfig
 from modelyard.errors import ModelyardError
-from modelyard.upstream.http1 import Http1Client, UpstreamResponse
+from modelyard.upstream.http1 import Flight, Http1Client, UpstreamResponse
 
 
 class UpstreamPool:
@@ -28,14 +28,15 @@ class UpstreamPool:
         headers: Iterable[tuple[str, str]],
         body: bytes | None,
         deadline: float | None = None,
+        flight: Flight | None = None,
     ) -> UpstreamResponse:
         """Send a request and return once the response head has arrived. `deadline` (seconds, for
-        the whole exchange, body included) is capped by `upstream.timeout`. The caller must
-        `read()` the response or `close()` it."""
+        the whole exchange, body included) is capped by `upstream.timeout`; `flight` lets the
+        caller abort it until then. The caller must `read()` the response or `close()` it."""
         limit = self._config.timeout or None
         if deadline is not None:
             limit = min(limit, deadline) if limit else deadline
-        return await self._client.request(base_url, method, path, headers, body, limit)
+        return await self._client.request(base_url, method, path, headers, body, limit, flight)
 
     async def probe(self, base_url: str, path: str, deadline: float) -> str:
         """GET a health path; returns "" when healthy (2xx), else why not."""

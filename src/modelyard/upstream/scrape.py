@@ -126,15 +126,13 @@ class ResourceScraper:
 
     def __init__(
         self,
-        endpoints: Sequence[Endpoint],
+        endpoints: Callable[[], Sequence[Endpoint]],
         client: Http1Client,
         config: ResourceAwareConfig,
-        metrics_urls: Mapping[str, str] | None = None,
-        gpu_metrics_urls: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[Endpoint, str], None] | None = None,
     ) -> None:
-        self._endpoints = tuple(endpoints)
+        self._endpoints = endpoints  # read at every scrape: the cluster may replace its endpoints
         self._client = client
         self._config = config
         self._clock = clock
@@ -143,20 +141,11 @@ class ResourceScraper:
         self._wanted = frozenset(
             (names.queue_depth, names.running, names.kv_cache_usage, names.memory_used, names.memory_free)
         ) | frozenset(names.sm_utilization)
-        self._targets = {
-            id(e): _split_url((metrics_urls or {}).get(e.url) or e.url.rstrip("/") + "/metrics")
-            for e in self._endpoints
-        }
-        # A DCGM exporter runs beside the server, at its own address: scraped too, merged in; when
-        # it fails the server's own signals still count (the GPU ones drop out of the score).
-        self._gpu_targets = {
-            id(e): _split_url(url) for e in self._endpoints if (url := (gpu_metrics_urls or {}).get(e.url))
-        }
-        self._failing: set[int] = set()  # endpoints whose last scrape failed (default logging only)
+        self._failing: set[str] = set()  # endpoints whose last scrape failed (default logging only)
         self._task: asyncio.Task[None] | None = None
 
     async def scrape_once(self) -> None:
-        await asyncio.gather(*(self._scrape(e) for e in self._endpoints))
+        await asyncio.gather(*(self._scrape(e) for e in self._endpoints()))
 
     def start(self) -> None:
         if self._task is None:
@@ -179,7 +168,7 @@ class ResourceScraper:
             await asyncio.sleep(max(0.0, started + interval - loop.time()))
 
     async def _scrape(self, endpoint: Endpoint) -> None:
-        base_url, path = self._targets[id(endpoint)]
+        base_url, path = _split_url(endpoint.metrics_url or endpoint.url.rstrip("/") + "/metrics")
         try:
             families = await self._fetch(base_url, path)
         except ModelyardError as exc:
@@ -192,13 +181,14 @@ class ResourceScraper:
         except ValueError as exc:  # includes UnicodeDecodeError and the parser's errors
             self._on_error(endpoint, f"scraping {base_url}{path} failed: {exc}")
             return
-        self._failing.discard(id(endpoint))
-        gpu = self._gpu_targets.get(id(endpoint))
-        if gpu is not None:
+        self._failing.discard(endpoint.name)
+        # A DCGM exporter runs beside the server, at its own address: scraped too, merged in; when
+        # it fails the server's own signals still count (the GPU ones drop out of the score).
+        if endpoint.gpu_metrics_url:
+            gpu = _split_url(endpoint.gpu_metrics_url)
             try:
                 families = {**families, **await self._fetch(*gpu)}
             except (ModelyardError, TimeoutError, ValueError) as exc:
-                # The server's own signals still count; the GPU ones drop out of the score.
                 log.debug("%s: GPU metrics from %s%s unavailable: %r", endpoint.name, *gpu, exc)
         # The reading and the gateway's own in-flight count are taken at the same moment, so the
         # strategy can add what was sent since to the scraped queue.
@@ -219,6 +209,6 @@ class ResourceScraper:
 
     def _log_error(self, endpoint: Endpoint, message: str) -> None:
         # Once per outage, not every interval.
-        if id(endpoint) not in self._failing:
-            self._failing.add(id(endpoint))
+        if endpoint.name not in self._failing:
+            self._failing.add(endpoint.name)
             log.warning("%s: %s; its last snapshot goes stale", endpoint.name, message)

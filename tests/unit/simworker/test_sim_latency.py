@@ -1,5 +1,6 @@
 import pytest
 
+from modelyard.protocols.tokens import count_tokens
 from modelyard.simworker.latency import (
     CostModel,
     PrefixCache,
@@ -8,7 +9,7 @@ from modelyard.simworker.latency import (
     kv_blocks_needed,
     plan_prefill,
 )
-from modelyard.simworker.text import count_tokens, tokenize
+from modelyard.simworker.text import tokenize
 
 
 def words(prefix: str, n: int) -> list[str]:

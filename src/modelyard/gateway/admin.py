@@ -1,0 +1,159 @@
+"""Admin endpoints: strategies, routes, canaries and graphs, read and changed at runtime.
+
+With `admin.token` set, every /admin/* and /strategy call needs `Authorization: Bearer <token>`
+(the scheme in any letter case); with `admin.protect_graph_views` too, so do the graph listing
+and specs (they name the services behind each step).
+A 401 says how to authenticate (`WWW-Authenticate: Bearer`, RFC 6750). Bodies are bounded by
+`limits.max_admin_body_bytes`, read as JSON or YAML with bounded nesting, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+from aiohttp import web
+
+from modelyard.config import STRATEGY_NAMES
+from modelyard.documents import DocumentError, parse_document, parse_documents
+from modelyard.errors import BadRequest, GraphInvalid, Unauthorized
+from modelyard.gateway.cluster import Cluster
+from modelyard.gateway.gateway import GATEWAY, Gateway
+from modelyard.gateway.inference import json_response, read_body
+from modelyard.graph import Graph
+from modelyard.protocols.openai import parse_json_object
+
+_REALM = 'Bearer realm="modelyard admin"'
+
+
+def check_admin(request: web.Request, *, graph_view: bool = False) -> None:
+    """Refuse (401) an admin call without the configured token."""
+    admin = request.app[GATEWAY].config.admin
+    if admin.token is None or (graph_view and not admin.protect_graph_views):
+        return
+    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), admin.token.encode()):
+        return
+    challenge = _REALM if not scheme else _REALM + ', error="invalid_token"'
+    raise Unauthorized(
+        "admin calls need the header 'Authorization: Bearer <admin.token>'",
+        headers={"WWW-Authenticate": challenge},
+    )
+
+
+async def _read_document(request: web.Request, *, many: bool = False) -> Any:
+    """The body as JSON or YAML: bounded in size and depth, parsed in a thread so that a large
+    YAML body cannot stall the requests the event loop is serving."""
+    limit = request.app[GATEWAY].config.limits.max_admin_body_bytes
+    body = await read_body(request, limit, "limits.max_admin_body_bytes")
+    try:
+        return await asyncio.to_thread(parse_documents if many else parse_document, body)
+    except DocumentError as exc:
+        if many:
+            raise GraphInvalid(f"{request.method} {request.path}", [str(exc)]) from None
+        raise BadRequest(f"the body must be JSON or YAML: {exc}") from None
+
+
+# --- strategies --------------------------------------------------------------------------------
+
+
+def _strategies(gateway: Gateway) -> dict[str, object]:
+    per_model = {name: c.strategy.name for name, c in gateway.clusters.items()}
+    names = set(per_model.values())
+    return {
+        "strategy": names.pop() if len(names) == 1 else "mixed",
+        "models": per_model,
+        "available": list(STRATEGY_NAMES),
+    }
+
+
+async def get_strategy(request: web.Request) -> web.Response:
+    check_admin(request)
+    return json_response(_strategies(request.app[GATEWAY]))
+
+
+async def put_strategy(request: web.Request) -> web.Response:
+    """Switch strategy for every model, or for one with {"model": ...}. Counters and affinity stay."""
+    check_admin(request)
+    gateway = request.app[GATEWAY]
+    limit = gateway.config.limits.max_admin_body_bytes
+    data = parse_json_object(await read_body(request, limit, "limits.max_admin_body_bytes"))
+    target = data.get("model")
+    if target is not None and not isinstance(target, str):
+        raise BadRequest("'model' must be a string naming one model")
+    clusters = [gateway.cluster(target)] if target else list(gateway.clusters.values())
+    for cluster in clusters:
+        gateway.set_strategy(cluster, data.get("strategy"))  # a bad name fails on the first
+    return json_response(_strategies(gateway))
+
+
+# --- routes and canaries -----------------------------------------------------------------------
+
+
+def _routes_view(cluster: Cluster) -> dict[str, object]:
+    routes = [r.model_dump(mode="json", exclude_defaults=True) for r in cluster.config.routes]
+    return {"model": cluster.name, "routes": routes, "subsets": cluster.subset_names}
+
+
+async def get_routes(request: web.Request) -> web.Response:
+    check_admin(request)
+    return json_response(_routes_view(request.app[GATEWAY].cluster(request.match_info["model"])))
+
+
+async def put_routes(request: web.Request) -> web.Response:
+    """Replace a model's routes (e.g. move a canary 10 -> 50 -> 100): `{"routes": [...]}` or a
+    list, JSON or YAML; validated first (400 with every problem), then swapped atomically."""
+    check_admin(request)
+    cluster = request.app[GATEWAY].cluster(request.match_info["model"])
+    data = await _read_document(request)
+    cluster.replace_routes(data.get("routes") if isinstance(data, dict) else data)
+    return json_response(_routes_view(cluster))
+
+
+async def get_canary(request: web.Request) -> web.Response:
+    """Per route with a mirror: answers compared (mean ROUGE-L, exact-match rate) and each
+    subset's p50/p95 latency and error rate."""
+    check_admin(request)
+    cluster = request.app[GATEWAY].cluster(request.match_info["model"])
+    mirrors = {r.name: r.mirror.model_dump() for r in cluster.config.routes if r.mirror is not None}
+    return json_response({"model": cluster.name, "mirrors": mirrors, "routes": cluster.canary_summary()})
+
+
+# --- graphs ------------------------------------------------------------------------------------
+
+
+def _graph_summary(graph: Graph) -> dict[str, object]:
+    nodes = {
+        name: {"routerType": node.router_type, "steps": len(node.steps)}
+        for name, node in graph.spec.nodes.items()
+    }
+    return {"name": graph.name, "nodes": nodes, "timeout": graph.spec.timeout}
+
+
+async def list_graphs(request: web.Request) -> web.Response:
+    check_admin(request, graph_view=True)
+    graphs = request.app[GATEWAY].graphs.graphs
+    return json_response({"object": "list", "data": [_graph_summary(g) for g in graphs.values()]})
+
+
+async def get_graph(request: web.Request) -> web.Response:
+    check_admin(request, graph_view=True)
+    graph = request.app[GATEWAY].graphs.get(request.match_info["name"])
+    spec = graph.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    return json_response({**_graph_summary(graph), "spec": spec})
+
+
+async def put_graph(request: web.Request) -> web.Response:
+    check_admin(request)
+    name = request.match_info["name"]
+    documents = await _read_document(request, many=True)
+    graph, warnings = request.app[GATEWAY].graphs.put(name, documents)
+    return json_response({**_graph_summary(graph), "warnings": warnings})
+
+
+async def delete_graph(request: web.Request) -> web.Response:
+    check_admin(request)
+    name = request.match_info["name"]
+    request.app[GATEWAY].graphs.delete(name)
+    return json_response({"deleted": name})

@@ -1,0 +1,226 @@
+"""The attempt loop: choose an endpoint, try it, and retry as the route's policy allows.
+
+Mechanism only; what is worth retrying and how long to wait is balancing/retry.py. A try that
+fails in a way the route names (refused connection, reset, a retriable status, a per-try timeout,
+its endpoint taken out before answering) is retried on another endpoint when one is available,
+with jittered exponential backoff and within the cluster's retry budget. The route's timeout
+covers every try, the waits and the answer's body. Every endpoint has an in-flight limit
+(`max_requests`); when all are full a request waits in the cluster's bounded queue, or gets 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+from modelyard.balancing import Pick
+from modelyard.balancing import retry as policy
+from modelyard.cluster import Endpoint
+from modelyard.errors import (
+    ModelyardError,
+    NoHealthyEndpoint,
+    UpstreamClosed,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from modelyard.gateway.exchange import Attempt, Exchange
+from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.upstream import Flight, UpstreamPool, UpstreamResponse
+
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics only
+
+
+@dataclass(slots=True)
+class _Try:
+    """The outcome of one try: `reason` is a retry_on name, or "" for an answer that is final."""
+
+    reason: str
+    error: UpstreamError | None = None
+    response: UpstreamResponse | None = None
+
+    @property
+    def code(self) -> int:
+        if self.response is not None:
+            return self.response.status
+        return self.error.status if self.error is not None else 502
+
+
+class AttemptLoop:
+    def __init__(self, pool: UpstreamPool, metrics: GatewayMetrics, rng: random.Random) -> None:
+        self._pool = pool
+        self._metrics = metrics
+        self._rng = rng
+
+    async def run(self, ex: Exchange) -> Attempt:
+        """Try, and retry as the route allows. Returns with the endpoint acquired and the response
+        head received; the caller ends the exchange with `finish`."""
+        cluster, route = ex.cluster, ex.route
+        retries_policy = route.retries
+        # The route's timeout covers every try, the waits and the answer's body: each try gets what
+        # is left as its client deadline (a timer per exchange, no extra task or context).
+        deadline = time.monotonic() + route.timeout if route.timeout else None
+        tried: list[Endpoint] = []
+        retries = 0
+        charged = False  # holds a place in the retry budget from the decision to the try's end
+        try:
+            while True:
+                endpoint, pick = await self._choose(ex, tried, deadline)
+                started = time.perf_counter()
+                flight = Flight()
+                cluster.awaiting_answer(endpoint, flight)
+                try:
+                    outcome = await self._try(ex, endpoint, deadline, flight)
+                except BaseException as exc:  # cancelled (the client left), or the route's time is up
+                    cluster.release(endpoint, ex.tokens)
+                    code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
+                    self._observe(ex, endpoint, code, started)
+                    raise
+                finally:
+                    cluster.answered(endpoint, flight)
+                if charged:
+                    cluster.budget.retry_ended()
+                    charged = False
+                # 5xx answers and failures to answer count against the endpoint; the time to the
+                # response head is its latency (a stream's length says nothing about the server).
+                failed = outcome.error is not None or outcome.code >= 500
+                latency = None if failed else time.perf_counter() - started
+                cluster.record_outcome(endpoint, not failed, latency, time.monotonic())
+                if not outcome.reason:
+                    assert outcome.response is not None
+                    return Attempt(endpoint, pick, outcome.response)
+                # A failed try: free the endpoint and decide whether to go again. It is counted here
+                # when it ends here (retried or raised); an answer relayed as it is counts once, later.
+                tried.append(endpoint)
+                out_of_time = deadline is not None and time.monotonic() >= deadline
+                status = outcome.response.status if outcome.response is not None else None
+                if (
+                    not out_of_time
+                    and retries < retries_policy.attempts
+                    and policy.retriable(retries_policy, outcome.reason, status)
+                ):
+                    charge = policy.charged_to_budget(outcome.reason, cluster.taken_out(endpoint))
+                    if not charge or self._budget_allows(ex):
+                        self._observe(ex, endpoint, outcome.code, started)
+                        retries += 1
+                        self._metrics.retries.labels(cluster.name, route.name, outcome.reason).inc()
+                        if outcome.response is not None:
+                            outcome.response.close()
+                        cluster.release(endpoint, ex.tokens)
+                        if charge:
+                            cluster.budget.retry_started()
+                            charged = True
+                        pause = policy.backoff(retries_policy, retries, self._rng)
+                        if deadline is not None:
+                            pause = max(0.0, min(pause, deadline - time.monotonic()))
+                        await asyncio.sleep(pause)
+                        continue
+                if outcome.response is not None and not out_of_time:
+                    return Attempt(endpoint, pick, outcome.response)  # not retried: relay it as it is
+                if outcome.response is not None:
+                    outcome.response.close()
+                cluster.release(endpoint, ex.tokens)
+                self._observe(ex, endpoint, 504 if out_of_time else outcome.code, started)
+                if out_of_time:
+                    raise _out_of_time(ex)
+                assert outcome.error is not None
+                if outcome.reason == "connect-failure" and len(tried) > 1:
+                    names = ", ".join(e.name for e in tried)
+                    raise UpstreamError(
+                        f"every endpoint of model {cluster.name!r} tried refused the connection: {names}"
+                    )
+                raise outcome.error
+        finally:
+            if charged:
+                cluster.budget.retry_ended()
+
+    def finish(self, ex: Exchange, attempt: Attempt, code: int) -> None:
+        """The end of an exchange that got an answer: the connection back to its pool (or closed),
+        the endpoint's slot freed, the request counted once with the status it really ended with."""
+        attempt.response.close()
+        ex.cluster.release(attempt.endpoint, ex.tokens)
+        self._observe(ex, attempt.endpoint, code, ex.started)
+
+    async def _try(self, ex: Exchange, endpoint: Endpoint, deadline: float | None, flight: Flight) -> _Try:
+        route = ex.route
+        remaining = None
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _out_of_time(ex)
+        sending = self._pool.send(endpoint.url, ex.method, ex.path, ex.headers, ex.body, remaining, flight)
+        try:
+            if route.per_try_timeout:
+                async with asyncio.timeout(route.per_try_timeout):
+                    response = await sending
+            else:
+                response = await sending
+        except TimeoutError:
+            error = UpstreamTimeout(
+                f"{endpoint.name} did not answer within per_try_timeout {route.per_try_timeout:g}s"
+            )
+            return _Try("gateway-error", error=error)
+        except UpstreamError as exc:
+            if isinstance(exc, UpstreamUnreachable | UpstreamClosed):
+                # Refused, or closed with not a byte said: likely down (died, restarting).
+                ex.cluster.record_connection_failure(endpoint, exc.message)
+            return _Try(policy.reason_for_error(exc), error=exc)
+        return _Try(policy.reason_for_status(response.status, route.retries), response=response)
+
+    async def _choose(
+        self, ex: Exchange, tried: list[Endpoint], deadline: float | None
+    ) -> tuple[Endpoint, Pick]:
+        """Pick an endpoint with room, preferring ones not tried yet; wait (bounded) for room."""
+        cluster = ex.cluster
+        capacity = cluster.capacity
+        until: float | None = None  # one queue deadline, however often this wakes and re-waits
+        while True:
+            healthy = cluster.routable(ex.subset, time.monotonic())
+            if not healthy:
+                if ex.counted:
+                    self._metrics.observe_request(cluster.name, "", cluster.strategy.name, 503, 0.0)
+                raise NoHealthyEndpoint(
+                    f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
+                    headers={"Retry-After": "1"},
+                )
+            if until is None and capacity.queued_for(ex.subset):
+                candidates: list[Endpoint] = []  # requests already wait: a newcomer queues behind them
+            else:
+                fresh = [e for e in healthy if e not in tried and capacity.has_room(e)]
+                candidates = fresh or [e for e in healthy if capacity.has_room(e)]
+            if candidates:
+                pick = cluster.strategy.pick(candidates, ex.ctx, self._rng)
+                endpoint = candidates[pick.index]
+                cluster.acquire(endpoint, ex.tokens)
+                return endpoint, pick
+            if until is None:
+                until = time.monotonic() + capacity.config.queue_timeout
+                if deadline is not None:
+                    until = min(until, deadline)
+            try:
+                await capacity.wait(ex.subset, until)
+            except ModelyardError:
+                self._metrics.overloaded.labels(cluster.name).inc()
+                raise
+
+    def _budget_allows(self, ex: Exchange) -> bool:
+        if ex.cluster.budget.allows_retry():
+            return True
+        self._metrics.retry_budget_exhausted.labels(ex.cluster.name, ex.route.name).inc()
+        return False
+
+    def _observe(self, ex: Exchange, endpoint: Endpoint, code: int, started: float) -> None:
+        if ex.counted:
+            seconds = time.perf_counter() - started
+            self._metrics.observe_request(
+                ex.cluster.name, endpoint.name, ex.cluster.strategy.name, code, seconds
+            )
+
+
+def _out_of_time(ex: Exchange) -> UpstreamTimeout:
+    route = ex.route
+    return UpstreamTimeout(
+        f"model {ex.cluster.name!r}: route {route.name!r} did not finish within {route.timeout:g}s"
+    )

@@ -1,0 +1,289 @@
+"""A cluster (Envoy's word): one model's endpoints and everything the request path keeps about them.
+
+The cluster owns its counters and states; the request path asks and reports through its methods,
+never writes them itself:
+- endpoints, by subset; `replace_endpoints` swaps them in one assignment (a health check, and
+  later the scheduler's feed, change the set while requests run on the old one);
+- routes and the strategy, replaced atomically at runtime;
+- load: `acquire`/`release` an endpoint slot, with the circuit breakers' queue (capacity.py);
+- the retry budget: `request_started`/`ended`, `retry_started`/`ended` (cluster/budget.py);
+- health: active probes, connection failures and outlier ejection (cluster/outlier.py) decide
+  which endpoints are routable; an endpoint taken out has its tries that are still waiting for
+  an answer aborted, so they can be retried elsewhere instead of stalling on a hung server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from modelyard.balancing import Strategy, build_strategy
+from modelyard.balancing.routes import (
+    ALL_SUBSETS,
+    IMPLICIT_ROUTE,
+    CompiledRoute,
+    compile_routes,
+    select_route,
+    validate_routes,
+)
+from modelyard.cluster import BackendLoad, Endpoint, HealthThresholds, observe
+from modelyard.cluster.budget import RetryBudget
+from modelyard.cluster.canary import CanaryStats
+from modelyard.cluster.health import ejected
+from modelyard.cluster.outlier import OutlierState, decide, routable
+from modelyard.cluster.outlier import observe as observe_outcome
+from modelyard.config import EndpointConfig, ModelConfig, RouteConfig
+from modelyard.errors import EndpointTakenOut, NotFound
+from modelyard.gateway.capacity import CapacityQueue
+from modelyard.upstream import Flight
+
+log = logging.getLogger("modelyard.gateway")
+
+HealthListener = Callable[[str, str, bool], None]  # (model, endpoint, healthy)
+OutlierListener = Callable[[str, str, str], None]  # (model, endpoint, event)
+
+
+class Cluster:
+    def __init__(
+        self,
+        config: ModelConfig,
+        loads: dict[str, BackendLoad],
+        on_health_change: HealthListener = lambda model, endpoint, healthy: None,
+        on_outlier: OutlierListener = lambda model, endpoint, event: None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._loads = loads  # shared by every cluster: a server's load is the sum over its models
+        self._on_health_change = on_health_change
+        self._on_outlier = on_outlier
+        self.strategy: Strategy = build_strategy(config.strategy, config)
+        self.seq = 0  # requests routed so far; kept across strategy switches (round_robin's position)
+        self.budget = RetryBudget(config.retry_budget)
+        self.capacity = CapacityQueue(config.name, config.circuit_breakers)
+        check = config.health_check
+        self.health_checked = check.interval > 0
+        self.thresholds = HealthThresholds(check.unhealthy_threshold, check.healthy_threshold)
+        self.outliers: dict[str, OutlierState] = {}
+        self._next_return = float("inf")  # the earliest ejected_until, so routing checks it cheaply
+        self._outcomes = 0
+        self._last_decide = 0.0
+        self.panicking: set[str] = set()  # subsets in panic mode
+        self._canary: dict[str, CanaryStats] = {}
+        self._awaiting: dict[Endpoint, set[Flight]] = {}  # tries sent, no answer byte yet
+        self.endpoints: tuple[Endpoint, ...] = ()
+        self._subsets: dict[str, tuple[Endpoint, ...]] = {}
+        self.replace_endpoints(config.endpoints)
+        self.routes: tuple[CompiledRoute, ...] = compile_routes(config.routes)
+
+    # --- endpoints ------------------------------------------------------------------------------
+
+    def replace_endpoints(self, configs: Sequence[EndpointConfig]) -> None:
+        """Swap in a new set of endpoints. An endpoint kept (same name and URL) keeps its health,
+        outlier record and scraped load; requests already running finish on what they hold."""
+        current = {(e.name, e.url): e for e in self.endpoints}
+        endpoints = []
+        for c in configs:
+            kept = current.get((c.name, c.url))
+            if kept is not None and (kept.weight, kept.cost_per_1k_tokens, kept.subset) == (
+                c.weight,
+                c.cost_per_1k_tokens,
+                c.subset,
+            ):
+                endpoints.append(kept)
+                continue
+            endpoint = Endpoint(
+                name=c.name,
+                url=c.url,
+                load=self._loads.setdefault(c.url, BackendLoad(c.url, c.name)),
+                weight=c.weight,
+                cost_per_1k_tokens=c.cost_per_1k_tokens,
+                subset=c.subset,
+                metrics_url=c.metrics_url,
+                gpu_metrics_url=c.gpu_metrics_url,
+            )
+            if kept is not None:
+                endpoint.health, endpoint.resources = kept.health, kept.resources
+            endpoints.append(endpoint)
+        subsets: dict[str, list[Endpoint]] = {}
+        for endpoint in endpoints:
+            subsets.setdefault(endpoint.subset, []).append(endpoint)
+        self.outliers = {e.name: self.outliers.get(e.name, OutlierState()) for e in endpoints}
+        # Tries still running on a removed endpoint finish as they are; nobody aborts them now.
+        self._awaiting = {e: f for e, f in self._awaiting.items() if e in endpoints}
+        self.endpoints = tuple(endpoints)
+        self._subsets = {name: tuple(group) for name, group in subsets.items()}
+        self._subsets[ALL_SUBSETS] = self.endpoints
+
+    def subset(self, name: str) -> tuple[Endpoint, ...]:
+        return self._subsets.get(name, ())
+
+    @property
+    def subset_names(self) -> list[str]:
+        return sorted(name for name in self._subsets if name != ALL_SUBSETS)
+
+    # --- routes and strategy --------------------------------------------------------------------
+
+    def route_for(self, headers: Mapping[str, str], body: Mapping[str, object] | None) -> RouteConfig:
+        """The request's route: the first that matches; the implicit route of a model without
+        routes; NotFound when the model has routes and none matches."""
+        routes = self.routes
+        if not routes:
+            return IMPLICIT_ROUTE
+        route = select_route(routes, headers, self.name, body)
+        if route is None:
+            raise NotFound(
+                f"no route of model {self.name!r} matches this request; routes: "
+                + ", ".join(r.name for r in routes)
+            )
+        return route.config
+
+    def replace_routes(self, raw: object) -> None:
+        """Validate new routes against this model and swap them in atomically (a request keeps the
+        routes it started with); raises RoutesInvalid with every problem."""
+        self.config = validate_routes(self.config, raw)
+        self.routes = compile_routes(self.config.routes)
+
+    def set_strategy(self, name: object) -> None:
+        """Switch to a new strategy built with this model's parameters (UnknownStrategy if none)."""
+        self.strategy = build_strategy(name, self.config)
+
+    def next_seq(self) -> int:
+        seq = self.seq
+        self.seq += 1
+        return seq
+
+    # --- load -----------------------------------------------------------------------------------
+
+    def acquire(self, endpoint: Endpoint, tokens: int) -> None:
+        endpoint.load.acquire(tokens)
+
+    def release(self, endpoint: Endpoint, tokens: int) -> None:
+        endpoint.load.release(tokens)
+        if len(self.capacity):
+            self.capacity.wake(endpoint.subset)
+
+    # --- tries waiting for an answer --------------------------------------------------------------
+
+    def awaiting_answer(self, endpoint: Endpoint, flight: Flight) -> None:
+        self._awaiting.setdefault(endpoint, set()).add(flight)
+
+    def answered(self, endpoint: Endpoint, flight: Flight) -> None:
+        waiting = self._awaiting.get(endpoint)
+        if waiting is not None:
+            waiting.discard(flight)
+
+    def _abort_awaiting(self, endpoint: Endpoint, why: str) -> None:
+        flights = self._awaiting.pop(endpoint, None)
+        if flights:
+            log.warning(
+                "model %s: %d request(s) waiting on %s are retried elsewhere if their route allows: %s",
+                self.name, len(flights), endpoint.name, why,
+            )  # fmt: skip
+            error = EndpointTakenOut(f"{endpoint.name} was taken out before it answered: {why}")
+            for flight in flights:
+                flight.abort(error)
+
+    # --- health: active probes, connection failures, outlier detection, panic -----------------------
+
+    @property
+    def ready(self) -> bool:
+        return any(e.health.healthy for e in self.endpoints)
+
+    def taken_out(self, endpoint: Endpoint) -> bool:
+        state = self.outliers.get(endpoint.name)
+        return not endpoint.health.healthy or (state is not None and state.ejected)
+
+    def routable(self, subset: str, now: float) -> list[Endpoint]:
+        """The endpoints of `subset` to route to: passing health checks and not ejected; below
+        `healthy_panic_threshold` percent of the subset, all of it (Envoy's panic mode), unless
+        none at all is available (then none: the request gets 503 at once)."""
+        if now >= self._next_return:
+            self._decide(now)
+        pool = self.subset(subset)
+        outliers = self.outliers
+        available = [e for e in pool if e.health.healthy and not outliers[e.name].ejected]
+        if not available:
+            return []  # nothing passes: answer 503 at once rather than try endpoints known to be down
+        chosen, panic = routable(available, pool, self.config.healthy_panic_threshold)
+        if panic != (subset in self.panicking):
+            log.warning(
+                "model %s: subset %s %s panic mode", self.name, subset, "entering" if panic else "leaving"
+            )
+            if panic:
+                self.panicking.add(subset)
+                self._on_outlier(self.name, "", "panic")
+            else:
+                self.panicking.discard(subset)
+        return chosen
+
+    def record_outcome(self, endpoint: Endpoint, ok: bool, latency: float | None, now: float) -> None:
+        """An answer (or a failure to get one) from `endpoint`; may eject it, or a slow peer."""
+        state = self.outliers.get(endpoint.name)
+        if state is None:
+            return  # replaced while the request ran
+        detection = self.config.outlier_detection
+        self.outliers[endpoint.name] = observe_outcome(
+            state, ok=ok, latency=latency, now=now, config=detection
+        )
+        self._outcomes += 1
+        # Errors are judged at once; latency every 64 answers or every second, whichever comes first.
+        if not ok or self._outcomes % 64 == 0 or now - self._last_decide >= 1.0:
+            self._decide(now)
+
+    def _decide(self, now: float) -> None:
+        self._last_decide = now
+        decision = decide(self.outliers, now, self.config.outlier_detection)
+        self.outliers = dict(decision.states)
+        by_name = {e.name: e for e in self.endpoints} if decision.ejected else {}
+        for ejection in decision.ejected:
+            log.warning(
+                "model %s: ejecting endpoint %s (%s) for %.1fs",
+                self.name, ejection.name, ejection.reason, ejection.until - now,
+            )  # fmt: skip
+            self._on_outlier(self.name, ejection.name, ejection.reason)
+            self._abort_awaiting(by_name[ejection.name], f"ejected ({ejection.reason})")
+        for name in decision.returned:
+            log.info("model %s: endpoint %s returns from ejection", self.name, name)
+            self._on_outlier(self.name, name, "returned")
+        untils = [s.ejected_until for s in self.outliers.values() if s.ejected_until is not None]
+        self._next_return = min(untils, default=float("inf"))
+
+    def record_probe(self, endpoint: Endpoint, error: str) -> None:
+        """Apply one active health check's result ("" when it passed)."""
+        before = endpoint.health.healthy
+        endpoint.health = observe(endpoint.health, not error, self.thresholds, error)
+        self._transition(endpoint, before)
+
+    def record_connection_failure(self, endpoint: Endpoint, error: str) -> None:
+        """A connection refused, or closed before any answer byte: the endpoint is out until a
+        probe brings it back. Without active checks nothing would bring it back, so then it only
+        counts as a failure for outlier detection."""
+        if not self.health_checked:
+            return
+        before = endpoint.health.healthy
+        endpoint.health = ejected(error)
+        self._transition(endpoint, before)
+
+    def _transition(self, endpoint: Endpoint, before: bool) -> None:
+        after = endpoint.health.healthy
+        if after == before:
+            return
+        self._on_health_change(self.name, endpoint.name, after)
+        if after:
+            log.info("model %s: endpoint %s is healthy again", self.name, endpoint.name)
+        else:
+            log.warning(
+                "model %s: endpoint %s is unhealthy: %s", self.name, endpoint.name, endpoint.health.last_error
+            )
+            self._abort_awaiting(endpoint, endpoint.health.last_error or "unhealthy")
+
+    # --- canary ---------------------------------------------------------------------------------
+
+    def canary_stats(self, route: str) -> CanaryStats:
+        stats = self._canary.get(route)
+        if stats is None:
+            stats = self._canary[route] = CanaryStats()
+        return stats
+
+    def canary_summary(self) -> dict[str, object]:
+        return {route: stats.summary() for route, stats in self._canary.items()}

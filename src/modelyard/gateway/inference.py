@@ -1,0 +1,130 @@
+"""The inference listeners: OpenAI, the Open Inference Protocol v2, KServe v1, graphs; and the
+gateway's own health and metrics endpoints."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from modelyard import __version__
+from modelyard.errors import MethodNotAllowed, Overloaded, PayloadTooLarge
+from modelyard.gateway.gateway import GATEWAY
+from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
+from modelyard.protocols import oip, openai
+from modelyard.types import RoutingRequest
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def read_body(
+    request: web.Request, limit: int | None = None, setting: str = "limits.max_body_bytes"
+) -> bytes:
+    """The whole body, refused with 413 before reading when its declared length is over `limit`
+    (default: `limits.max_body_bytes`, which aiohttp also enforces while reading a chunked body)."""
+    limit = request.client_max_size if limit is None else min(limit, request.client_max_size)
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body is larger than {setting} ({limit} bytes)")
+    body = await request.read()
+    if len(body) > limit:
+        raise PayloadTooLarge(f"request body is larger than {setting} ({limit} bytes)")
+    return body
+
+
+# --- OpenAI ---------------------------------------------------------------------------------
+
+
+def openai_handler(kind: str):  # type: ignore[no-untyped-def]
+    async def handle(request: web.Request) -> web.StreamResponse:
+        gateway = request.app[GATEWAY]
+        body = await read_body(request)
+        routing = openai.routing_request(body, kind)
+        return await gateway.proxy.forward(request, gateway.cluster(routing.model), routing, body)
+
+    return handle
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    data = [
+        {"id": name, "object": "model", "created": gateway.created, "owned_by": "modelyard"}
+        for name in gateway.clusters
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+# --- Open Inference Protocol v2 and KServe v1 ------------------------------------------------
+
+
+async def oip_infer(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    cluster = gateway.cluster(request.match_info["name"])
+    try:
+        cluster.capacity.refuse_if_full(cluster.endpoints)  # the model is in the path: before the body
+    except Overloaded:
+        gateway.metrics.overloaded.labels(cluster.name).inc()
+        raise
+    body = await read_body(request)
+    routing = oip.routing_request(
+        cluster.name, body, request.headers, affinity_chars=cluster.config.kv_aware.prefix_chars
+    )
+    return await gateway.proxy.forward(request, cluster, routing, body)
+
+
+async def model_get(request: web.Request) -> web.StreamResponse:
+    """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
+    gateway = request.app[GATEWAY]
+    name = request.match_info["name"]
+    if name.endswith(":predict"):  # GET on KServe v1's predict path: the route exists for POST
+        raise MethodNotAllowed(
+            f"method GET is not allowed on {request.path}; allowed: POST", headers={"Allow": "POST"}
+        )
+    cluster = gateway.cluster(name)
+    return await gateway.proxy.forward(request, cluster, RoutingRequest(model=cluster.name), None)
+
+
+async def oip_server_metadata(request: web.Request) -> web.Response:
+    return json_response({"name": "modelyard", "version": __version__, "extensions": []})
+
+
+async def oip_live(request: web.Request) -> web.Response:
+    return json_response({"live": True})
+
+
+async def oip_ready(request: web.Request) -> web.Response:
+    ready = all(c.ready for c in request.app[GATEWAY].clusters.values())
+    return json_response({"ready": ready}, 200 if ready else 503)
+
+
+# --- graphs ------------------------------------------------------------------------------------
+
+
+async def run_graph(request: web.Request) -> web.Response:
+    """Run a graph; `X-Modelyard-Trace: 1` adds `X-Modelyard-Graph-Trace` (every step, its status and ms)."""
+    service = request.app[GATEWAY].graphs
+    name = request.match_info["name"]
+    service.get(name)  # 404 before reading the body
+    body = await read_body(request)
+    want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
+    return await service.run(name, body, list(request.headers.items()), want_trace)
+
+
+# --- the gateway's own endpoints -------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    clusters = request.app[GATEWAY].clusters.values()
+    not_ready = [c.name for c in clusters if not c.ready]
+    body = {"ready": not not_ready, "models_without_healthy_endpoints": not_ready}
+    return json_response(body, 503 if not_ready else 200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[GATEWAY].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,125 @@
+"""Relaying an answer to the client: whole, or a server-sent event stream chunk by chunk as it
+arrives (never buffered).
+
+A stream that breaks off upstream (the server died, or sent nothing for `stream_idle_timeout`)
+cannot change its status any more: it ends with a final SSE event carrying the error in the
+protocol's envelope (OpenAI's `data: {"error": {...}}`, as vLLM sends it), then a clean end of the
+chunked body, so clients raise an error instead of taking a truncated answer for a whole one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from modelyard.errors import UpstreamError, UpstreamTimeout
+from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
+from modelyard.gateway.exchange import Attempt, Exchange
+from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.gateway.shadow import Capture
+from modelyard.protocols import error_body, protocol_for_path
+from modelyard.upstream import UpstreamResponse
+
+log = logging.getLogger("modelyard.gateway")
+
+
+class Relay:
+    def __init__(self, attempts: AttemptLoop, metrics: GatewayMetrics) -> None:
+        self._attempts = attempts
+        self._metrics = metrics
+
+    async def respond(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        attempt: Attempt,
+        headers: CIMultiDict[str],
+        capture: Capture | None,
+    ) -> web.StreamResponse:
+        """Relay the answer and end the exchange, counted with the status it really ended with."""
+        upstream = attempt.response
+        code = CLIENT_CLOSED
+        try:
+            if upstream.content_type == "text/event-stream":
+                response, code = await self._stream(request, ex, upstream, headers, capture)
+            else:
+                data = await upstream.read()
+                if capture is not None:
+                    capture.add(data)
+                response = web.Response(body=data, status=upstream.status, headers=headers)
+                code = upstream.status
+            if capture is not None:
+                capture.finish(code, upstream.header("Content-Type"))
+            return response
+        except UpstreamError as exc:
+            code = exc.status
+            raise
+        finally:
+            self._attempts.finish(ex, attempt, code)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        ex: Exchange,
+        upstream: UpstreamResponse,
+        headers: CIMultiDict[str],
+        capture: Capture | None,
+    ) -> tuple[web.StreamResponse, int]:
+        """Returns the response and the status the exchange ended with: the upstream's, or 502/504
+        when the stream broke off or went idle after its status was sent."""
+        model = ex.cluster.name
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        idle = ex.route.stream_idle_timeout
+        chunks = upstream.iter_chunks()
+        first = True
+        tail = b"\n\n"  # the end of what was sent: is the client between two events?
+        error: UpstreamError
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(idle or None):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    await response.write_eof()
+                    return response, upstream.status
+                except TimeoutError:
+                    self._metrics.stream_idle_timeouts.labels(model).inc()
+                    log.warning("model %s: stream idle for %gs, ending it with an error event", model, idle)
+                    error = UpstreamTimeout(f"model {model!r}: the stream sent nothing for {idle:g}s")
+                    break
+                if first:
+                    self._metrics.ttft.labels(model).observe(time.perf_counter() - ex.started)
+                    first = False
+                await response.write(chunk)
+                tail = (tail + chunk)[-2:]
+                if capture is not None:
+                    capture.add(chunk)
+        except UpstreamError as exc:
+            log.warning("model %s: upstream stream broke off: %s", model, exc.message)
+            error = exc
+        await self._end_with_error(request, response, model, error, tail)
+        return response, error.status
+
+    async def _end_with_error(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        model: str,
+        error: UpstreamError,
+        tail: bytes,
+    ) -> None:
+        self._metrics.stream_errors.labels(model, error.code or error.error_type).inc()
+        # An event ends at a blank line. A server that died mid-event leaves one open: close it, so
+        # the error arrives as an event of its own (the torn one was broken anyway).
+        separator = b"" if tail.endswith(b"\n\n") else b"\n" if tail.endswith(b"\n") else b"\n\n"
+        event = separator + b"data: " + error_body(protocol_for_path(request.path), error) + b"\n\n"
+        try:
+            await response.write(event)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client left too

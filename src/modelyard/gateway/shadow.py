@@ -1,0 +1,121 @@
+"""Shadow traffic: a share of a route's requests is copied to its mirror subset in the background.
+The copy's answer never reaches the client; it is compared with the primary's (exact match,
+ROUGE-L) and both latencies and outcomes feed the canary summary. A copy is never retried, so a
+failing canary cannot add load beyond the copy itself."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+from modelyard.balancing.routes import mirrors
+from modelyard.cluster.canary import answer_text, exact_match, rouge_l
+from modelyard.config import RetryPolicy
+from modelyard.errors import ModelyardError
+from modelyard.gateway.attempts import AttemptLoop
+from modelyard.gateway.exchange import Exchange
+from modelyard.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("modelyard.gateway")
+
+_CAPTURE_LIMIT = 1024 * 1024  # bytes of an answer kept for comparing with its shadow
+_NO_RETRIES = RetryPolicy(attempts=0)
+
+
+@dataclass(slots=True)
+class Capture:
+    """An answer kept for the comparison (bounded), with how it went."""
+
+    subset: str
+    status: int = 0
+    content_type: str | None = None
+    seconds: float = 0.0
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+    done: asyncio.Future[None] | None = None  # set when the primary exchange has ended
+
+    def add(self, data: bytes) -> None:
+        if self.size < _CAPTURE_LIMIT:
+            self.parts.append(data[: _CAPTURE_LIMIT - self.size])
+            self.size += len(self.parts[-1])
+
+    def finish(self, status: int, content_type: str | None) -> None:
+        self.status = status
+        self.content_type = content_type
+
+    def ended(self, seconds: float) -> None:
+        self.seconds = seconds
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 400
+
+    def text(self) -> str | None:
+        return answer_text(b"".join(self.parts), self.content_type)
+
+
+class ShadowTraffic:
+    def __init__(self, attempts: AttemptLoop, metrics: GatewayMetrics, rng: random.Random) -> None:
+        self._attempts = attempts
+        self._metrics = metrics
+        self._rng = rng
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, ex: Exchange) -> Capture | None:
+        """Mirror `ex` when its route says so; returns the capture the primary's answer goes into
+        (the caller calls `ended` on it), or None. A request already going to the mirror subset
+        has nothing to be compared with."""
+        mirror = ex.route.mirror
+        if mirror is None or mirror.subset == ex.subset or not mirrors(ex.route, self._rng):
+            return None
+        primary = Capture(ex.subset, done=asyncio.get_running_loop().create_future())
+        copy = ex.shadow(ex.route.model_copy(update={"retries": _NO_RETRIES}), mirror.subset)
+        task = asyncio.create_task(self._shadow(copy, primary))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return primary
+
+    async def close(self) -> None:
+        """Cancel the shadow requests still running."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _shadow(self, ex: Exchange, primary: Capture) -> None:
+        cluster, route = ex.cluster, ex.route
+        mirrored = Capture(ex.subset)
+        try:
+            async with asyncio.timeout(route.timeout or None):
+                attempt = await self._attempts.run(ex)
+                try:
+                    mirrored.add(await attempt.response.read())
+                    mirrored.finish(attempt.response.status, attempt.response.header("Content-Type"))
+                finally:
+                    self._attempts.finish(ex, attempt, attempt.response.status)
+        except (ModelyardError, TimeoutError) as exc:
+            log.debug("model %s: shadow request to %s failed: %s", cluster.name, ex.subset, exc)
+        mirrored.seconds = time.perf_counter() - ex.started
+        assert primary.done is not None
+        await primary.done
+        stats = cluster.canary_stats(route.name)
+        for capture in (primary, mirrored):
+            stats.record_outcome(capture.subset, capture.seconds, capture.ok)
+            self._metrics.canary_requests.labels(
+                cluster.name, route.name, capture.subset, "ok" if capture.ok else "error"
+            ).inc()
+            self._metrics.canary_duration.labels(cluster.name, route.name, capture.subset).observe(
+                capture.seconds
+            )
+        if primary.ok and mirrored.ok:
+            ours, theirs = primary.text(), mirrored.text()
+            if ours is not None and theirs is not None:
+                stats.record_comparison(rouge_l(ours, theirs), exact_match(ours, theirs))
+                mean = stats.summary()["mean_rouge_l"]
+                if mean is not None:
+                    self._metrics.canary_agreement.labels(cluster.name, route.name).set(mean)
