@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from modelyard.graph import gojson
-from modelyard.graph.gjson import Path, compile_path, condition_exists, parse_json_strict
+from modelyard.graph.condition import Condition, compile_condition, condition_exists, parse_json_strict
 from modelyard.graph.model import ROOT, GraphSpec, InferenceRouter, InferenceStep
 
 MAX_DEPTH = 64  # nested node calls; KServe has no limit and dies of stack overflow
@@ -69,8 +69,8 @@ class Graph:
     def __init__(self, name: str, spec: GraphSpec) -> None:
         self.name = name
         self.spec = spec
-        self.conditions: dict[tuple[str, int], Path] = {
-            (node_name, i): compile_path(step.condition)
+        self.conditions: dict[tuple[str, int], Condition] = {
+            (node_name, i): compile_condition(step.condition)
             for node_name, node in spec.nodes.items()
             for i, step in enumerate(node.steps)
             if step.condition
