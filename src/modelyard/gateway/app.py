@@ -24,12 +24,12 @@ from modelyard.errors import (
     Unauthorized,
 )
 from modelyard.gateway.errors import error_middleware
-from modelyard.gateway.graphs import TRACE_REQUEST_HEADER, GatewayInvoker, GraphService, load_config_graphs
+from modelyard.gateway.graphs import TRACE_REQUEST_HEADER, GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
 from modelyard.gateway.proxy import Proxy
-from modelyard.graph import Graph
+from modelyard.graph import Graph, load_config_graphs
 from modelyard.protocols import oip, openai
 from modelyard.protocols.openai import parse_json_object
 from modelyard.state import SharedState, open_state
