@@ -10,7 +10,7 @@ import pytest
 
 from modelyard.config import validate_config
 from modelyard.errors import ConfigError
-from modelyard.gateway.graphs import load_config_graphs
+from modelyard.graph import load_config_graphs
 from support import metric_value, model_config, sim_stats, wait_until
 
 SEQUENCE = {

@@ -19,8 +19,7 @@ from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import RunningGateway, run, run_until_signal, start_gateway
-from modelyard.gateway.graphs import load_config_graphs
-from modelyard.graph import Graph
+from modelyard.graph import Graph, load_config_graphs
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="modelyard: route, compose and place models."

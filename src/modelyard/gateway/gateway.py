@@ -13,11 +13,11 @@ from modelyard.cluster import BackendLoad
 from modelyard.config import GatewayConfig
 from modelyard.errors import ModelNotFound
 from modelyard.gateway.cluster import Cluster
-from modelyard.gateway.graphs import GatewayInvoker, GraphService, load_config_graphs
+from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.proxy import Proxy
-from modelyard.graph import Graph
+from modelyard.graph import Graph, load_config_graphs
 from modelyard.state import SharedState, open_state
 from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker

@@ -17,8 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from modelyard.config import GatewayConfig
-from modelyard.errors import ConfigError, GraphInvalid, ModelyardError, NotFound
+from modelyard.errors import GraphInvalid, ModelyardError, NotFound
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.proxy import Proxy
 from modelyard.graph import (
@@ -30,7 +29,6 @@ from modelyard.graph import (
     RunContext,
     StepTrace,
     answer,
-    load_graph_paths,
     parse_graph,
 )
 from modelyard.graph.headers import compile_patterns, propagated
@@ -39,32 +37,6 @@ from modelyard.upstream.graph_invoker import UrlInvoker
 
 TRACE_REQUEST_HEADER = "X-Modelyard-Trace"
 TRACE_RESPONSE_HEADER = "X-Modelyard-Graph-Trace"
-
-
-def load_config_graphs(config: GatewayConfig, source: str) -> dict[str, Graph]:
-    """The graphs of a gateway config (`graphs:` and `graph_files:`), each validated; every
-    problem is reported in one ConfigError naming its path."""
-    documents = [
-        GraphDocument(name, spec, f"{source}: graphs.{name}") for name, spec in config.graphs.items()
-    ]
-    problems: list[str] = []
-    try:
-        documents += load_graph_paths(config.graph_files)
-    except GraphInvalid as error:
-        problems += [f"graph_files: {error.source}: {p}" for p in error.problems]
-    graphs: dict[str, Graph] = {}
-    for document in documents:
-        try:
-            graph, _report = parse_graph(document)
-        except GraphInvalid as error:
-            problems += [f"graphs.{document.name}.{p}" for p in error.problems]
-            continue
-        if graph.name in graphs:
-            problems.append(f"graphs.{graph.name}: defined twice ({document.source})")
-        graphs[graph.name] = graph
-    if problems:
-        raise ConfigError(source, problems)
-    return graphs
 
 
 class GatewayInvoker:

@@ -6,6 +6,7 @@ from modelyard.graph.answer import Answer, answer
 from modelyard.graph.engine import MAX_DEPTH, Graph, GraphFailure, Invoker, Outcome, RunContext, StepTrace
 from modelyard.graph.loader import (
     GraphDocument,
+    load_config_graphs,
     load_graph_file,
     load_graph_paths,
     load_graph_text,
@@ -31,6 +32,7 @@ __all__ = [
     "RunContext",
     "StepTrace",
     "answer",
+    "load_config_graphs",
     "load_graph_file",
     "load_graph_paths",
     "load_graph_text",

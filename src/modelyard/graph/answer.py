@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from modelyard.graph import gojson
+from modelyard.graph import go_json
 from modelyard.graph.engine import GraphFailure, Outcome
 
 _HTML = re.compile(
@@ -38,11 +38,11 @@ def sniff_content_type(body: bytes) -> str | None:
 
 
 def failure_body(failure: GraphFailure) -> bytes:
-    return b'{"error":"Failed to process request","cause":' + gojson.quote(failure.cause).encode() + b"}"
+    return b'{"error":"Failed to process request","cause":' + go_json.quote(failure.cause).encode() + b"}"
 
 
 def answer(result: Outcome | GraphFailure) -> Answer:
     if isinstance(result, GraphFailure):
         return Answer(result.status, failure_body(result), "application/json")
-    content_type = "application/json" if gojson.valid(result.body) else sniff_content_type(result.body)
+    content_type = "application/json" if go_json.valid(result.body) else sniff_content_type(result.body)
     return Answer(result.status, result.body, content_type)

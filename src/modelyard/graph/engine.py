@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from modelyard.graph import gojson
-from modelyard.graph.gjson import Path, compile_path, condition_exists, parse_json_strict
+from modelyard.graph import go_json
+from modelyard.graph.condition import Condition, compile_condition, condition_exists, parse_json_strict
 from modelyard.graph.model import ROOT, GraphSpec, InferenceRouter, InferenceStep
 
 MAX_DEPTH = 64  # nested node calls; KServe has no limit and dies of stack overflow
@@ -69,8 +69,8 @@ class Graph:
     def __init__(self, name: str, spec: GraphSpec) -> None:
         self.name = name
         self.spec = spec
-        self.conditions: dict[tuple[str, int], Path] = {
-            (node_name, i): compile_path(step.condition)
+        self.conditions: dict[tuple[str, int], Condition] = {
+            (node_name, i): compile_condition(step.condition)
             for node_name, node in spec.nodes.items()
             for i, step in enumerate(node.steps)
             if step.condition
@@ -138,9 +138,9 @@ class Graph:
         for i, step in enumerate(node.steps):
             request = previous.body if step.data == "$response" and i > 0 else data
             if step.map_predictions_to_instances:
-                predictions = gojson.decode_predictions(request)
+                predictions = go_json.decode_predictions(request)
                 if predictions is not None:
-                    request = gojson.marshal({"instances": predictions})
+                    request = go_json.marshal({"instances": predictions})
             if step.condition:
                 exists = condition_exists(self.conditions[(name, i)], previous.body)
                 if exists is None:
@@ -192,9 +192,9 @@ class Graph:
                             raise finished.exception()  # type: ignore[misc]
                 status, decoded = task.result()
                 if step.hard and not _ok(status):
-                    return Outcome(status, gojson.marshal(decoded))
+                    return Outcome(status, go_json.marshal(decoded))
                 merged[step.name or str(i)] = decoded
-            return Outcome(200, gojson.marshal(merged))
+            return Outcome(200, go_json.marshal(merged))
         finally:
             for task in tasks:
                 task.cancel()
@@ -205,8 +205,8 @@ class Graph:
     ) -> tuple[int, Any]:
         outcome = await self._step(name, index, step, data, ctx, depth)
         try:
-            return outcome.status, gojson.decode_object(outcome.body)
-        except gojson.GoJsonError as exc:
+            return outcome.status, go_json.decode_object(outcome.body)
+        except go_json.GoJsonError as exc:
             raise GraphFailure(500, str(exc)) from None
 
 

@@ -1,5 +1,6 @@
 """Reading graphs: KServe InferenceGraph manifests unchanged (one or many YAML/JSON documents),
-or modelyard's own `graphs:` mapping of name -> spec (the same spec shape)."""
+modelyard's own `graphs:` mapping of name -> spec (the same spec shape), and a gateway config's
+`graphs:` and `graph_files:` together."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelyard.config import GatewayConfig
 from modelyard.documents import DocumentError, parse_documents
-from modelyard.errors import GraphInvalid
+from modelyard.errors import ConfigError, GraphInvalid
 from modelyard.graph.engine import Graph
 from modelyard.graph.validate import Report, validate_graph
 
@@ -69,6 +71,32 @@ def parse_graph(document: GraphDocument, *, resolved: bool = False) -> tuple[Gra
     if spec is None or not report.ok:
         raise GraphInvalid(f"{document.source}: graph {document.name!r}", [str(p) for p in report.errors])
     return Graph(document.name, spec), report
+
+
+def load_config_graphs(config: GatewayConfig, source: str) -> dict[str, Graph]:
+    """The graphs of a gateway config (`graphs:` and `graph_files:`), each validated; every
+    problem is reported in one ConfigError naming its path."""
+    documents = [
+        GraphDocument(name, spec, f"{source}: graphs.{name}") for name, spec in config.graphs.items()
+    ]
+    problems: list[str] = []
+    try:
+        documents += load_graph_paths(config.graph_files)
+    except GraphInvalid as error:
+        problems += [f"graph_files: {error.source}: {p}" for p in error.problems]
+    graphs: dict[str, Graph] = {}
+    for document in documents:
+        try:
+            graph, _report = parse_graph(document)
+        except GraphInvalid as error:
+            problems += [f"graphs.{document.name}.{p}" for p in error.problems]
+            continue
+        if graph.name in graphs:
+            problems.append(f"graphs.{graph.name}: defined twice ({document.source})")
+        graphs[graph.name] = graph
+    if problems:
+        raise ConfigError(source, problems)
+    return graphs
 
 
 def _graphs_in(document: Any, where: str) -> list[GraphDocument]:

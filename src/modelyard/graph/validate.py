@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from modelyard.graph.gjson import GjsonSyntaxError, compile_path
+from modelyard.graph.condition import ConditionSyntaxError, compile_condition
 from modelyard.graph.model import ROOT, GraphSpec, InferenceRouter
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -134,8 +134,8 @@ def _structure_checks(spec: GraphSpec, report: Report) -> None:
                 report.error(f"{path}.nodeName", f"no node named {step.node_name!r}; nodes: {known}")
             if step.condition:
                 try:
-                    compile_path(step.condition)
-                except GjsonSyntaxError as exc:
+                    compile_condition(step.condition)
+                except ConditionSyntaxError as exc:
                     report.error(f"{path}.condition", f"does not parse: {exc}")
                 if node.router_type in ("Splitter", "Ensemble"):
                     report.warn(

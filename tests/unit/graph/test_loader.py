@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.errors import GraphInvalid
-from modelyard.graph import GraphDocument, load_graph_file, load_graph_paths, load_graph_text, parse_graph
+from modelyard.config import GatewayConfig
+from modelyard.errors import ConfigError, GraphInvalid
+from modelyard.graph import (
+    GraphDocument,
+    load_config_graphs,
+    load_graph_file,
+    load_graph_paths,
+    load_graph_text,
+    parse_graph,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "graphs"
 VALID = FIXTURES / "valid"
@@ -158,3 +166,38 @@ def test_parse_graph_returns_warnings() -> None:
         "nodes.root.steps[0].weight: ignored: only a Splitter uses weights, this is a Switch",
         "nodes.orphan: unreachable from root: it never runs",
     ]
+
+
+# --- a gateway config's graphs: the `graphs:` mapping and `graph_files:` together -----------------
+
+ONE_STEP = {"nodes": {"root": {"routerType": "Sequence", "steps": [{"serviceUrl": "http://a/"}]}}}
+
+
+def test_config_graphs_come_from_the_mapping_and_the_files() -> None:
+    config = GatewayConfig(graphs={"inline": ONE_STEP}, graph_files=[str(VALID / "mapping.yaml")])
+    graphs = load_config_graphs(config, "gw.yaml")
+    assert sorted(graphs) == ["ensemble-graph", "inline", "nested-graph"]
+    assert graphs["inline"].name == "inline"
+    assert graphs["inline"].spec.nodes["root"].steps[0].service_url == "http://a/"
+
+
+def test_config_graphs_report_every_problem_with_its_path() -> None:
+    missing = FIXTURES / "does-not-exist.yaml"
+    config = GatewayConfig(
+        graphs={"empty": {"nodes": {"root": {"routerType": "Sequence"}}}, "fine": ONE_STEP},
+        graph_files=[str(missing)],
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config_graphs(config, "gw.yaml")
+    assert caught.value.source == "gw.yaml"
+    assert caught.value.problems == [
+        f"graph_files: {missing}: cannot read file: No such file or directory",
+        "graphs.empty.nodes.root.steps: a Sequence needs at least one step (KServe drops the connection)",
+    ]
+
+
+def test_a_config_graph_defined_twice_names_the_second_source() -> None:
+    config = GatewayConfig(graphs={"ensemble-graph": ONE_STEP}, graph_files=[str(VALID / "mapping.yaml")])
+    with pytest.raises(ConfigError) as caught:
+        load_config_graphs(config, "gw.yaml")
+    assert caught.value.problems == [f"graphs.ensemble-graph: defined twice ({VALID / 'mapping.yaml'})"]

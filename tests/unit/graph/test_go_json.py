@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelyard.graph import gojson
+from modelyard.graph import go_json
 
 
 @pytest.mark.parametrize(
@@ -33,38 +33,38 @@ from modelyard.graph import gojson
     ],
 )
 def test_format_float_follows_go(number: float, text: str) -> None:
-    assert gojson.format_float(number) == text
+    assert go_json.format_float(number) == text
 
 
 @pytest.mark.parametrize("number", [float("inf"), float("-inf"), float("nan")])
 def test_format_float_rejects_what_go_cannot_encode(number: float) -> None:
     with pytest.raises(ValueError):
-        gojson.format_float(number)
+        go_json.format_float(number)
 
 
 def test_marshal_is_compact_sorted_and_float_reencoded() -> None:
     value = {"b": [1.0, 2.5, None, True, False], "a": {"z": 1e21, "y": "x"}, "": 0.0}
-    assert gojson.marshal(value) == b'{"":0,"a":{"y":"x","z":1e+21},"b":[1,2.5,null,true,false]}'
+    assert go_json.marshal(value) == b'{"":0,"a":{"y":"x","z":1e+21},"b":[1,2.5,null,true,false]}'
 
 
 def test_marshal_sorts_keys_by_bytes_at_every_level() -> None:
     value = {"b": {"é": 1, "z": 2, "Z": 3}, "B": 1, "a": 2, "10": 3, "9": 4}
-    assert gojson.marshal(value) == '{"10":3,"9":4,"B":1,"a":2,"b":{"Z":3,"z":2,"é":1}}'.encode()
+    assert go_json.marshal(value) == '{"10":3,"9":4,"B":1,"a":2,"b":{"Z":3,"z":2,"é":1}}'.encode()
 
 
 def test_marshal_roundtrips_a_decoded_body() -> None:
-    decoded = gojson.decode_object(b'{ "m": 12345678901234567890, "n": 1e21, "f": 1.0, "s": "<a & b>" }')
+    decoded = go_json.decode_object(b'{ "m": 12345678901234567890, "n": 1e21, "f": 1.0, "s": "<a & b>" }')
     assert (
-        gojson.marshal(decoded)
+        go_json.marshal(decoded)
         == b'{"f":1,"m":12345678901234567000,"n":1e+21,"s":"\\u003ca \\u0026 b\\u003e"}'
     )
 
 
 def test_marshal_empty_containers_and_null() -> None:
-    assert gojson.marshal({}) == b"{}"
-    assert gojson.marshal([]) == b"[]"
-    assert gojson.marshal(None) == b"null"
-    assert gojson.marshal({"instances": [{}]}) == b'{"instances":[{}]}'
+    assert go_json.marshal({}) == b"{}"
+    assert go_json.marshal([]) == b"[]"
+    assert go_json.marshal(None) == b"null"
+    assert go_json.marshal({"instances": [{}]}) == b'{"instances":[{}]}'
 
 
 @pytest.mark.parametrize(
@@ -81,26 +81,26 @@ def test_marshal_empty_containers_and_null() -> None:
     ],
 )
 def test_quote_escapes_as_go_does(text: str, quoted: str) -> None:
-    assert gojson.quote(text) == quoted
+    assert go_json.quote(text) == quoted
 
 
 def test_quote_uses_go_short_escapes_for_backspace_and_formfeed() -> None:
-    assert gojson.quote("\b\f") == '"\\b\\f"'
+    assert go_json.quote("\b\f") == '"\\b\\f"'
 
 
 def test_quote_writes_invalid_utf8_bytes_as_replacement_character() -> None:
-    decoded = gojson.decode_object(b'{"a":"x\xffy"}')
-    assert gojson.marshal(decoded) == '{"a":"x\ufffdy"}'.encode()
+    decoded = go_json.decode_object(b'{"a":"x\xffy"}')
+    assert go_json.marshal(decoded) == '{"a":"x\ufffdy"}'.encode()
 
 
 def test_lone_surrogate_escape_becomes_replacement_character() -> None:
-    decoded = gojson.decode_object(b'{"a":"\\ud800"}')
-    assert gojson.marshal(decoded) == '{"a":"\ufffd"}'.encode()
+    decoded = go_json.decode_object(b'{"a":"\\ud800"}')
+    assert go_json.marshal(decoded) == '{"a":"\ufffd"}'.encode()
 
 
 def test_surrogate_pair_escape_is_one_character() -> None:
-    decoded = gojson.decode_object(b'{"a":"\\ud83d\\ude00"}')
-    assert gojson.marshal(decoded) == '{"a":"😀"}'.encode()
+    decoded = go_json.decode_object(b'{"a":"\\ud83d\\ude00"}')
+    assert go_json.marshal(decoded) == '{"a":"😀"}'.encode()
 
 
 @pytest.mark.parametrize(
@@ -113,11 +113,11 @@ def test_surrogate_pair_escape_is_one_character() -> None:
     ],
 )
 def test_decode_object_accepts_objects_and_null(body: bytes, value: object) -> None:
-    assert gojson.decode_object(body) == value
+    assert go_json.decode_object(body) == value
 
 
 def test_decode_object_reads_numbers_as_float64() -> None:
-    decoded = gojson.decode_object(b'{"i":1,"big":12345678901234567890}')
+    decoded = go_json.decode_object(b'{"i":1,"big":12345678901234567890}')
     assert decoded is not None
     assert type(decoded["i"]) is float
     assert decoded["big"] == 12345678901234567890.0
@@ -138,8 +138,8 @@ def test_decode_object_reads_numbers_as_float64() -> None:
     ],
 )
 def test_decode_object_errors_read_like_go(body: bytes, message: str) -> None:
-    with pytest.raises(gojson.GoJsonError) as caught:
-        gojson.decode_object(body)
+    with pytest.raises(go_json.GoJsonError) as caught:
+        go_json.decode_object(body)
     assert str(caught.value) == message
 
 
@@ -152,8 +152,8 @@ def test_decode_object_errors_read_like_go(body: bytes, message: str) -> None:
     ],
 )
 def test_decode_object_malformed_json_errors_read_like_go(body: bytes, message: str) -> None:
-    with pytest.raises(gojson.GoJsonError) as caught:
-        gojson.decode_object(body)
+    with pytest.raises(go_json.GoJsonError) as caught:
+        go_json.decode_object(body)
     assert str(caught.value) == message
 
 
@@ -168,7 +168,7 @@ def test_decode_object_malformed_json_errors_read_like_go(body: bytes, message: 
     ],
 )
 def test_decode_predictions_maps_a_non_empty_list(body: bytes, predictions: list[object]) -> None:
-    assert gojson.decode_predictions(body) == predictions
+    assert go_json.decode_predictions(body) == predictions
 
 
 @pytest.mark.parametrize(
@@ -189,11 +189,11 @@ def test_decode_predictions_maps_a_non_empty_list(body: bytes, predictions: list
     ],
 )
 def test_decode_predictions_leaves_other_bodies_unchanged(body: bytes) -> None:
-    assert gojson.decode_predictions(body) is None
+    assert go_json.decode_predictions(body) is None
 
 
 def test_decode_predictions_out_of_range_number_fails_the_decode() -> None:
-    assert gojson.decode_predictions(b'{"predictions":[1e400]}') is None
+    assert go_json.decode_predictions(b'{"predictions":[1e400]}') is None
 
 
 @pytest.mark.parametrize(
@@ -221,12 +221,12 @@ def test_decode_predictions_out_of_range_number_fails_the_decode() -> None:
     ],
 )
 def test_valid_is_go_json_valid(body: bytes, ok: bool) -> None:
-    assert gojson.valid(body) is ok
+    assert go_json.valid(body) is ok
 
 
 def test_valid_survives_deep_nesting() -> None:
-    assert gojson.valid(b"[" * 100_000) is False
+    assert go_json.valid(b"[" * 100_000) is False
 
 
 def test_map_predictions_matches_keys_as_go_does_case_insensitively() -> None:
-    assert gojson.decode_predictions(b'{"Predictions": [1, 2]}') == [1.0, 2.0]
+    assert go_json.decode_predictions(b'{"Predictions": [1, 2]}') == [1.0, 2.0]
