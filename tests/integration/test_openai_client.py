@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
+import orjson
 import pytest
+from aiohttp import web
 
 from support import model_config
 
@@ -71,3 +75,48 @@ async def test_unknown_model_is_openai_not_found_error(client):
         await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert "demo-llm" in info.value.body["message"]
     assert info.value.body["code"] == "model_not_found"
+
+
+async def test_a_stream_cut_by_a_dying_backend_raises_in_the_client(gateways):
+    """The gateway ends a broken stream with an error event; the SDK raises on it, mid-iteration,
+    instead of handing over half an answer as if it were whole."""
+    chunk = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "demo-llm",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "half"}, "finish_reason": None}],
+    }
+
+    async def dies_mid_stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        assert request.transport is not None
+        request.transport.abort()
+        raise asyncio.CancelledError
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", dies_mid_stream)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        gateway = await gateways(
+            [{"name": "demo-llm", "endpoints": [{"url": url}], "health_check": {"interval": 0}}]
+        )
+        async with openai.AsyncOpenAI(
+            base_url=gateway.url + "/v1", api_key="unused", max_retries=0
+        ) as client:
+            stream = await client.chat.completions.create(
+                model="demo-llm", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            received = []
+            with pytest.raises(openai.APIError, match="closed the connection"):
+                async for part in stream:
+                    received.append(part.choices[0].delta.content)
+        assert received == ["half"]
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,170 @@
+"""A cluster owns its endpoints, counters and health: replaced endpoints keep their state, and an
+endpoint taken out aborts the tries still waiting on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from modelyard.cluster import BackendLoad
+from modelyard.config import EndpointConfig, ModelConfig
+from modelyard.errors import EndpointTakenOut, NotFound, RoutesInvalid, UnknownStrategy
+from modelyard.gateway.cluster import Cluster
+from modelyard.upstream import Flight
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.health: list[tuple[str, bool]] = []
+        self.outliers: list[tuple[str, str]] = []
+
+    def health_changed(self, model: str, endpoint: str, healthy: bool) -> None:
+        self.health.append((endpoint, healthy))
+
+    def outlier(self, model: str, endpoint: str, event: str) -> None:
+        self.outliers.append((endpoint, event))
+
+
+class FakeFlight(Flight):
+    """Records the abort instead of touching a connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted: list[Exception] = []
+
+    def abort(self, error: Any) -> None:
+        self.aborted.append(error)
+
+
+def endpoints(*names: str, subset: str = "default") -> list[dict[str, Any]]:
+    return [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "subset": subset} for i, n in enumerate(names)]
+
+
+def cluster(*names: str, recorder: Recorder | None = None, **fields: Any) -> Cluster:
+    config = ModelConfig.model_validate({"name": "m", "endpoints": endpoints(*names), **fields})
+    recorder = recorder or Recorder()
+    return Cluster(config, {}, recorder.health_changed, recorder.outlier)
+
+
+def test_replace_endpoints_keeps_the_state_of_endpoints_that_stay() -> None:
+    c = cluster("a", "b")
+    a, b = c.endpoints
+    c.record_probe(a, "health check failed")  # first verdict counts at once
+    c.record_outcome(b, ok=False, latency=None, now=1.0)
+    c.replace_endpoints(
+        [EndpointConfig(name="a", url=a.url), EndpointConfig(name="c", url="http://127.0.0.1:9100")]
+    )
+    kept, added = c.endpoints
+    assert kept is a and not kept.health.healthy
+    assert added.name == "c" and added.health.healthy
+    assert set(c.outliers) == {"a", "c"}
+    assert [e.name for e in c.subset("default")] == ["a", "c"]
+    assert [e.name for e in c.routable("default", 2.0)] == ["c"]
+
+
+def test_an_endpoint_whose_weight_changes_is_rebuilt_with_its_health() -> None:
+    c = cluster("a")
+    (a,) = c.endpoints
+    c.record_probe(a, "down")
+    c.replace_endpoints([EndpointConfig(name="a", url=a.url, weight=5)])
+    (rebuilt,) = c.endpoints
+    assert rebuilt is not a and rebuilt.weight == 5 and not rebuilt.health.healthy
+
+
+def test_endpoints_on_one_server_share_its_load_across_clusters() -> None:
+    loads: dict[str, BackendLoad] = {}
+    config = ModelConfig.model_validate({"name": "m", "endpoints": endpoints("a")})
+    first, second = Cluster(config, loads), Cluster(config.model_copy(update={"name": "n"}), loads)
+    first.acquire(first.endpoints[0], tokens=10)
+    assert second.endpoints[0].in_flight == 1 and second.endpoints[0].outstanding_tokens == 10
+    first.release(first.endpoints[0], tokens=10)
+    assert second.endpoints[0].in_flight == 0
+
+
+def test_a_failed_health_check_aborts_the_tries_waiting_on_that_endpoint_only() -> None:
+    recorder = Recorder()
+    c = cluster("a", "b", recorder=recorder, health_check={"unhealthy_threshold": 2})
+    a, b = c.endpoints
+    waiting_a, answered_a, waiting_b = FakeFlight(), FakeFlight(), FakeFlight()
+    c.awaiting_answer(a, waiting_a)
+    c.awaiting_answer(a, answered_a)
+    c.awaiting_answer(b, waiting_b)
+    c.answered(a, answered_a)  # its head arrived: no longer abortable
+    c.record_probe(a, "")  # first probe passes
+    c.record_probe(a, "timed out")
+    assert waiting_a.aborted == []  # one failure is below the threshold
+    c.record_probe(a, "timed out")
+    assert recorder.health == [("a", False)]
+    (error,) = waiting_a.aborted
+    assert isinstance(error, EndpointTakenOut) and "timed out" in error.message
+    assert answered_a.aborted == [] and waiting_b.aborted == []
+    assert c.taken_out(a) and not c.taken_out(b)
+
+
+def test_an_ejection_aborts_the_tries_waiting_on_the_ejected_endpoint() -> None:
+    recorder = Recorder()
+    c = cluster(
+        "a", "b", "c", recorder=recorder, outlier_detection={"consecutive_5xx": 2, "max_ejection_percent": 50}
+    )
+    a = c.endpoints[0]
+    flight = FakeFlight()
+    c.awaiting_answer(a, flight)
+    c.record_outcome(a, ok=False, latency=None, now=1.0)
+    assert flight.aborted == []
+    c.record_outcome(a, ok=False, latency=None, now=1.1)
+    assert ("a", "consecutive_5xx") in recorder.outliers
+    assert len(flight.aborted) == 1 and "ejected" in flight.aborted[0].message
+    assert c.taken_out(a)
+    assert [e.name for e in c.routable("default", 1.2)] == ["b", "c"]
+
+
+def test_a_connection_failure_takes_the_endpoint_out_only_with_active_checks() -> None:
+    checked = cluster("a")
+    checked.record_connection_failure(checked.endpoints[0], "refused")
+    assert checked.taken_out(checked.endpoints[0]) and not checked.ready
+    unchecked = cluster("a", health_check={"interval": 0})
+    unchecked.record_connection_failure(unchecked.endpoints[0], "refused")
+    assert not unchecked.taken_out(unchecked.endpoints[0])  # nothing would bring it back
+
+
+def test_panic_mode_routes_over_the_whole_subset_below_the_threshold() -> None:
+    recorder = Recorder()
+    c = cluster("a", "b", "c", recorder=recorder, healthy_panic_threshold=50)
+    a, b, _ = c.endpoints
+    c.record_probe(a, "down")
+    assert [e.name for e in c.routable("default", 0.0)] == ["b", "c"]
+    c.record_probe(b, "down")  # one of three left: below 50%
+    assert [e.name for e in c.routable("default", 0.0)] == ["a", "b", "c"]
+    assert ("", "panic") in recorder.outliers and "default" in c.panicking
+
+
+def test_routes_select_and_replace_atomically() -> None:
+    c = cluster(
+        "a",
+        routes=[
+            {
+                "name": "only-v2",
+                "match": {"headers": [{"name": "x-v", "exact": "2"}]},
+                "destinations": [{"subset": "default"}],
+            }
+        ],
+    )
+    assert c.route_for({"x-v": "2"}, None).name == "only-v2"
+    with pytest.raises(NotFound, match="only-v2"):
+        c.route_for({}, None)
+    with pytest.raises(RoutesInvalid, match="subset 'nope'"):
+        c.replace_routes([{"name": "r", "destinations": [{"subset": "nope"}]}])
+    assert [r.name for r in c.routes] == ["only-v2"]  # unchanged after a refused update
+    c.replace_routes([])
+    assert c.route_for({}, None).name == "default"  # the implicit route
+
+
+def test_switching_strategy_builds_a_new_one_and_keeps_the_sequence() -> None:
+    c = cluster("a", "b")
+    c.next_seq()
+    c.set_strategy("least_pending")
+    assert c.strategy.name == "least_pending" and c.next_seq() == 1
+    with pytest.raises(UnknownStrategy):
+        c.set_strategy("fastest")
+    assert c.strategy.name == "least_pending"
