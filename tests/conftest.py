@@ -65,23 +65,52 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A private redis-server on a free port, started for this test session."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(
-            "redis-server is not installed (Debian package redis-server); the shared-state tests need it"
-        )
-    (port,) = free_ports(1)
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
+    server = RedisServer()
     try:
-        _wait_for_port(port, process)
-        yield f"redis://127.0.0.1:{port}/0"
+        server.start()
+        yield server.url
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        server.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server for one test, which the test may stop and start again (empty)."""
+    server = RedisServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+class RedisServer:
+    """redis-server on one free port, without persistence: each start is empty."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail(
+                "redis-server is not installed (Debian package redis-server); the shared-state tests need it"
+            )
+        self._binary = binary
+        (self.port,) = free_ports(1)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert self._process is None, "already running"
+        options = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self._process = subprocess.Popen(
+            [self._binary, *options], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        _wait_for_port(self.port, self._process)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            self._process = None
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], attempts: int = 200) -> None:

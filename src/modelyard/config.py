@@ -275,7 +275,7 @@ class StateConfig(_Strict):
     backend: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "modelyard:"
-    max_entries: int = Field(100_000, ge=1, description="memory backend: bound on stored keys (LRU)")
+    max_entries: int = Field(100_000, ge=1, description="bound on in-memory keys (LRU), also redis' fallback")
     timeout: Seconds = Field(0.25, description="redis: per-operation deadline before falling back")
 
 

@@ -1,13 +1,15 @@
-"""MemoryState (TTL + LRU bound) and FallbackState (remote with local fallback), on a fake clock."""
+"""MemoryState (TTL + LRU bound) and FallbackState (remote with local fallback, write-back when
+the remote returns), on a fake clock."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
 from modelyard.errors import StateUnavailable
-from modelyard.state import FallbackState, MemoryState
+from modelyard.state import Entry, FallbackState, MemoryState
 
 
 class FakeClock:
@@ -22,11 +24,16 @@ class FakeClock:
 
 
 class FlakyRemote:
-    """A shared store that raises StateUnavailable while `down` is set."""
+    """A shared store that raises StateUnavailable while `down` is set (or goes down after
+    `batches_until_down` write-back batches)."""
 
     def __init__(self) -> None:
         self.data: dict[str, str] = {}
+        self.ttls: dict[str, float] = {}
+        self.batches: list[list[Entry]] = []
+        self.epoch: str | None = "run-1"
         self.down = False
+        self.batches_until_down: int | None = None
         self.calls = 0
         self.closed = False
 
@@ -42,9 +49,41 @@ class FlakyRemote:
     async def set(self, key: str, value: str, ttl: float) -> None:
         self._check()
         self.data[key] = value
+        self.ttls[key] = ttl
+
+    async def set_many_if_absent(self, entries: Sequence[Entry]) -> int:
+        if self.batches_until_down is not None:
+            self.down = self.down or self.batches_until_down == 0
+            self.batches_until_down -= 1
+        self._check()
+        self.batches.append(list(entries))
+        absent = [entry for entry in entries if entry.key not in self.data]
+        for key, value, ttl in absent:
+            self.data[key] = value
+            self.ttls[key] = ttl
+        return len(absent)
 
     async def close(self) -> None:
         self.closed = True
+
+
+class GatedRemote(FlakyRemote):
+    """Write-back batches wait at `gate` (after `entered` is set) until the test opens it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.cancelled = False
+
+    async def set_many_if_absent(self, entries: Sequence[Entry]) -> int:
+        self.entered.set()
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return await super().set_many_if_absent(entries)
 
 
 # MemoryState
@@ -120,6 +159,31 @@ async def test_memory_set_on_existing_key_refreshes_recency() -> None:
     await state.set("d", "d", ttl=60)
     assert await state.get("b") is None
     assert await state.get("a") == "A"
+
+
+async def test_memory_set_many_if_absent_keeps_live_values() -> None:
+    clock = FakeClock()
+    state = MemoryState(clock=clock)
+    await state.set("live", "old", ttl=60)
+    await state.set("expired", "old", ttl=1)
+    clock.advance(2)
+    entries = [Entry("live", "new", 30), Entry("expired", "new", 30), Entry("absent", "new", 30)]
+    assert await state.set_many_if_absent(entries) == 2
+    assert [await state.get(k) for k in ("live", "expired", "absent")] == ["old", "new", "new"]
+    clock.advance(30)
+    assert await state.get("absent") is None
+
+
+async def test_memory_entries_are_the_live_ones_with_their_remaining_ttl() -> None:
+    clock = FakeClock()
+    state = MemoryState(max_entries=3, clock=clock)
+    await state.set("a", "A", ttl=60)
+    await state.set("b", "B", ttl=5)
+    await state.set("c", "C", ttl=60)
+    clock.advance(10)
+    assert state.entries(["a", "b", "missing"]) == [Entry("a", "A", 50)]
+    await state.set("d", "D", ttl=60)  # reading entries did not make "a" recently used
+    assert await state.get("a") is None
 
 
 async def test_memory_close_drops_everything() -> None:
@@ -273,3 +337,275 @@ async def test_requests_in_flight_when_the_remote_fails_count_as_one_outage() ->
     assert len(reported) == 1
     clock.advance(0.6)  # past the first backoff step (0.5 s): the remote is asked again
     assert not state.degraded
+
+
+# FallbackState: write-back when the remote returns
+
+
+class Writebacks:
+    """The on_writeback callback: records each count; `next()` waits (bounded) for the next one."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self._reported = asyncio.Event()
+
+    def __call__(self, written: int) -> None:
+        self.counts.append(written)
+        self._reported.set()
+
+    async def next(self) -> int:
+        await asyncio.wait_for(self._reported.wait(), timeout=5)
+        self._reported.clear()
+        return self.counts[-1]
+
+
+class Gateway:
+    """One gateway's FallbackState over a remote the test controls, on a fake clock."""
+
+    def __init__(
+        self, remote: FlakyRemote | None = None, clock: FakeClock | None = None, max_entries: int = 1000
+    ) -> None:
+        self.clock = clock or FakeClock()
+        self.remote = remote or FlakyRemote()
+        self.local = MemoryState(max_entries=max_entries, clock=self.clock)
+        self.fallbacks: list[Exception] = []
+        self.writebacks = Writebacks()
+        self.state = FallbackState(
+            self.remote,
+            self.local,
+            on_fallback=self.fallbacks.append,
+            on_writeback=self.writebacks,
+            clock=self.clock,
+        )
+
+    async def remote_returns(self) -> None:
+        """The remote answers again; past any backoff, the next lookup notices."""
+        self.remote.down = False
+        self.clock.advance(31)
+        await self.state.get("lookup")
+
+
+async def test_keys_set_during_an_outage_are_written_back_when_the_remote_returns() -> None:
+    gw = Gateway()
+    gw.remote.down = True
+    for i in range(3):
+        await gw.state.set(f"k{i}", f"w{i}", ttl=600)
+    assert gw.remote.data == {}
+    assert gw.state.unsynced == 3
+
+    await gw.remote_returns()
+    assert await gw.writebacks.next() == 3
+    assert gw.remote.data == {"k0": "w0", "k1": "w1", "k2": "w2"}
+    assert len(gw.remote.batches) == 1  # one pipelined round trip
+    assert gw.state.unsynced == 0
+    assert len(gw.fallbacks) == 1
+
+
+async def test_writeback_carries_the_remaining_ttl_and_skips_expired_keys() -> None:
+    gw = Gateway()
+    gw.remote.down = True
+    await gw.state.set("long", "w0", ttl=60)
+    await gw.state.set("short", "w1", ttl=20)
+    gw.remote.down = False
+    gw.clock.advance(25)  # the outage lasted longer than "short" lives
+    await gw.state.get("lookup")
+    assert await gw.writebacks.next() == 1
+    assert gw.remote.data == {"long": "w0"}
+    assert gw.remote.ttls == {"long": 35}
+
+
+async def test_writeback_never_overwrites_a_value_the_remote_holds() -> None:
+    gw = Gateway()
+    gw.remote.down = True
+    await gw.state.set("k", "mine", ttl=600)
+    gw.remote.data["k"] = "theirs"  # another gateway wrote its value back first
+    await gw.remote_returns()
+    assert await gw.writebacks.next() == 0
+    assert gw.remote.data["k"] == "theirs"
+    assert await gw.state.get("k") == "theirs"  # and this gateway follows it
+
+
+async def test_gateways_that_learnt_different_values_agree_after_writing_back() -> None:
+    clock = FakeClock()
+    remote = FlakyRemote()
+    a, b = Gateway(remote, clock), Gateway(remote, clock)
+    remote.down = True
+    await a.state.set("shared", "w-a", ttl=600)
+    await b.state.set("shared", "w-b", ttl=600)
+    await b.state.set("only-b", "w-b", ttl=600)
+
+    await a.remote_returns()
+    assert await a.writebacks.next() == 1
+    await b.remote_returns()
+    assert await b.writebacks.next() == 1  # "only-b"; "shared" was already there
+    for gw in (a, b):
+        assert await gw.state.get("shared") == "w-a"
+        assert await gw.state.get("only-b") == "w-b"
+
+
+async def test_only_what_the_remote_missed_is_written_back() -> None:
+    gw = Gateway()
+    await gw.state.set("synced", "w0", ttl=600)
+    gw.remote.down = True
+    await gw.state.set("missed", "w1", ttl=600)
+    await gw.remote_returns()
+    assert await gw.writebacks.next() == 1
+    assert [entry.key for batch in gw.remote.batches for entry in batch] == ["missed"]
+
+
+async def test_a_key_set_again_once_the_remote_answers_is_not_written_back() -> None:
+    gw = Gateway()
+    gw.remote.down = True
+    await gw.state.set("k", "old", ttl=600)
+    await gw.state.set("other", "w", ttl=600)
+    gw.remote.down = False
+    gw.clock.advance(1)
+    await gw.state.set("k", "new", ttl=600)  # reaches the remote, which then holds the newest value
+    assert await gw.writebacks.next() == 1
+    assert [entry.key for batch in gw.remote.batches for entry in batch] == ["other"]
+    assert gw.remote.data == {"k": "new", "other": "w"}
+
+
+async def test_a_restarted_remote_gets_every_live_local_key_back_without_a_failure_seen() -> None:
+    gw = Gateway()
+    await gw.state.set("a", "w0", ttl=600)
+    await gw.state.set("b", "w1", ttl=60)
+    gw.clock.advance(20)
+    gw.remote.data.clear()  # restarted empty between two requests, reconnected transparently
+    gw.remote.epoch = "run-2"
+
+    assert await gw.state.get("a") == "w0"  # answered locally while the write-back starts
+    assert await gw.writebacks.next() == 2
+    assert gw.remote.data == {"a": "w0", "b": "w1"}
+    assert gw.remote.ttls == {"a": 580, "b": 40}
+    assert gw.fallbacks == []
+
+
+async def test_routing_does_not_wait_for_the_writeback() -> None:
+    gw = Gateway(GatedRemote())
+    remote = gw.remote
+    assert isinstance(remote, GatedRemote)
+    remote.down = True
+    await gw.state.set("k", "old", ttl=600)
+    await gw.remote_returns()
+    await asyncio.wait_for(remote.entered.wait(), timeout=5)
+
+    # The write-back is stuck on the remote; requests are still answered.
+    await gw.state.set("other", "w1", ttl=600)
+    assert await gw.state.get("other") == "w1"
+    assert await gw.state.get("k") == "old"
+    remote.gate.set()
+    assert await gw.writebacks.next() == 1
+
+
+async def test_a_key_set_after_the_remote_returned_is_not_overwritten_by_the_writeback() -> None:
+    gw = Gateway(GatedRemote())
+    remote = gw.remote
+    assert isinstance(remote, GatedRemote)
+    remote.down = True
+    await gw.state.set("k", "old", ttl=600)
+    await gw.remote_returns()
+    await asyncio.wait_for(remote.entered.wait(), timeout=5)  # the batch holds k=old
+
+    await gw.state.set("k", "new", ttl=600)
+    remote.gate.set()
+    assert await gw.writebacks.next() == 0
+    assert remote.data["k"] == "new"
+    assert await gw.state.get("k") == "new"
+    assert gw.state.unsynced == 0
+
+
+async def test_a_writeback_that_fails_part_way_resumes_when_the_remote_returns_again() -> None:
+    gw = Gateway()
+    gw.remote.down = True
+    keys = [f"k{i}" for i in range(600)]
+    for key in keys:
+        await gw.state.set(key, "w", ttl=600)
+    gw.remote.batches_until_down = 1  # gone again during the write-back's second batch
+
+    await gw.remote_returns()
+    first = await gw.writebacks.next()
+    assert 0 < first < 600
+    assert gw.state.degraded
+    assert len(gw.fallbacks) == 2
+    assert gw.state.unsynced == 600 - first
+
+    gw.remote.batches_until_down = None
+    await gw.remote_returns()
+    assert await gw.writebacks.next() == 600 - first
+    assert sorted(gw.remote.data) == sorted(keys)
+    assert gw.state.unsynced == 0
+    assert max(len(batch) for batch in gw.remote.batches) < 600  # batched, not one huge pipeline
+
+
+async def test_a_writeback_stops_asking_once_a_request_found_the_remote_gone_again() -> None:
+    gw = Gateway()
+    gw.remote.down = True
+    for i in range(600):
+        await gw.state.set(f"k{i}", "w", ttl=600)
+    remote = gw.remote
+    write_batch = remote.set_many_if_absent
+    calls_when_gone = 0
+
+    async def first_batch_then_gone(entries: Sequence[Entry]) -> int:
+        nonlocal calls_when_gone
+        written = await write_batch(entries)
+        remote.down = True
+        await gw.state.get("lookup")  # a request meanwhile finds it gone: back off
+        calls_when_gone = remote.calls
+        return written
+
+    remote.set_many_if_absent = first_batch_then_gone
+    await gw.remote_returns()
+    written = await gw.writebacks.next()
+    assert remote.calls == calls_when_gone  # the rest waits for the remote's next return
+    assert gw.state.unsynced == 600 - written
+
+
+async def test_a_second_outage_during_the_writeback_keeps_the_newest_value_for_the_next() -> None:
+    gw = Gateway(GatedRemote())
+    remote = gw.remote
+    assert isinstance(remote, GatedRemote)
+    remote.down = True
+    await gw.state.set("k", "old", ttl=600)
+    await gw.remote_returns()
+    await asyncio.wait_for(remote.entered.wait(), timeout=5)
+
+    remote.down = True
+    await gw.state.set("k", "new", ttl=600)  # fails: the remote is away again
+    remote.gate.set()
+    assert await gw.writebacks.next() == 0  # the write-back failed too, and did not crash
+    assert gw.state.unsynced == 1
+
+    await gw.remote_returns()
+    assert await gw.writebacks.next() == 1
+    assert remote.data == {"k": "new"}
+
+
+@pytest.mark.parametrize("outage_keys", [10, 50])
+async def test_what_waits_for_writeback_is_bounded_by_the_local_store(outage_keys: int) -> None:
+    gw = Gateway(max_entries=10)
+    gw.remote.down = True
+    for i in range(outage_keys):
+        await gw.state.set(f"k{i}", "w", ttl=600)
+        gw.clock.advance(1)  # a long outage: the window passes, the remote is tried again
+    assert gw.state.unsynced == 10
+
+    await gw.remote_returns()
+    assert await gw.writebacks.next() == 10
+    assert sorted(gw.remote.data) == sorted(f"k{i}" for i in range(outage_keys - 10, outage_keys))
+
+
+async def test_close_cancels_a_writeback_in_flight() -> None:
+    gw = Gateway(GatedRemote())
+    remote = gw.remote
+    assert isinstance(remote, GatedRemote)
+    remote.down = True
+    await gw.state.set("k", "w", ttl=600)
+    await gw.remote_returns()
+    await asyncio.wait_for(remote.entered.wait(), timeout=5)
+
+    await asyncio.wait_for(gw.state.close(), timeout=5)
+    assert remote.cancelled
+    assert remote.closed
+    assert remote.data == {}

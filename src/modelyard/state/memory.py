@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+
+from modelyard.state.base import Entry
 
 
 class MemoryState:
@@ -12,9 +15,18 @@ class MemoryState:
         self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._max_entries = max_entries
         self._clock = clock
+        self._epoch = uuid.uuid4().hex  # what is set here lives as long as this object
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def max_entries(self) -> int:
+        return self._max_entries
+
+    @property
+    def epoch(self) -> str:
+        return self._epoch
 
     async def get(self, key: str) -> str | None:
         entry = self._entries.get(key)
@@ -32,6 +44,30 @@ class MemoryState:
         self._entries.move_to_end(key)
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
+
+    async def set_many_if_absent(self, entries: Sequence[Entry]) -> int:
+        now = self._clock()
+        written = 0
+        for key, value, ttl in entries:
+            held = self._entries.get(key)
+            if held is None or held[1] <= now:
+                await self.set(key, value, ttl)
+                written += 1
+        return written
+
+    def all_keys(self) -> list[str]:
+        """Every key held, least recently used first (some may have expired)."""
+        return list(self._entries)
+
+    def entries(self, keys: Iterable[str]) -> list[Entry]:
+        """The live entries among `keys`, with the time each has left; recency is left as it is."""
+        now = self._clock()
+        found = []
+        for key in keys:
+            held = self._entries.get(key)
+            if held is not None and held[1] > now:
+                found.append(Entry(key, held[0], held[1] - now))
+        return found
 
     async def close(self) -> None:
         self._entries.clear()
