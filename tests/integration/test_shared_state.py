@@ -146,6 +146,10 @@ async def test_affinities_learnt_during_an_outage_converge_after_redis_restarts_
         assert again_on_a == again_on_b, content
         assert again_on_a in (on_a, on_b)  # one of the affinities learnt, not a fresh pick
         assert (hit_a, hit_b) == ("true", "true")
+    written = [
+        await metric_value(http, g.url, "modelyard_state_writeback_total") for g in (gateway_a, gateway_b)
+    ]
+    assert sum(written) >= len(prompts)  # every prompt's affinity went back, by one gateway or the other
 
 
 async def test_affinities_are_written_back_when_redis_restarts_empty_between_two_requests(

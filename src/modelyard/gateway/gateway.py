@@ -44,7 +44,11 @@ class Gateway:
         self.state = (
             state
             if state is not None
-            else open_state(config.state, on_fallback=lambda _exc: self.metrics.state_fallbacks.inc())
+            else open_state(
+                config.state,
+                on_fallback=lambda _exc: self.metrics.state_fallbacks.inc(),
+                on_writeback=self.metrics.state_writebacks.inc,
+            )
         )
         self.pool = UpstreamPool(config.upstream)
         self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))

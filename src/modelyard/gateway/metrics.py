@@ -61,6 +61,11 @@ class GatewayMetrics:
             "Shared-state operations that failed and fell back to local state",
             registry=self.registry,
         )
+        self.state_writebacks = Counter(
+            "modelyard_state_writeback_total",
+            "Affinities written back to shared state after it returned (a SET NX that took)",
+            registry=self.registry,
+        )
         self.health_transitions = Counter(
             "modelyard_endpoint_health_transitions_total",
             "Endpoints going healthy or unhealthy",
