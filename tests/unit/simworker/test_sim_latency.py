@@ -1,6 +1,5 @@
 import pytest
 
-from modelyard.protocols.tokens import count_tokens
 from modelyard.simworker.latency import (
     CostModel,
     PrefixCache,
@@ -18,8 +17,6 @@ def words(prefix: str, n: int) -> list[str]:
 
 def test_tokens_are_whitespace_separated_words():
     assert tokenize("  hello   big\nworld\t!") == ["hello", "big", "world", "!"]
-    assert count_tokens("") == 0
-    assert count_tokens("one two  three") == 3
 
 
 def test_block_hashes_cover_full_blocks_only():

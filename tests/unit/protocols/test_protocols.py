@@ -10,6 +10,7 @@ from multidict import CIMultiDict
 
 from modelyard.errors import BadRequest, MalformedBody, ModelNotFound, ModelyardError, UpstreamTimeout
 from modelyard.protocols import envelope, oip, openai
+from modelyard.protocols.tokens import count_tokens, tokens_in_bytes
 from modelyard.types import Protocol
 
 
@@ -236,3 +237,9 @@ def test_model_not_found_names_known_models() -> None:
 
 def test_model_not_found_without_model_or_known_models() -> None:
     assert ModelNotFound("", []).message == "no model given; known models: (none)"
+
+
+def test_tokens_are_words_and_tensor_bytes_are_four_a_token() -> None:
+    assert count_tokens("") == 0
+    assert count_tokens("  one two\nthree\t") == 3
+    assert tokens_in_bytes(0) == 0 and tokens_in_bytes(4096) == 1024
