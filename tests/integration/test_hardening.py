@@ -70,6 +70,13 @@ async def test_admin_bodies_have_their_own_size_limit(sim_workers, gateways, htt
         assert response.status == 413
         assert "limits.max_admin_body_bytes" in (await response.json())["error"]["message"]
 
+    async def chunked():  # no Content-Length: refused once the bytes read pass the limit
+        for _ in range(64):
+            yield b"#" * 512
+
+    async with http.put(gateway.url + "/admin/models/m/routes", data=chunked()) as response:
+        assert response.status == 413
+
 
 # --- 2. a hung backend -------------------------------------------------------------------------------
 

@@ -22,15 +22,26 @@ def json_response(data: object, status: int = 200) -> web.Response:
 async def read_body(
     request: web.Request, limit: int | None = None, setting: str = "limits.max_body_bytes"
 ) -> bytes:
-    """The whole body, refused with 413 before reading when its declared length is over `limit`
-    (default: `limits.max_body_bytes`, which aiohttp also enforces while reading a chunked body)."""
-    limit = request.client_max_size if limit is None else min(limit, request.client_max_size)
+    """The whole body, refused with 413 as soon as it is known to be over `limit` (default:
+    `limits.max_body_bytes`, which aiohttp itself enforces while reading a chunked body)."""
+    if limit is None or limit >= request.client_max_size:
+        limit = request.client_max_size
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(setting, limit)
+        return await request.read()
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body is larger than {setting} ({limit} bytes)")
-    body = await request.read()
-    if len(body) > limit:
-        raise PayloadTooLarge(f"request body is larger than {setting} ({limit} bytes)")
-    return body
+        raise _too_large(setting, limit)
+    parts, size = [], 0
+    while chunk := await request.content.readany():  # a chunked body: stop as soon as it is over
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(setting, limit)
+    return b"".join(parts)
+
+
+def _too_large(setting: str, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body is larger than {setting} ({limit} bytes)")
 
 
 # --- OpenAI ---------------------------------------------------------------------------------
