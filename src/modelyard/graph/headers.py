@@ -8,13 +8,17 @@ import logging
 import re
 from collections.abc import Iterable
 
+from modelyard.protocols.http import HOP_BY_HOP
+
 log = logging.getLogger("modelyard.graph")
 
 
-# Go's client writes these itself from the outgoing request; copied ones are never sent.
-_NEVER = frozenset(
-    {"Host", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Te", "Trailer", "Upgrade"}
-)
+# Go's client writes these itself from the outgoing request (the connection's own headers, Host,
+# the body's framing), so copied ones are never sent; it does send Proxy-* headers it is given.
+_NEVER = (HOP_BY_HOP - {"proxy-authenticate", "proxy-authorization", "proxy-connection"}) | {
+    "host",
+    "content-length",
+}
 
 
 def compile_patterns(setting: str | None) -> list[re.Pattern[str]]:
@@ -44,6 +48,6 @@ def propagated(headers: Iterable[tuple[str, str]], patterns: list[re.Pattern[str
     out = []
     for name, value in headers:
         key = canonical(name)
-        if key not in _NEVER and any(p.search(key) for p in patterns):
+        if key.lower() not in _NEVER and any(p.search(key) for p in patterns):
             out.append((key, value))
     return out

@@ -6,20 +6,8 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDict
 
-HOP_BY_HOP = frozenset(
-    h.lower()
-    for h in (
-        "Connection",
-        "Keep-Alive",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "TE",
-        "Trailer",
-        "Transfer-Encoding",
-        "Upgrade",
-        "Proxy-Connection",
-    )
-)
+from modelyard.protocols.http import HOP_BY_HOP
+
 # Recomputed by the next hop (Host, Content-Length), already settled with the client (Expect: the
 # gateway holds the whole body; Content-Encoding: aiohttp has decoded a gzip/deflate body), or set
 # by the gateway's own server (Date, Server).
