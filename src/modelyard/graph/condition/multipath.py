@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from modelyard.graph.condition.strict_json import decode_strict
+from modelyard.graph.condition.syntax import closing_quote
 from modelyard.graph.condition.values import go_bytes
 
 
@@ -53,13 +54,7 @@ def parse_sub_selectors(path: str) -> SubSelectors | None:
             if depth == 1:
                 push()
         elif c == '"':
-            i += 1
-            while i < n:
-                if path[i] == "\\":
-                    i += 1
-                elif path[i] == '"':
-                    break
-                i += 1
+            i = closing_quote(path, i + 1)
         elif c in "[({":
             depth += 1
         elif c in "])}":

@@ -289,13 +289,7 @@ def split_possible_pipe(path: str) -> tuple[str, str] | None:
                             if depth == 0:
                                 break
                         elif path[i] == '"':
-                            i += 1
-                            while i < n:
-                                if path[i] == "\\":
-                                    i += 1
-                                elif path[i] == '"':
-                                    break
-                                i += 1
+                            i = closing_quote(path, i + 1)
                         i += 1
         elif c == "|":
             return path[:i], path[i + 1 :]
