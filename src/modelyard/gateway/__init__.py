@@ -1,6 +1,6 @@
 """The gateway service: routes OpenAI, OIP v2 and KServe v1 requests to model endpoints."""
 
 from modelyard.gateway.app import GATEWAY, Gateway, create_app
-from modelyard.gateway.server import RunningGateway, run, run_until_signal, start_gateway
+from modelyard.gateway.server import RunningGateway, start_gateway
 
-__all__ = ["GATEWAY", "Gateway", "RunningGateway", "create_app", "run", "run_until_signal", "start_gateway"]
+__all__ = ["GATEWAY", "Gateway", "RunningGateway", "create_app", "start_gateway"]

@@ -32,6 +32,7 @@ from modelyard.gateway.proxy import Proxy
 from modelyard.graph import Graph
 from modelyard.protocols import oip, openai
 from modelyard.protocols.openai import parse_json_object
+from modelyard.serving import draining
 from modelyard.state import SharedState, open_state
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool
@@ -194,7 +195,7 @@ async def oip_live(request: web.Request) -> web.Response:
 
 
 async def oip_ready(request: web.Request) -> web.Response:
-    ready = all(m.ready for m in request.app[GATEWAY].models.values())
+    ready = not draining(request) and all(m.ready for m in request.app[GATEWAY].models.values())
     return _json({"ready": ready}, 200 if ready else 503)
 
 
@@ -208,8 +209,10 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     models = request.app[GATEWAY].models.values()
     not_ready = [m.name for m in models if not m.ready]
-    body = {"ready": not not_ready, "models_without_healthy_endpoints": not_ready}
-    return _json(body, 503 if not_ready else 200)
+    drain = draining(request)  # shutting down: load balancers should stop sending
+    ready = not not_ready and not drain
+    body = {"ready": ready, "draining": drain, "models_without_healthy_endpoints": not_ready}
+    return _json(body, 200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

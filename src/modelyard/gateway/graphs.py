@@ -35,6 +35,7 @@ from modelyard.graph import (
     parse_graph,
 )
 from modelyard.graph.headers import compile_patterns, propagated
+from modelyard.serving import answer_response
 from modelyard.upstream.graph_invoker import UrlInvoker
 
 TRACE_REQUEST_HEADER = "X-Modelyard-Trace"
@@ -163,12 +164,7 @@ class GraphService:
             result = await graph.run(body, ctx)
         except GraphFailure as failure:
             result = failure
-        written = answer(result)
-        response = web.Response(status=written.status, body=written.body)
-        if written.content_type is None:
-            response.headers.pop("Content-Type", None)
-        else:
-            response.headers["Content-Type"] = written.content_type
+        response = answer_response(answer(result))
         if trace is not None:
             steps = [
                 {"node": t.node, "step": t.step, "target": t.target, "status": t.status, "ms": t.ms}
