@@ -53,8 +53,30 @@ class _Strict(BaseModel):
 
 
 class ListenConfig(_Strict):
+    """The client-facing listener: where it binds, how long a connection may take and idle, how many
+    may be open, and how it shuts down (nginx's and Envoy's names)."""
+
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    header_timeout: Seconds = Field(
+        10.0,
+        description="reading a request head, from the connection's start or a keep-alive request's "
+        "first byte; past it 408 and close (nginx client_header_timeout); 0 = none",
+    )
+    keepalive_timeout: Seconds = Field(
+        75.0, description="an idle keep-alive connection is closed after this (nginx's default); 0 = none"
+    )
+    max_connections: int = Field(
+        10_000, ge=0, description="client connections open at once; past it 503 and close; 0 = no limit"
+    )
+    drain_seconds: Seconds = Field(
+        5.0,
+        description="after SIGTERM/SIGINT: readiness answers 503 and every request is still served "
+        "(with Connection: close) this long before the listener closes",
+    )
+    shutdown_timeout: Seconds = Field(
+        20.0, description="after the drain: how long requests in flight may take before they are cancelled"
+    )
 
 
 class EndpointConfig(_Strict):

@@ -3,6 +3,8 @@
     ModelyardError                      500 internal_error
     ├── ConfigError                     (startup: one line, exit 1)
     ├── BadRequest                      400 invalid_request_error
+    │   ├── MalformedRequest            400 (a request head that is not HTTP; the connection closes)
+    │   ├── HeaderFieldsTooLarge        431 (a header line over the limit, or too many headers)
     │   ├── MalformedBody               400
     │   ├── UnknownStrategy             400
     │   ├── GraphInvalid                400 (every problem of a graph, with its path)
@@ -11,6 +13,7 @@
     ├── NotFound                        404 not_found_error
     │   └── ModelNotFound               404 model_not_found
     ├── MethodNotAllowed                405 method_not_allowed
+    ├── RequestTimeout                  408 (the request head took longer than listen.header_timeout)
     ├── PayloadTooLarge                 413 request_too_large
     ├── Overloaded                      429 rate_limit_error (with Retry-After)
     ├── UpstreamError                   502 upstream_error
@@ -20,6 +23,7 @@
     │   │                                    before any answer byte: retried elsewhere, as a reset)
     │   └── UpstreamTimeout             504 upstream_timeout
     ├── NoHealthyEndpoint               503 service_unavailable
+    ├── TooManyConnections              503 (listen.max_connections open; with Retry-After)
     └── StateUnavailable                503 (internal: the gateway falls back to local state)
 
 Each class carries its HTTP `status` and wire `error_type`; the OpenAI envelope uses
@@ -55,6 +59,15 @@ class ConfigError(ModelyardError):
 class BadRequest(ModelyardError):
     status = 400
     error_type = "invalid_request_error"
+
+
+class MalformedRequest(BadRequest):
+    code = "malformed_request"
+
+
+class HeaderFieldsTooLarge(BadRequest):
+    status = 431
+    code = "request_header_fields_too_large"
 
 
 class MalformedBody(BadRequest):
@@ -112,6 +125,12 @@ class MethodNotAllowed(ModelyardError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(ModelyardError):
+    status = 408
+    error_type = "invalid_request_error"
+    code = "header_timeout"
+
+
 class PayloadTooLarge(ModelyardError):
     status = 413
     error_type = "invalid_request_error"
@@ -156,6 +175,15 @@ class NoHealthyEndpoint(ModelyardError):
     status = 503
     error_type = "service_unavailable"
     code = "no_healthy_endpoint"
+
+
+class TooManyConnections(ModelyardError):
+    status = 503
+    error_type = "service_unavailable"
+    code = "too_many_connections"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "1"})
 
 
 class StateUnavailable(ModelyardError):

@@ -958,7 +958,7 @@ async def test_readyz_then_draining(router: Start, service: Service, http: aioht
     running = await router(graph(seq({"serviceUrl": service.on("/t")})))
     ready = await call(http, running, b"", method="GET", path="/readyz")
     assert (ready.status, ready.body, ready.content_type) == (200, b"", None)
-    running.responder.draining = True
+    running.server.begin_drain()
     draining = await call(http, running, b"", method="GET", path="/readyz")
     assert (draining.status, draining.body, draining.content_type) == (
         503,

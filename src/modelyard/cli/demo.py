@@ -82,6 +82,8 @@ def demo_config(workers: list[tuple[str, SimWorker]], base: dict[str, Any]) -> G
         for (name, worker), cost in zip(workers, (0.6, 0.3, 0.1), strict=True)
     ]
     data = dict(base)
+    # Everything is on loopback, with no load balancer to tell: stop at once unless asked to drain.
+    data["listen"] = {"drain_seconds": 0, **data.get("listen", {})}
     data["models"] = [
         {
             "name": "demo-llm",

@@ -16,7 +16,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from modelyard.errors import GraphInvalid
-from modelyard.gateway import run as run_loop
 from modelyard.graph import (
     Graph,
     GraphFailure,
@@ -29,7 +28,8 @@ from modelyard.graph import (
 from modelyard.graph.headers import compile_patterns
 from modelyard.graph.loader import load_graph_text
 from modelyard.graphrouter import start_router
-from modelyard.graphrouter.server import serve_router_until_signal
+from modelyard.serving import run as run_loop
+from modelyard.serving import serve_until_signal
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 
@@ -198,9 +198,11 @@ def serve(
     patterns = compile_patterns(os.environ.get("PROPAGATE_HEADERS"))
 
     async def main() -> None:
-        router = await start_router(graph, host=host, port=port, services=services, patterns=patterns)
+        router = await start_router(
+            graph, host=host, port=port, services=services, patterns=patterns, drain_seconds=drain_seconds
+        )
         typer.echo(f"graph router listening on {router.url} (graph {graph.name!r})")
-        await serve_router_until_signal(router, drain_seconds)
+        await serve_until_signal([router.server], router.stop)
 
     try:
         run_loop(main())

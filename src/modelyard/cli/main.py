@@ -18,8 +18,9 @@ from modelyard.cli.graph import app as graph_app
 from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data
 from modelyard.errors import ConfigError, ModelyardError
-from modelyard.gateway import RunningGateway, run, run_until_signal, start_gateway
+from modelyard.gateway import start_gateway
 from modelyard.graph import Graph, load_config_graphs
+from modelyard.serving import run, serve_until_signal
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="modelyard: route, compose and place models."
@@ -92,38 +93,31 @@ def serve(
 
 
 async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
-    holder: list[RunningGateway] = []
-
-    async def start() -> None:
-        gateway = await start_gateway(config, graphs=graphs)
-        holder.append(gateway)
-        counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
-        typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
-
-    async def stop() -> None:
-        for gateway in holder:
-            await gateway.stop()
-
-    await run_until_signal(start, stop)
+    gateway = await start_gateway(config, graphs=graphs)
+    counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
+    typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
+    await serve_until_signal([gateway.server], gateway.stop)
 
 
 async def _serve_demo(base: dict[str, Any]) -> None:
-    workers: list[Any] = []
-    holder: list[RunningGateway] = []
+    workers = await start_demo_workers()
 
-    async def start() -> None:
-        workers.extend(await start_demo_workers())
-        gateway = await start_gateway(demo_config(workers, base))
-        holder.append(gateway)
-        typer.echo(demo_banner(gateway.url, workers))
-
-    async def stop() -> None:
-        for gateway in holder:
-            await gateway.stop()
+    async def stop_workers() -> None:
         for _name, worker in workers:
             await worker.stop()
 
-    await run_until_signal(start, stop)
+    try:
+        gateway = await start_gateway(demo_config(workers, base))
+    except BaseException:
+        await stop_workers()
+        raise
+    typer.echo(demo_banner(gateway.url, workers))
+
+    async def stop() -> None:
+        await gateway.stop()
+        await stop_workers()
+
+    await serve_until_signal([gateway.server], stop)
 
 
 @config_app.command("validate")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
-from collections.abc import Coroutine
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
+from modelyard.serving import run, serve_until_signal
 from modelyard.simworker import SimWorker, SimWorkerConfig
 
 
@@ -86,12 +83,10 @@ def sim_worker(
         typer.echo(f"error: sim-worker options: {problems}", err=True)
         raise typer.Exit(1) from None
     try:
-        _run(_serve(config))
+        run(_serve(config))
     except OSError as exc:  # typically the port is taken
         typer.echo(f"error: sim-worker cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        pass
 
 
 def _flag(loc: tuple[int | str, ...]) -> str:
@@ -103,21 +98,4 @@ async def _serve(config: SimWorkerConfig) -> None:
     worker = SimWorker(config)
     url = await worker.start()
     typer.echo(f"sim-worker listening on {url}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await worker.stop()
-
-
-def _run(main: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
+    await serve_until_signal([worker.server], worker.stop)

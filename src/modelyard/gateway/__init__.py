@@ -2,6 +2,6 @@
 
 from modelyard.gateway.app import create_app
 from modelyard.gateway.gateway import GATEWAY, Gateway
-from modelyard.gateway.server import RunningGateway, run, run_until_signal, start_gateway
+from modelyard.gateway.server import RunningGateway, start_gateway
 
-__all__ = ["GATEWAY", "Gateway", "RunningGateway", "create_app", "run", "run_until_signal", "start_gateway"]
+__all__ = ["GATEWAY", "Gateway", "RunningGateway", "create_app", "start_gateway"]

@@ -33,6 +33,7 @@ from modelyard.graph import (
 )
 from modelyard.graph.headers import compile_patterns, propagated
 from modelyard.graph.loader import graphs_in_documents
+from modelyard.serving import answer_response
 from modelyard.upstream.graph_invoker import UrlInvoker
 
 TRACE_REQUEST_HEADER = "X-Modelyard-Trace"
@@ -133,12 +134,7 @@ class GraphService:
             result = await graph.run(body, ctx)
         except GraphFailure as failure:
             result = failure
-        written = answer(result)
-        response = web.Response(status=written.status, body=written.body)
-        if written.content_type is None:
-            response.headers.pop("Content-Type", None)
-        else:
-            response.headers["Content-Type"] = written.content_type
+        response = answer_response(answer(result))
         if trace is not None:
             steps = [
                 {"node": t.node, "step": t.step, "target": t.target, "status": t.status, "ms": t.ms}

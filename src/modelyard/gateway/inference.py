@@ -12,6 +12,7 @@ from modelyard.errors import MethodNotAllowed, Overloaded, PayloadTooLarge
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
 from modelyard.protocols import oip, openai
+from modelyard.serving import draining
 from modelyard.types import RoutingRequest
 
 
@@ -105,7 +106,7 @@ async def oip_live(request: web.Request) -> web.Response:
 
 
 async def oip_ready(request: web.Request) -> web.Response:
-    ready = all(c.ready for c in request.app[GATEWAY].clusters.values())
+    ready = not draining(request) and all(c.ready for c in request.app[GATEWAY].clusters.values())
     return json_response({"ready": ready}, 200 if ready else 503)
 
 
@@ -132,8 +133,10 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     clusters = request.app[GATEWAY].clusters.values()
     not_ready = [c.name for c in clusters if not c.ready]
-    body = {"ready": not not_ready, "models_without_healthy_endpoints": not_ready}
-    return json_response(body, 503 if not_ready else 200)
+    drain = draining(request)  # shutting down: load balancers should stop sending
+    ready = not not_ready and not drain
+    body = {"ready": ready, "draining": drain, "models_without_healthy_endpoints": not_ready}
+    return json_response(body, 200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

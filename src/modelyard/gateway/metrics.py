@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from modelyard.cluster import BackendLoad
+from modelyard.serving import ListenerStats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -28,6 +29,37 @@ class _InFlightCollector(Collector):
         for load in self._loads():
             family.add_metric([load.name], load.in_flight)
         yield family
+
+
+class _ListenerCollector(Collector):
+    """The client-facing listener's counters, read at scrape time (the listener keeps plain ints)."""
+
+    def __init__(self, stats: ListenerStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self._stats
+        yield GaugeMetricFamily(
+            "modelyard_connections_open", "Client connections open now", value=stats.open_connections
+        )
+        yield CounterMetricFamily(
+            "modelyard_connections_refused",
+            "Client connections answered 503 and closed because listen.max_connections were open",
+            value=stats.refused_connections,
+        )
+        yield CounterMetricFamily(
+            "modelyard_header_timeouts",
+            "Client connections closed because a request head took longer than listen.header_timeout",
+            value=stats.header_timeouts,
+        )
+        refused = CounterMetricFamily(
+            "modelyard_request_heads_refused",
+            "Request heads refused before routing: 400 malformed, 431 header fields too large",
+            labels=["code"],
+        )
+        for code, count in sorted(stats.refused_heads.items()):
+            refused.add_metric([str(code)], count)
+        yield refused
 
 
 class GatewayMetrics:
@@ -138,6 +170,10 @@ class GatewayMetrics:
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
+
+    def watch_listener(self, stats: ListenerStats) -> None:
+        """Export the counters of the listener serving this gateway."""
+        self.registry.register(_ListenerCollector(stats))
 
     def graph_step(self, graph: str, node: str, step: str, code: int, seconds: float) -> None:
         self.graph_steps.labels(graph, node, step, str(code)).observe(seconds)

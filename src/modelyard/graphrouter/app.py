@@ -12,6 +12,7 @@ from aiohttp import web
 
 from modelyard.graph import Graph, GraphFailure, Invoker, Outcome, RunContext, answer
 from modelyard.graph.headers import propagated
+from modelyard.serving import answer_response, draining
 
 
 class GraphResponder:
@@ -29,7 +30,6 @@ class GraphResponder:
         self.invoker = invoker
         self.patterns = patterns
         self.rng = rng or random.SystemRandom()  # KServe draws Splitter routes from crypto/rand
-        self.draining = False
 
     async def respond(self, body: bytes, headers: list[tuple[str, str]]) -> web.Response:
         # As KServe's router: spec.timeout is not applied (Knative enforces it in front, if anyone).
@@ -42,7 +42,7 @@ class GraphResponder:
         except Exception as exc:  # a bug of ours must still answer as KServe's router does
             log.exception("graph %s failed", self.graph.name)
             result = GraphFailure(500, str(exc))
-        return to_response(result)
+        return answer_response(answer(result))
 
 
 log = logging.getLogger("modelyard.graphrouter")
@@ -52,18 +52,8 @@ GO_SERVER_TIMEOUT = 60  # KServe's router: ReadTimeout and WriteTimeout default 
 ROUTER = web.AppKey("graph_router", GraphResponder)
 
 
-def to_response(result: Outcome | GraphFailure) -> web.Response:
-    written = answer(result)
-    response = web.Response(status=written.status, body=written.body)
-    if written.content_type is None:
-        response.headers.pop("Content-Type", None)  # aiohttp would say octet-stream; Go says nothing
-    else:
-        response.headers["Content-Type"] = written.content_type
-    return response
-
-
 async def _readyz(request: web.Request) -> web.Response:
-    if request.app[ROUTER].draining:
+    if draining(request):
         return web.Response(
             status=503,
             body=b"shutting down\n",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from aiohttp import web
-
+from modelyard.config import ListenConfig
+from modelyard.serving import HttpServer
 from modelyard.simworker.app import ENGINE, create_sim_app
 from modelyard.simworker.config import SimWorkerConfig
 from modelyard.simworker.engine import SimStats
@@ -23,7 +23,7 @@ class SimWorker:
         self.url: str | None = None
         self.port: int | None = None
         self._shutdown_timeout = shutdown_timeout
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
 
     @property
     def stats(self) -> SimStats:
@@ -34,30 +34,36 @@ class SimWorker:
         """The config in force now, including `PUT /sim/config` changes."""
         return self.app[ENGINE].config
 
+    @property
+    def server(self) -> HttpServer:
+        """The running server (for `modelyard.serving.serve_until_signal`)."""
+        if self._server is None:
+            raise RuntimeError("SimWorker not started")
+        return self._server
+
     async def start(self) -> str:
-        if self._runner is not None:
+        if self._server is not None:
             raise RuntimeError("SimWorker already started")
-        # handler_cancellation: a client that goes away aborts its generation, as vLLM does.
-        runner = web.AppRunner(
-            self.app, access_log=None, shutdown_timeout=self._shutdown_timeout, handler_cancellation=True
+        listen = ListenConfig(
+            host=self.config.host,
+            port=self.config.port,
+            # aiohttp's own keep-alive (an hour), as before: the gateway's pools decide when to let go.
+            keepalive_timeout=3630.0,
+            drain_seconds=0.0,  # nothing routes by a sim worker's readiness: stop at once
+            shutdown_timeout=self._shutdown_timeout,
         )
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, self.config.host, self.config.port)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
-        self.port = port
-        self.url = f"http://{_url_host(self.config.host or host)}:{port}"
-        return self.url
+        # handler_cancellation (the default): a client that goes away aborts its generation, as vLLM does.
+        server = HttpServer(self.app, listen)
+        await server.start()
+        self._server = server
+        self.port = server.port
+        self.url = server.url
+        return server.url
 
     async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop()
 
     async def __aenter__(self) -> SimWorker:
         await self.start()
@@ -67,7 +73,3 @@ class SimWorker:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

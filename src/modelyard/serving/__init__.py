@@ -1,0 +1,12 @@
+"""Serving HTTP: the I/O adapter that runs an aiohttp application as a server process, shared by the
+gateway, the stand-alone graph router and the sim worker. It owns the listener's limits (a deadline
+on request heads, keep-alive, a bound on open connections), the error envelope for requests that
+never reach the application, the drain on SIGTERM/SIGINT and the bounded stop after it."""
+
+from modelyard.serving.connection import ListenerStats
+from modelyard.serving.drain import draining
+from modelyard.serving.process import run, serve_until_signal
+from modelyard.serving.responses import answer_response
+from modelyard.serving.server import HttpServer
+
+__all__ = ["HttpServer", "ListenerStats", "answer_response", "draining", "run", "serve_until_signal"]

@@ -1,0 +1,136 @@
+"""`HttpServer`: an aiohttp application on a listening socket, with the listener's limits (header
+timeout, keep-alive, open connections), a drain, and a bounded shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from modelyard.config import ListenConfig
+from modelyard.serving.connection import MAX_REFUSALS, GuardedConnection, ListenerStats, Refusal
+from modelyard.serving.drain import closing_while_draining, install_drain
+
+# aiohttp's defaults for the request parser, kept for every server but the graph router.
+MAX_LINE_SIZE = 8190
+MAX_FIELD_SIZE = 8190
+MAX_HEADERS = 128
+
+
+class HttpServer:
+    """Serves `app` as `listen` says. `start()` binds (port 0 picks a free port) and returns the URL;
+    `begin_drain()` turns readiness to 503 and answers every request that starts from then on with
+    `Connection: close`;
+    `stop()` closes the listener, then waits up to `listen.shutdown_timeout` for requests in flight.
+
+    Connections are aiohttp's own request handler (`runner.server` keeps dispatching to the app and
+    tracking connections for shutdown), made by this server's protocol factory instead of TCPSite's
+    so that each one gets the header deadline and the connection limit applies at accept time.
+    """
+
+    def __init__(
+        self,
+        app: web.Application,
+        listen: ListenConfig,
+        *,
+        handler_cancellation: bool = True,
+        max_line_size: int = MAX_LINE_SIZE,
+        max_field_size: int = MAX_FIELD_SIZE,
+        max_headers: int = MAX_HEADERS,
+        backlog: int = 1024,
+    ) -> None:
+        self.app = app
+        self.listen = listen
+        self.stats = ListenerStats()
+        self.host = listen.host
+        self.port = listen.port
+        self.url = ""
+        self._drain = install_drain(app)
+        self._handler_cancellation = handler_cancellation
+        self._parser_limits = (max_line_size, max_field_size, max_headers)
+        self._backlog = backlog
+        self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self._refusals: set[Refusal] = set()
+
+    @property
+    def draining(self) -> bool:
+        return self._drain.active
+
+    def begin_drain(self) -> None:
+        self._drain.active = True
+
+    async def start(self) -> str:
+        if self._runner is not None:
+            raise RuntimeError("HttpServer already started")
+        # handler_cancellation: a client that disconnects cancels its handler (and its upstream call).
+        runner = web.AppRunner(
+            self.app,
+            handler_cancellation=self._handler_cancellation,
+            shutdown_timeout=self.listen.shutdown_timeout,
+        )
+        await runner.setup()
+        assert runner.server is not None
+        # web.Server hands its request factory to each connection it makes, ours included.
+        runner.server.request_factory = closing_while_draining(self._drain, runner.server.request_factory)
+        self._runner = runner  # before listening: the first connection may be accepted at once
+        try:
+            self._listener = await asyncio.get_running_loop().create_server(
+                self._accept, self.listen.host or None, self.listen.port, backlog=self._backlog
+            )
+        except BaseException:
+            self._runner = None
+            await runner.cleanup()
+            raise
+        bound = self._listener.sockets[0].getsockname()
+        self.host = self.listen.host or bound[0]
+        self.port = bound[1]
+        self.url = (
+            f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
+        )
+        return self.url
+
+    def _accept(self) -> asyncio.Protocol:
+        loop = asyncio.get_running_loop()
+        limit = self.listen.max_connections
+        if limit and self.stats.open_connections >= limit:
+            self.stats.refused_connections += 1
+            # A refusal waits for the request line at most as long as a head may take.
+            refusal = Refusal(
+                loop,
+                self.listen.header_timeout or 10.0,
+                self._refusals.discard,
+                answer=len(self._refusals) < MAX_REFUSALS,
+            )
+            self._refusals.add(refusal)
+            return refusal
+        assert self._runner is not None and self._runner.server is not None
+        max_line_size, max_field_size, max_headers = self._parser_limits
+        self.stats.open_connections += 1
+        return GuardedConnection(
+            self._runner.server,
+            loop=loop,
+            stats=self.stats,
+            on_lost=self._connection_closed,
+            header_timeout=self.listen.header_timeout,
+            keepalive_timeout=self.listen.keepalive_timeout,
+            max_line_size=max_line_size,
+            max_field_size=max_field_size,
+            max_headers=max_headers,
+        )
+
+    def _connection_closed(self) -> None:
+        self.stats.open_connections -= 1
+
+    async def stop(self) -> None:
+        """Stop listening, close idle connections, give requests in flight `listen.shutdown_timeout`,
+        then run the app's cleanup. Safe to call twice."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._drain.active = True  # whatever is still answered closes its connection
+        if self._listener is not None:
+            self._listener.close()
+        for refusal in list(self._refusals):
+            refusal.close()
+        await runner.cleanup()
