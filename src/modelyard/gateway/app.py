@@ -17,7 +17,6 @@ from modelyard.cluster import BackendLoad
 from modelyard.config import GatewayConfig
 from modelyard.errors import (
     BadRequest,
-    MethodNotAllowed,
     ModelNotFound,
     Overloaded,
     PayloadTooLarge,
@@ -176,12 +175,7 @@ async def oip_infer(request: web.Request) -> web.StreamResponse:
 async def model_get(request: web.Request) -> web.StreamResponse:
     """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
     gateway = request.app[GATEWAY]
-    name = request.match_info["name"]
-    if name.endswith(":predict"):  # GET on KServe v1's predict path: the route exists for POST
-        raise MethodNotAllowed(
-            f"method GET is not allowed on {request.path}; allowed: POST", headers={"Allow": "POST"}
-        )
-    model = gateway.model(name)
+    model = gateway.model(request.match_info["name"])
     return await gateway.proxy.forward(request, model, RoutingRequest(model=model.name), None)
 
 
@@ -369,7 +363,7 @@ def create_app(
     add("POST", "/v1/embeddings", _openai_handler("embeddings"))
     add("GET", "/v1/models", list_models)
     add("POST", "/v1/models/{name}:predict", oip_infer)
-    add("GET", "/v1/models/{name}", model_get)
+    add("GET", "/v1/models/{name:[^/]+(?<!:predict)}", model_get)  # :predict is POST only (405, Allow)
     add("GET", "/v2", oip_server_metadata)
     add("GET", "/v2/health/live", oip_live)
     add("GET", "/v2/health/ready", oip_ready)
