@@ -27,6 +27,7 @@ from modelyard.gateway.graphs import TRACE_REQUEST_HEADER, GatewayInvoker, Graph
 from modelyard.gateway.health import HealthChecker
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.models import ServedModel
+from modelyard.gateway.openapi import openapi_handler
 from modelyard.gateway.proxy import Proxy
 from modelyard.graph import Graph
 from modelyard.protocols import oip, openai
@@ -374,6 +375,7 @@ def create_app(
     add("GET", "/healthz", healthz)
     add("GET", "/readyz", readyz)
     add("GET", "/metrics", metrics)
+    add("GET", "/openapi.json", openapi_handler(gateway))
     add("GET", "/admin/models/{model}/routes", get_routes)
     add("PUT", "/admin/models/{model}/routes", put_routes)
     add("GET", "/admin/models/{model}/canary", get_canary)
