@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -45,7 +46,14 @@ def _parse_duration(value: Any) -> Any:
     return value
 
 
-Seconds = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0)]
+# The JSON schema says what `_parse_duration` takes (routes are PUT over HTTP; see /openapi.json).
+_DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": r"^[ \t\n\r]*[0-9]+(\.[0-9]+)?[ \t\n\r]*(ms|s|m|h)?[ \t\n\r]*$"},
+    ]
+}
+Seconds = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0), WithJsonSchema(_DURATION_SCHEMA)]
 
 
 class _Strict(BaseModel):

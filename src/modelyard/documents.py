@@ -70,7 +70,11 @@ def parse_documents(text: str | bytes, *, untrusted: bool = True) -> list[Any]:
         return [] if data is None else [data]
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    loader = (_UntrustedLoader if untrusted else _BoundedLoader)(text)
+    try:
+        # The reader checks the characters as it is made: inside the try.
+        loader = (_UntrustedLoader if untrusted else _BoundedLoader)(text)
+    except yaml.YAMLError as exc:
+        raise DocumentError(f"invalid YAML: {exc}") from None
     try:
         documents = []
         while loader.check_node():

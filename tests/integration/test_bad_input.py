@@ -148,3 +148,10 @@ async def test_get_on_a_predict_path_is_405(gateway, http):
         assert response.status == 405
         assert response.headers["Allow"] == "POST"
         assert isinstance((await response.json())["error"], str)
+
+
+async def test_other_methods_on_a_predict_path_allow_only_post(gateway, http):
+    # The 405 lists what the path allows: GET matched /v1/models/{name} once (found by schemathesis).
+    async with http.request("OPTIONS", gateway.url + "/v1/models/alpha:predict") as response:
+        assert response.status == 405
+        assert response.headers["Allow"] == "POST"

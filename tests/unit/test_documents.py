@@ -49,3 +49,9 @@ def test_streams_and_empty_documents() -> None:
     assert parse_document("") is None
     with pytest.raises(DocumentError, match="one document"):
         parse_document("a: 1\n---\nb: 2\n")
+
+
+@pytest.mark.parametrize("text", [b"\x00", "a: \x07\n"])
+def test_characters_yaml_refuses_are_a_document_error(text: str | bytes) -> None:
+    with pytest.raises(DocumentError, match="invalid YAML"):
+        parse_document(text)

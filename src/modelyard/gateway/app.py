@@ -11,6 +11,7 @@ from modelyard.errors import BadRequest
 from modelyard.gateway import admin, inference
 from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.gateway import GATEWAY, Gateway
+from modelyard.gateway.openapi import openapi_handler
 from modelyard.graph import Graph
 from modelyard.state import SharedState
 
@@ -56,7 +57,7 @@ def create_app(
     add("POST", "/v1/embeddings", inference.openai_handler("embeddings"))
     add("GET", "/v1/models", inference.list_models)
     add("POST", "/v1/models/{name}:predict", inference.oip_infer)
-    add("GET", "/v1/models/{name}", inference.model_get)
+    add("GET", "/v1/models/{name:[^/]+(?<!:predict)}", inference.model_get)  # :predict: POST only
     add("GET", "/v2", inference.oip_server_metadata)
     add("GET", "/v2/health/live", inference.oip_live)
     add("GET", "/v2/health/ready", inference.oip_ready)
@@ -67,6 +68,7 @@ def create_app(
     add("GET", "/healthz", inference.healthz)
     add("GET", "/readyz", inference.readyz)
     add("GET", "/metrics", inference.metrics)
+    add("GET", "/openapi.json", openapi_handler(gateway))
     add("GET", "/v1/graphs", admin.list_graphs)
     add("GET", "/v1/graphs/{name}", admin.get_graph)
     add("POST", "/v1/graphs/{name}", inference.run_graph)

@@ -8,7 +8,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
-from modelyard.errors import MethodNotAllowed, Overloaded, PayloadTooLarge
+from modelyard.errors import Overloaded, PayloadTooLarge
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
 from modelyard.protocols import oip, openai
@@ -88,12 +88,7 @@ async def oip_infer(request: web.Request) -> web.StreamResponse:
 async def model_get(request: web.Request) -> web.StreamResponse:
     """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
     gateway = request.app[GATEWAY]
-    name = request.match_info["name"]
-    if name.endswith(":predict"):  # GET on KServe v1's predict path: the route exists for POST
-        raise MethodNotAllowed(
-            f"method GET is not allowed on {request.path}; allowed: POST", headers={"Allow": "POST"}
-        )
-    cluster = gateway.cluster(name)
+    cluster = gateway.cluster(request.match_info["name"])
     return await gateway.proxy.forward(request, cluster, RoutingRequest(model=cluster.name), None)
 
 

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from modelyard.graph.condition import ConditionSyntaxError, compile_condition
 from modelyard.graph.model import ROOT, GraphSpec, InferenceRouter
 
-_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # fullmatch: `$` would let a final newline through
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ def validate_graph(name: str, raw: Any, *, resolved: bool = False) -> tuple[Grap
     spec KServe's controller hands its router, where a step keeps its `serviceName` beside the
     `serviceUrl` resolved from it; that pair counts as one target."""
     report = Report()
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         report.error(
             "metadata.name",
             f'The InferenceGraph "{name}" is invalid: a InferenceGraph name must consist of lower case '

@@ -22,15 +22,26 @@ def protocol_for_path(path: str) -> Protocol:
 def error_body(protocol: Protocol, error: ModelyardError) -> bytes:
     """OpenAI (and the gateway's own endpoints): {"error": {"message", "type", "param", "code"}};
     OIP v2 and KServe v1: {"error": "<message>"}."""
+    message = _utf8(error.message)
     if protocol in (Protocol.OIP, Protocol.KSERVE_V1):
-        return orjson.dumps({"error": error.message})
+        return orjson.dumps({"error": message})
     body: dict[str, object] = {
-        "message": error.message,
+        "message": message,
         "type": error.error_type,
         "param": None,
         "code": error.code or error.error_type,
     }
     problems = getattr(error, "problems", None)
     if problems:
-        body["problems"] = problems  # e.g. every validation error of a graph
+        body["problems"] = [_utf8(p) for p in problems]  # e.g. every validation error of a graph
     return orjson.dumps({"error": body})
+
+
+def _utf8(text: str) -> str:
+    """Messages quote what clients sent: a JSON or YAML `\\ud800` escape is a lone surrogate, which
+    UTF-8 (and so orjson) cannot encode; it is written as that escape instead."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text

@@ -64,7 +64,7 @@ def oip_outputs(body: dict[str, object], scale: float) -> list[dict[str, object]
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):
             raise ValueError(f"input {name!r}: shape must be a list of non-negative integers")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise ValueError(f"input {name!r}: unknown datatype {datatype!r}")
         if "data" not in tensor:
             raise ValueError(f"input {name!r}: missing 'data'")

@@ -8,7 +8,14 @@ import orjson
 import pytest
 from multidict import CIMultiDict
 
-from modelyard.errors import BadRequest, MalformedBody, ModelNotFound, ModelyardError, UpstreamTimeout
+from modelyard.errors import (
+    BadRequest,
+    MalformedBody,
+    ModelNotFound,
+    ModelyardError,
+    RoutesInvalid,
+    UpstreamTimeout,
+)
 from modelyard.protocols import envelope, oip, openai
 from modelyard.protocols.tokens import count_tokens, tokens_in_bytes
 from modelyard.types import Protocol
@@ -227,6 +234,18 @@ def test_oip_and_kserve_envelope_is_the_message_only(protocol: Protocol) -> None
     assert orjson.loads(envelope.error_body(protocol, error)) == {
         "error": "upstream did not answer within 600s"
     }
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+def test_envelope_of_a_message_quoting_a_lone_surrogate(protocol: Protocol) -> None:
+    # A JSON or YAML "\ud800" escape decodes to a lone surrogate that UTF-8 cannot encode; the
+    # envelope renders it as the escape instead of failing (found by the schemathesis run).
+    error = RoutesInvalid("m", ["routes[0].name: bad \ud800"])
+    body = orjson.loads(envelope.error_body(protocol, error))
+    message = body["error"] if isinstance(body["error"], str) else body["error"]["message"]
+    assert message.endswith("bad \\ud800")
+    if protocol not in (Protocol.OIP, Protocol.KSERVE_V1):
+        assert body["error"]["problems"] == ["routes[0].name: bad \\ud800"]
 
 
 def test_model_not_found_names_known_models() -> None:

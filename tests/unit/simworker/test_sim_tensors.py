@@ -48,6 +48,8 @@ def test_outputs_filter_selects_and_orders():
         {"inputs": "x"},
         {"inputs": [tensor("a", "FP32", [3], [1.0, 2.0])]},
         {"inputs": [tensor("a", "FP99", [1], [1.0])]},
+        {"inputs": [tensor("a", {}, [1], [1.0])]},  # found by the schemathesis run: was a TypeError (500)
+        {"inputs": [tensor("a", ["FP32"], [1], [1.0])]},
         {"inputs": [tensor("a", "FP32", [1], ["x"])]},
         {"inputs": [tensor("a", "INT32", [1], [1.5])]},
         {"inputs": [tensor("a", "FP32", [-1], [1.0])]},
