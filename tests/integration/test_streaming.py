@@ -75,3 +75,28 @@ async def test_client_disconnect_cancels_a_non_streaming_request(sim_workers, ga
         return gateway_idle and (await sim_stats(http, worker))["running"] == 0
 
     await wait_until(upstream_stopped)
+
+
+async def test_a_client_leaving_a_fast_stream_is_counted_not_logged_as_an_error(
+    sim_workers, gateways, http, caplog
+):
+    # The server streams as fast as it can: the gateway is mid-write when the client's socket
+    # closes, which must end the exchange quietly (499), not as an unhandled error.
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])])
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 100_000,
+        "stream": True,
+    }
+    for _ in range(5):
+        response = await http.post(gateway.url + CHAT, json=body)
+        await response.content.readline()
+        response.close()
+
+    async def all_ended() -> bool:
+        return await metric_value(http, gateway.url, "modelyard_requests_total", code="499") == 5
+
+    await wait_until(all_ended)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []

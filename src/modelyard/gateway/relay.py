@@ -95,7 +95,10 @@ class Relay:
                 if first:
                     self._metrics.ttft.labels(model).observe(time.perf_counter() - ex.started)
                     first = False
-                await response.write(chunk)
+                try:
+                    await response.write(chunk)
+                except ConnectionError:  # the client went away: nothing more to relay
+                    return response, CLIENT_CLOSED
                 tail = (tail + chunk)[-2:]
                 if capture is not None:
                     capture.add(chunk)
