@@ -73,6 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=90.0, help="bound on each scenario's load")
     parser.add_argument("--client-timeout", type=float, default=30.0, help="a client gives up after this")
     parser.add_argument("--slow-connections", type=int, default=500, help="slowloris connections")
+    parser.add_argument(
+        "--slow-wait",
+        type=float,
+        default=15.0,
+        help="slowloris: count open connections this long after opening",
+    )
     parser.add_argument("--gateway-cmd", default=f"{EXE} serve", help="how to start the gateway")
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args(argv)
@@ -86,9 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- the load -------------------------------------------------------------------------------------
 
 
-async def load(args: argparse.Namespace, url: str, event, run: Run) -> None:  # type: ignore[no-untyped-def]
-    """Loops of requests; `event()` (sync) runs once a third of the requests have been sent."""
+async def load(args: argparse.Namespace, url: str, event, run: Run, *, until_gone: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Loops of requests; `event()` (sync) runs once a third of `--requests` have been sent. With
+    `until_gone`, the loops go on past `--requests` until the gateway has exited."""
     sent = 0
+    limit = 10**9 if until_gone else args.requests
     start = time.perf_counter()
     deadline = start + args.max_seconds
     timeout = aiohttp.ClientTimeout(total=args.client_timeout)
@@ -97,7 +105,7 @@ async def load(args: argparse.Namespace, url: str, event, run: Run) -> None:  # 
 
         async def loop() -> None:
             nonlocal sent
-            while sent < args.requests and time.perf_counter() < deadline:
+            while sent < limit and time.perf_counter() < deadline:
                 index = sent
                 sent += 1
                 if index == args.requests // 3:
@@ -192,8 +200,7 @@ async def drain(args: argparse.Namespace, url: str, gateway: Child, run: Run) ->
         run.notes["exit_code"] = gateway.proc.returncode
         run.notes["readyz_during_drain"] = dict(readiness)
 
-    args_unbounded = argparse.Namespace(**{**vars(args), "requests": 10**9})  # until the gateway is gone
-    await asyncio.gather(load(args_unbounded, url, terminate, run), watch())
+    await asyncio.gather(load(args, url, terminate, run, until_gone=True), watch())
 
 
 async def slowloris(args: argparse.Namespace, url: str, run: Run) -> None:
@@ -224,6 +231,8 @@ async def slowloris(args: argparse.Namespace, url: str, run: Run) -> None:
     await asyncio.sleep(1.0)
     run.event_at = 0.0
     await load(args, url, lambda: None, run)
+    # Past the gateway's header timeout (10 s by default): count what is still open.
+    await asyncio.sleep(max(0.0, started + args.slow_wait - time.perf_counter()))
     open_at_end = sum(1 for w in writers if not w.is_closing() and not w.transport.is_closing())
     # A closed connection shows on the next write; probe them all once.
     for writer in writers:
