@@ -146,6 +146,11 @@ async def test_requests_waiting_on_a_hung_backend_are_retried_once_its_health_ch
     assert hung.requests >= 1  # some went there first, and were taken back
     retried = await metric_value(http, gateway.url, "modelyard_retries_total", reason="reset")
     assert retried == hung.requests
+    # Taken out by its health check; the aborted tries are not 5xx answers to eject it for.
+    ejections = await metric_value(
+        http, gateway.url, "modelyard_outlier_events_total", event="consecutive_5xx"
+    )
+    assert ejections == 0
 
 
 async def post(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -235,6 +240,52 @@ async def test_a_backend_killed_under_load_loses_no_request_with_the_default_con
     assert await metric_value(http, gateway.url, "modelyard_retry_budget_exhausted_total") == 0
 
 
+async def healthy(request: web.Request) -> web.Response:
+    return web.json_response({})
+
+
+async def test_one_connection_closed_without_an_answer_fails_nothing_else(sim_workers, gateways, http):
+    """A request that crashes its worker (the server drops the connection) is retried, and costs
+    the other requests in flight on that server nothing: the server is not taken out for it."""
+
+    async def chat_or_drop(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if b"poison" in body:
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError
+        await asyncio.sleep(0.3)
+        message = {"role": "assistant", "content": "ok"}
+        return web.json_response({"object": "chat.completion", "choices": [{"index": 0, "message": message}]})
+
+    urls = []
+    runners = []
+    for _ in range(2):
+        app = web.Application()
+        app.router.add_post(CHAT, chat_or_drop)
+        app.router.add_get("/health", healthy)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    try:
+        endpoints = [{"name": f"w{i}", "url": url} for i, url in enumerate(urls)]
+        gateway = await gateways([{"name": "m", "endpoints": endpoints}])  # every default
+        normal = [asyncio.create_task(post(http, gateway.url)) for _ in range(6)]
+        await asyncio.sleep(0.05)  # the six are in flight on both servers
+        async with http.post(gateway.url + CHAT, json=chat("poison")) as response:
+            assert response.status == 502  # it crashed every server it was tried on
+        assert [status for status, _ in await asyncio.gather(*normal)] == [200] * 6
+        async with http.get(gateway.url + "/readyz") as response:
+            assert response.status == 200
+        transitions = "modelyard_endpoint_health_transitions_total"
+        assert await metric_value(http, gateway.url, transitions, to="unhealthy") == 0
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
 # --- 9. path segments that escape the routed resource -----------------------------------------------
 
 
@@ -283,6 +334,12 @@ async def test_admin_401s_say_how_to_authenticate_and_accept_the_scheme_in_any_c
         gateway.url + "/admin/strategy", headers={"Authorization": "Basic s3cret"}
     ) as response:
         assert response.status == 401
+    host, port = gateway.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = b"GET /admin/strategy HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+    writer.write(head + b"Connection: close\r\n\r\n")
+    assert (await reader.read()).startswith(b"HTTP/1.1 401 ")  # a token that is not UTF-8: not a 500
+    writer.close()
 
 
 @pytest.mark.parametrize("protect", [False, True])

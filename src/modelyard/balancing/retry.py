@@ -11,12 +11,16 @@ from __future__ import annotations
 import random
 
 from modelyard.config import RetryPolicy
-from modelyard.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from modelyard.errors import (
+    EndpointTakenOut,
+    UpstreamClosed,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 
 _GATEWAY_ERRORS = frozenset({502, 503, 504})
 _RETRIABLE_4XX = frozenset({409, 429})
-# Failures of the connection, not answers: the server never said anything about this request.
-CONNECTION_FAILURES = frozenset({"connect-failure", "reset"})
 
 
 def reason_for_status(status: int, policy: RetryPolicy) -> str:
@@ -45,12 +49,14 @@ def retriable(policy: RetryPolicy, reason: str, status: int | None) -> bool:
     return reason in policy.retry_on or (status is not None and status in policy.retriable_status_codes)
 
 
-def charged_to_budget(reason: str, endpoint_taken_out: bool) -> bool:
-    """Whether a retry spends the retry budget. The budget exists to stop retries multiplying the
-    load on servers that are failing to answer; a connection-level failure on an endpoint that is
-    already out (refused, died, hung past its health check) adds no load there, since the retry
-    goes elsewhere. Counting those would fail requests exactly when a server dies under load."""
-    return not (reason in CONNECTION_FAILURES and endpoint_taken_out)
+def charged_to_budget(error: UpstreamError | None) -> bool:
+    """Whether retrying a failed try spends the retry budget. The budget stops retries multiplying
+    the load on servers that answer with errors (5xx storms) or too slowly (timeouts). A try whose
+    server never said a word (the connection refused, closed before any answer byte as when the
+    process dies, or its endpoint taken out while it waited) is free: the retry goes to another
+    endpoint, and charging it would fail the requests in flight exactly when a server dies under
+    load. `attempts` still bounds each request's retries."""
+    return not isinstance(error, UpstreamUnreachable | UpstreamClosed | EndpointTakenOut)
 
 
 def backoff(policy: RetryPolicy, retry: int, rng: random.Random) -> float:

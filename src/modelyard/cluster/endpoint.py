@@ -12,6 +12,14 @@ from typing import Protocol
 
 from modelyard.cluster.health import HealthState
 from modelyard.cluster.resources import ResourceSnapshot
+from modelyard.errors import UpstreamError
+
+
+class Abortable(Protocol):
+    """A try sent to an endpoint and waiting for its answer (upstream's Flight), which the cluster
+    aborts when it takes the endpoint out."""
+
+    def abort(self, error: UpstreamError) -> None: ...
 
 
 class EndpointView(Protocol):

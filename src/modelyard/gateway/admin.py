@@ -33,7 +33,9 @@ def check_admin(request: web.Request, *, graph_view: bool = False) -> None:
     if admin.token is None or (graph_view and not admin.protect_graph_views):
         return
     scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), admin.token.encode()):
+    # Header values arrive decoded with surrogateescape: encode them back the same way.
+    given_bytes = given.strip().encode("utf-8", "surrogateescape")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given_bytes, admin.token.encode()):
         return
     challenge = _REALM if not scheme else _REALM + ', error="invalid_token"'
     raise Unauthorized(

@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-from urllib.parse import unquote
-
 from aiohttp import web
 
 from modelyard.config import GatewayConfig
-from modelyard.errors import BadRequest
 from modelyard.gateway import admin, inference
 from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.openapi import openapi_handler
 from modelyard.graph import Graph
 from modelyard.state import SharedState
-
-
-@web.middleware
-async def refuse_unsafe_paths(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    """The client's path is forwarded upstream as it came (its encoding and query intact), so a
-    segment that decodes to `.`, `..` or holds a slash (`..%2F..%2Fsim%2Fstats`) would reach
-    another resource on the server than the one it was routed as: refuse it."""
-    path = request.raw_path.partition("?")[0]
-    if "%" in path or "/." in path:
-        for segment in path.split("/"):
-            decoded = unquote(segment)
-            if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
-                raise BadRequest(f"path segment {segment!r} is not allowed: it decodes to {decoded!r}")
-    return await handler(request)
 
 
 def create_app(
@@ -39,9 +22,7 @@ def create_app(
 ) -> web.Application:
     """Build a gateway application. `state` overrides the configured store (tests); `seed` fixes the
     RNG; `graphs` are already-loaded graphs (else the config's are loaded, ConfigError if invalid)."""
-    app = web.Application(
-        middlewares=[error_middleware, refuse_unsafe_paths], client_max_size=config.limits.max_body_bytes
-    )
+    app = web.Application(middlewares=[error_middleware], client_max_size=config.limits.max_body_bytes)
     gateway = Gateway(config, state=state, seed=seed, graphs=graphs)
     app[GATEWAY] = gateway
 

@@ -19,9 +19,9 @@ from modelyard.balancing import Pick
 from modelyard.balancing import retry as policy
 from modelyard.cluster import Endpoint
 from modelyard.errors import (
+    EndpointTakenOut,
     ModelyardError,
     NoHealthyEndpoint,
-    UpstreamClosed,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -85,9 +85,11 @@ class AttemptLoop:
                     charged = False
                 # 5xx answers and failures to answer count against the endpoint; the time to the
                 # response head is its latency (a stream's length says nothing about the server).
-                failed = outcome.error is not None or outcome.code >= 500
-                latency = None if failed else time.perf_counter() - started
-                cluster.record_outcome(endpoint, not failed, latency, time.monotonic())
+                # A try aborted because its endpoint was taken out says nothing new about it.
+                if not isinstance(outcome.error, EndpointTakenOut):
+                    failed = outcome.error is not None or outcome.code >= 500
+                    latency = None if failed else time.perf_counter() - started
+                    cluster.record_outcome(endpoint, not failed, latency, time.monotonic())
                 if not outcome.reason:
                     assert outcome.response is not None
                     return Attempt(endpoint, pick, outcome.response)
@@ -101,7 +103,7 @@ class AttemptLoop:
                     and retries < retries_policy.attempts
                     and policy.retriable(retries_policy, outcome.reason, status)
                 ):
-                    charge = policy.charged_to_budget(outcome.reason, cluster.taken_out(endpoint))
+                    charge = policy.charged_to_budget(outcome.error)
                     if not charge or self._budget_allows(ex):
                         self._observe(ex, endpoint, outcome.code, started)
                         retries += 1
@@ -163,8 +165,9 @@ class AttemptLoop:
             )
             return _Try("gateway-error", error=error)
         except UpstreamError as exc:
-            if isinstance(exc, UpstreamUnreachable | UpstreamClosed):
-                # Refused, or closed with not a byte said: likely down (died, restarting).
+            if isinstance(exc, UpstreamUnreachable):
+                # Refused: nothing listens there. (A connection closed without an answer is not
+                # taken as proof: one request may have crashed a worker, or met an idle close.)
                 ex.cluster.record_connection_failure(endpoint, exc.message)
             return _Try(policy.reason_for_error(exc), error=exc)
         return _Try(policy.reason_for_status(response.status, route.retries), response=response)
@@ -202,7 +205,8 @@ class AttemptLoop:
             try:
                 await capacity.wait(ex.subset, until)
             except ModelyardError:
-                self._metrics.overloaded.labels(cluster.name).inc()
+                if ex.counted:
+                    self._metrics.overloaded.labels(cluster.name).inc()
                 raise
 
     def _budget_allows(self, ex: Exchange) -> bool:

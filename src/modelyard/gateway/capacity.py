@@ -79,6 +79,13 @@ class CapacityQueue:
                 waiter.set_result(None)
                 return
 
+    def wake_all(self) -> None:
+        """The endpoints changed: every waiter looks again (and waits again, to its own deadline)."""
+        while self._waiters:
+            _subset, waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
     def __len__(self) -> int:
         return len(self._waiters)
 

@@ -26,7 +26,7 @@ from modelyard.balancing.routes import (
     select_route,
     validate_routes,
 )
-from modelyard.cluster import BackendLoad, Endpoint, HealthThresholds, observe
+from modelyard.cluster import Abortable, BackendLoad, Endpoint, HealthThresholds, observe
 from modelyard.cluster.budget import RetryBudget
 from modelyard.cluster.canary import CanaryStats
 from modelyard.cluster.health import ejected
@@ -35,7 +35,6 @@ from modelyard.cluster.outlier import observe as observe_outcome
 from modelyard.config import EndpointConfig, ModelConfig, RouteConfig
 from modelyard.errors import EndpointTakenOut, NotFound
 from modelyard.gateway.capacity import CapacityQueue
-from modelyard.upstream import Flight
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -69,50 +68,49 @@ class Cluster:
         self._last_decide = 0.0
         self.panicking: set[str] = set()  # subsets in panic mode
         self._canary: dict[str, CanaryStats] = {}
-        self._awaiting: dict[Endpoint, set[Flight]] = {}  # tries sent, no answer byte yet
+        self._awaiting: dict[Endpoint, set[Abortable]] = {}  # tries sent, no answer byte yet
         self.endpoints: tuple[Endpoint, ...] = ()
         self._subsets: dict[str, tuple[Endpoint, ...]] = {}
-        self.replace_endpoints(config.endpoints)
         self.routes: tuple[CompiledRoute, ...] = compile_routes(config.routes)
+        self.replace_endpoints(config.endpoints)
 
     # --- endpoints ------------------------------------------------------------------------------
 
     def replace_endpoints(self, configs: Sequence[EndpointConfig]) -> None:
-        """Swap in a new set of endpoints. An endpoint kept (same name and URL) keeps its health,
-        outlier record and scraped load; requests already running finish on what they hold."""
+        """Swap in a new set of endpoints. An endpoint that stays (same name and URL) keeps its
+        health, outlier record and scraped load, and its settings are updated; requests already
+        running finish on what they hold; requests waiting for room look again."""
         current = {(e.name, e.url): e for e in self.endpoints}
         endpoints = []
         for c in configs:
             kept = current.get((c.name, c.url))
-            if kept is not None and (kept.weight, kept.cost_per_1k_tokens, kept.subset) == (
-                c.weight,
-                c.cost_per_1k_tokens,
-                c.subset,
-            ):
-                endpoints.append(kept)
-                continue
-            endpoint = Endpoint(
-                name=c.name,
-                url=c.url,
-                load=self._loads.setdefault(c.url, BackendLoad(c.url, c.name)),
-                weight=c.weight,
-                cost_per_1k_tokens=c.cost_per_1k_tokens,
-                subset=c.subset,
-                metrics_url=c.metrics_url,
-                gpu_metrics_url=c.gpu_metrics_url,
-            )
-            if kept is not None:
-                endpoint.health, endpoint.resources = kept.health, kept.resources
-            endpoints.append(endpoint)
+            if kept is None:
+                kept = Endpoint(c.name, c.url, self._loads.setdefault(c.url, BackendLoad(c.url, c.name)))
+            kept.weight, kept.cost_per_1k_tokens, kept.subset = c.weight, c.cost_per_1k_tokens, c.subset
+            kept.metrics_url, kept.gpu_metrics_url = c.metrics_url, c.gpu_metrics_url
+            endpoints.append(kept)
+        stayed = {e.name for e in endpoints if (e.name, e.url) in current}
         subsets: dict[str, list[Endpoint]] = {}
         for endpoint in endpoints:
             subsets.setdefault(endpoint.subset, []).append(endpoint)
-        self.outliers = {e.name: self.outliers.get(e.name, OutlierState()) for e in endpoints}
+        self.config = self.config.model_copy(update={"endpoints": list(configs)})
+        self.outliers = {
+            e.name: self.outliers[e.name] if e.name in stayed else OutlierState() for e in endpoints
+        }
         # Tries still running on a removed endpoint finish as they are; nobody aborts them now.
         self._awaiting = {e: f for e, f in self._awaiting.items() if e in endpoints}
         self.endpoints = tuple(endpoints)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}
         self._subsets[ALL_SUBSETS] = self.endpoints
+        self.capacity.wake_all()
+        for route in self.config.routes:
+            named = [d.subset for d in route.destinations] + ([route.mirror.subset] if route.mirror else [])
+            missing = sorted({s for s in named if s not in self._subsets})
+            if missing:
+                log.warning(
+                    "model %s: route %s names subsets with no endpoint now: %s; its requests get 503",
+                    self.name, route.name, ", ".join(missing),
+                )  # fmt: skip
 
     def subset(self, name: str) -> tuple[Endpoint, ...]:
         return self._subsets.get(name, ())
@@ -164,10 +162,10 @@ class Cluster:
 
     # --- tries waiting for an answer --------------------------------------------------------------
 
-    def awaiting_answer(self, endpoint: Endpoint, flight: Flight) -> None:
+    def awaiting_answer(self, endpoint: Endpoint, flight: Abortable) -> None:
         self._awaiting.setdefault(endpoint, set()).add(flight)
 
-    def answered(self, endpoint: Endpoint, flight: Flight) -> None:
+    def answered(self, endpoint: Endpoint, flight: Abortable) -> None:
         waiting = self._awaiting.get(endpoint)
         if waiting is not None:
             waiting.discard(flight)
@@ -179,19 +177,14 @@ class Cluster:
                 "model %s: %d request(s) waiting on %s are retried elsewhere if their route allows: %s",
                 self.name, len(flights), endpoint.name, why,
             )  # fmt: skip
-            error = EndpointTakenOut(f"{endpoint.name} was taken out before it answered: {why}")
-            for flight in flights:
-                flight.abort(error)
+            for flight in flights:  # an error each: tasks must not share one traceback
+                flight.abort(EndpointTakenOut(f"{endpoint.name} was taken out before it answered: {why}"))
 
     # --- health: active probes, connection failures, outlier detection, panic -----------------------
 
     @property
     def ready(self) -> bool:
         return any(e.health.healthy for e in self.endpoints)
-
-    def taken_out(self, endpoint: Endpoint) -> bool:
-        state = self.outliers.get(endpoint.name)
-        return not endpoint.health.healthy or (state is not None and state.ejected)
 
     def routable(self, subset: str, now: float) -> list[Endpoint]:
         """The endpoints of `subset` to route to: passing health checks and not ejected; below
@@ -255,9 +248,9 @@ class Cluster:
         self._transition(endpoint, before)
 
     def record_connection_failure(self, endpoint: Endpoint, error: str) -> None:
-        """A connection refused, or closed before any answer byte: the endpoint is out until a
-        probe brings it back. Without active checks nothing would bring it back, so then it only
-        counts as a failure for outlier detection."""
+        """A connection refused (nothing listens there): the endpoint is out until a probe brings
+        it back. Without active checks nothing would bring it back, so then it only counts as a
+        failure for outlier detection."""
         if not self.health_checked:
             return
         before = endpoint.health.healthy

@@ -4,6 +4,7 @@ applies each result (cluster.record_probe) and takes endpoints out or brings the
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable, Sequence
 
 from modelyard.cluster import Endpoint
@@ -38,12 +39,13 @@ class HealthChecker:
         check = cluster.config.health_check
         tick = min(check.interval, check.unhealthy_interval)
         loop = asyncio.get_running_loop()
-        last: dict[Endpoint, float] = {}
+        last = dict.fromkeys(cluster.endpoints, loop.time())  # check_once probed them at start
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
             endpoints = cluster.endpoints  # the cluster may have replaced them since
-            last = {e: last.get(e, now) for e in endpoints}
+            # An endpoint added since is probed now: it takes traffic until its first verdict.
+            last = {e: last.get(e, -math.inf) for e in endpoints}
             batch = [e for e in endpoints if now - last[e] >= self._period(e, check.interval, tick) - 1e-3]
             if batch:
                 await self._check(cluster, batch)

@@ -3,12 +3,14 @@ gateway's own health and metrics endpoints."""
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
-from modelyard.errors import Overloaded, PayloadTooLarge
+from modelyard.errors import BadRequest, Overloaded, PayloadTooLarge
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
 from modelyard.protocols import oip, openai
@@ -70,7 +72,20 @@ async def list_models(request: web.Request) -> web.Response:
 # --- Open Inference Protocol v2 and KServe v1 ------------------------------------------------
 
 
+def refuse_unsafe_path(request: web.Request) -> None:
+    """The client's path is forwarded upstream as it came (its encoding and query intact), so a
+    segment that decodes to `.`, `..` or holds a slash (`..%2F..%2Fsim%2Fstats`) would reach
+    another resource on the server than the one it was routed as: refuse it."""
+    path = request.raw_path.partition("?")[0]
+    if "%" in path or "/." in path:
+        for segment in path.split("/"):
+            decoded = unquote(segment)
+            if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
+                raise BadRequest(f"path segment {segment!r} is not allowed: it decodes to {decoded!r}")
+
+
 async def oip_infer(request: web.Request) -> web.StreamResponse:
+    refuse_unsafe_path(request)
     gateway = request.app[GATEWAY]
     cluster = gateway.cluster(request.match_info["name"])
     try:
@@ -87,6 +102,7 @@ async def oip_infer(request: web.Request) -> web.StreamResponse:
 
 async def model_get(request: web.Request) -> web.StreamResponse:
     """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
+    refuse_unsafe_path(request)
     gateway = request.app[GATEWAY]
     cluster = gateway.cluster(request.match_info["name"])
     return await gateway.proxy.forward(request, cluster, RoutingRequest(model=cluster.name), None)

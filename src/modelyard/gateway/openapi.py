@@ -154,6 +154,7 @@ def _unauthorized() -> Schema:
     return _error(_OPENAI, "the bearer token is missing or wrong", headers={"WWW-Authenticate": challenge})
 
 
+_FORWARDED = ("/v1/models/", "/v2/models/")  # paths sent upstream as the client wrote them
 _METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
 _UNSAFE_SEGMENT = (
     "a path segment decodes to `.` or `..` or holds a slash (it would escape the routed resource)"
@@ -580,7 +581,7 @@ class _Paths:
                 if method not in _METHODS:
                     continue  # path-level parameters
                 responses = operation["responses"]
-                if "{" in path and "400" not in responses:
+                if path.startswith(_FORWARDED) and "{" in path and "400" not in responses:
                     responses["400"] = _error(envelope, _UNSAFE_SEGMENT)
                 if self._graph_views_protected and method == "get" and path.startswith("/v1/graphs"):
                     operation["security"] = [{"adminToken": []}]

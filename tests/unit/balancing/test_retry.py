@@ -57,19 +57,18 @@ def test_retriable_follows_retry_on_and_the_listed_codes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("reason", "taken_out", "charged"),
+    ("error", "charged"),
     [
-        ("connect-failure", True, False),
-        ("reset", True, False),
-        ("connect-failure", False, True),  # the endpoint still serves: a storm could be building
-        ("gateway-error", True, True),  # it answered (503): retries add load somewhere
-        ("5xx", True, True),
+        (UpstreamUnreachable("refused"), False),  # nothing was sent
+        (UpstreamClosed("closed without answering"), False),  # the server said nothing (it died)
+        (EndpointTakenOut("hung, taken out"), False),
+        (UpstreamTimeout("slow"), True),  # the server is there, and loaded: retries add to it
+        (UpstreamError("malformed answer"), True),
+        (None, True),  # an answer (a 503, a 500): the storms the budget stops
     ],
 )
-def test_only_connection_failures_of_an_endpoint_already_out_are_free(
-    reason: str, taken_out: bool, charged: bool
-) -> None:
-    assert retry.charged_to_budget(reason, taken_out) is charged
+def test_only_tries_the_server_never_answered_are_free(error: UpstreamError | None, charged: bool) -> None:
+    assert retry.charged_to_budget(error) is charged
 
 
 def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:

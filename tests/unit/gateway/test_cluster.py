@@ -3,15 +3,16 @@ endpoint taken out aborts the tries still waiting on it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
 
 from modelyard.cluster import BackendLoad
 from modelyard.config import EndpointConfig, ModelConfig
-from modelyard.errors import EndpointTakenOut, NotFound, RoutesInvalid, UnknownStrategy
+from modelyard.errors import EndpointTakenOut, NotFound, RoutesInvalid, UnknownStrategy, UpstreamError
 from modelyard.gateway.cluster import Cluster
-from modelyard.upstream import Flight
 
 
 class Recorder:
@@ -26,14 +27,13 @@ class Recorder:
         self.outliers.append((endpoint, event))
 
 
-class FakeFlight(Flight):
-    """Records the abort instead of touching a connection."""
+class FakeFlight:
+    """A try waiting for its answer (the cluster's Abortable), recording how it was aborted."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.aborted: list[Exception] = []
+        self.aborted: list[UpstreamError] = []
 
-    def abort(self, error: Any) -> None:
+    def abort(self, error: UpstreamError) -> None:
         self.aborted.append(error)
 
 
@@ -63,13 +63,49 @@ def test_replace_endpoints_keeps_the_state_of_endpoints_that_stay() -> None:
     assert [e.name for e in c.routable("default", 2.0)] == ["c"]
 
 
-def test_an_endpoint_whose_weight_changes_is_rebuilt_with_its_health() -> None:
+def test_an_endpoint_that_stays_takes_its_new_settings_and_keeps_its_state() -> None:
     c = cluster("a")
     (a,) = c.endpoints
     c.record_probe(a, "down")
-    c.replace_endpoints([EndpointConfig(name="a", url=a.url, weight=5)])
-    (rebuilt,) = c.endpoints
-    assert rebuilt is not a and rebuilt.weight == 5 and not rebuilt.health.healthy
+    c.replace_endpoints([EndpointConfig(name="a", url=a.url, weight=5, metrics_url="http://127.0.0.1:1/m")])
+    (same,) = c.endpoints
+    assert same is a and same.weight == 5 and same.metrics_url == "http://127.0.0.1:1/m"
+    assert not same.health.healthy
+
+
+def test_a_name_moved_to_another_url_starts_afresh() -> None:
+    detection = {"consecutive_5xx": 1, "max_ejection_percent": 50}
+    c = cluster("a", "b", outlier_detection=detection)
+    c.record_outcome(c.endpoints[0], ok=False, latency=None, now=1.0)  # a is ejected
+    c.replace_endpoints(
+        [
+            EndpointConfig(name="a", url="http://127.0.0.1:9500"),
+            EndpointConfig(name="b", url=c.endpoints[1].url),
+        ]
+    )
+    assert not c.outliers["a"].ejected
+    assert [e.name for e in c.routable("default", 1.1)] == ["a", "b"]
+
+
+def test_replaced_endpoints_are_what_route_updates_are_checked_against() -> None:
+    c = cluster("a")
+    c.replace_endpoints(
+        [
+            EndpointConfig(name="a", url=c.endpoints[0].url),
+            EndpointConfig(name="v2", url="http://127.0.0.1:9300", subset="v2"),
+        ]
+    )
+    c.replace_routes([{"name": "to-v2", "destinations": [{"subset": "v2"}]}])
+    assert [e.name for e in c.routable(c.route_for({}, None).destinations[0].subset, 0.0)] == ["v2"]
+    assert c.subset_names == ["default", "v2"]
+
+
+async def test_requests_waiting_for_room_look_again_when_endpoints_change() -> None:
+    c = cluster("a", circuit_breakers={"max_requests": 1, "max_pending_requests": 4})
+    waiting = asyncio.create_task(c.capacity.wait("default", time.monotonic() + 60))
+    await asyncio.sleep(0)
+    c.replace_endpoints([*c.config.endpoints, EndpointConfig(name="b", url="http://127.0.0.1:9400")])
+    await asyncio.wait_for(waiting, 1)  # woken to look at the new endpoint, not left until 429
 
 
 def test_endpoints_on_one_server_share_its_load_across_clusters() -> None:
@@ -99,7 +135,7 @@ def test_a_failed_health_check_aborts_the_tries_waiting_on_that_endpoint_only() 
     (error,) = waiting_a.aborted
     assert isinstance(error, EndpointTakenOut) and "timed out" in error.message
     assert answered_a.aborted == [] and waiting_b.aborted == []
-    assert c.taken_out(a) and not c.taken_out(b)
+    assert [e.name for e in c.routable("default", 0.0)] == ["b"]
 
 
 def test_an_ejection_aborts_the_tries_waiting_on_the_ejected_endpoint() -> None:
@@ -115,17 +151,16 @@ def test_an_ejection_aborts_the_tries_waiting_on_the_ejected_endpoint() -> None:
     c.record_outcome(a, ok=False, latency=None, now=1.1)
     assert ("a", "consecutive_5xx") in recorder.outliers
     assert len(flight.aborted) == 1 and "ejected" in flight.aborted[0].message
-    assert c.taken_out(a)
     assert [e.name for e in c.routable("default", 1.2)] == ["b", "c"]
 
 
 def test_a_connection_failure_takes_the_endpoint_out_only_with_active_checks() -> None:
     checked = cluster("a")
     checked.record_connection_failure(checked.endpoints[0], "refused")
-    assert checked.taken_out(checked.endpoints[0]) and not checked.ready
+    assert checked.routable("default", 0.0) == [] and not checked.ready
     unchecked = cluster("a", health_check={"interval": 0})
     unchecked.record_connection_failure(unchecked.endpoints[0], "refused")
-    assert not unchecked.taken_out(unchecked.endpoints[0])  # nothing would bring it back
+    assert unchecked.routable("default", 0.0) == list(unchecked.endpoints)  # nothing would bring it back
 
 
 def test_panic_mode_routes_over_the_whole_subset_below_the_threshold() -> None:
