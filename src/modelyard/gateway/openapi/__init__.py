@@ -1,0 +1,83 @@
+"""The gateway's OpenAPI 3.1 document: every route it serves, at `GET /openapi.json`.
+
+The document describes one gateway as it runs. Model names (in paths, and the OpenAI `model`
+field) are an `enum` of its models, and graph names one of the graphs it serves now, so that
+generated clients offer the real names and fuzzers reach the proxy and the graph engine instead of
+stopping at the 404 for an unknown name; any other name is a documented 404. What the gateway
+answers itself is described exactly, each protocol in its own error envelope; what it relays from
+an inference server, or composes from a graph's steps, loosely, since that shape is the server's:
+the statuses the gateway can answer are listed, and `4XX`/`5XX` stand for the others it relays.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from modelyard import __version__
+from modelyard.gateway.openapi.parts import JSON, PARAMETERS
+from modelyard.gateway.openapi.paths import Paths
+from modelyard.gateway.openapi.schemas import build_schemas
+
+if TYPE_CHECKING:
+    from modelyard.gateway.gateway import Gateway
+
+__all__ = ["openapi_document", "openapi_handler"]
+
+
+def openapi_document(
+    models: Sequence[str],
+    graphs: Sequence[str],
+    *,
+    admin_token: bool = False,
+    graph_views_protected: bool = False,
+) -> dict[str, Any]:
+    """The document for a gateway serving `models` and `graphs`; with `admin_token`, the admin
+    calls require a bearer token (and may answer 401)."""
+    schemas = build_schemas(models, graphs)
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "modelyard gateway",
+            "version": __version__,
+            "description": (
+                "Routes OpenAI, Open Inference Protocol v2 and KServe v1 requests to inference "
+                "servers, runs inference graphs, and is governed at runtime through /admin."
+            ),
+        },
+        "tags": [
+            {"name": name} for name in ("OpenAI", "OIP v2", "KServe v1", "Graphs", "Admin", "Operations")
+        ],
+        "paths": Paths(models, admin_token, graph_views_protected).build(),
+        "components": {"schemas": schemas, "parameters": PARAMETERS},
+    }
+    if admin_token:
+        document["components"]["securitySchemes"] = {
+            "adminToken": {"type": "http", "scheme": "bearer", "description": "`admin.token`"}
+        }
+    return copy.deepcopy(document)  # it shares this module's fragments; the caller's to change
+
+
+def openapi_handler(gateway: Gateway) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """`GET /openapi.json` for one gateway. Its models are fixed for its life and its graphs change
+    only through /admin, so the encoded document is kept until the graph names change."""
+    cached: list[tuple[tuple[str, ...], bytes]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        graphs = tuple(sorted(gateway.graphs.graphs))
+        if not cached or cached[0][0] != graphs:
+            admin = gateway.config.admin
+            document = openapi_document(
+                list(gateway.clusters),
+                graphs,
+                admin_token=admin.token is not None,
+                graph_views_protected=admin.protect_graph_views,
+            )
+            cached[:] = [(graphs, orjson.dumps(document))]
+        return web.Response(body=cached[0][1], content_type=JSON)
+
+    return handle

@@ -1,0 +1,527 @@
+"""The document's paths: every route, what it takes and every status it answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from modelyard.gateway.openapi.parts import (
+    ALLOW,
+    FORWARDED,
+    GRAPH_FAILURE,
+    INFERENCE,
+    JSON,
+    METHODS,
+    OPENAI,
+    RELAYED,
+    RETRY_AFTER,
+    SSE,
+    STEP,
+    UNSAFE_SEGMENT,
+    YAML,
+    Schema,
+    answer,
+    error_response,
+    json_body,
+    param,
+    ref,
+    relay_headers,
+    string_header,
+    unauthorized,
+)
+from modelyard.protocols import protocol_for_path
+from modelyard.types import Protocol
+
+
+class Paths:
+    def __init__(self, models: Sequence[str], admin_token: bool, graph_views_protected: bool) -> None:
+        self._model = models[0] if models else "my-model"
+        self._admin_token = admin_token
+        self._graph_views_protected = admin_token and graph_views_protected
+
+    def build(self) -> dict[str, Any]:
+        paths: dict[str, Any] = {}
+        paths.update(self._openai())
+        paths.update(self._kserve())
+        paths.update(self._oip())
+        paths.update(self._graphs())
+        paths.update(self._admin())
+        paths.update(self._operations())
+        for path, operations in paths.items():
+            envelope = INFERENCE if protocol_for_path(path) in (Protocol.OIP, Protocol.KSERVE_V1) else OPENAI
+            for method, operation in operations.items():
+                if method not in METHODS:
+                    continue  # path-level parameters
+                responses = operation["responses"]
+                if path.startswith(FORWARDED) and "{" in path and "400" not in responses:
+                    responses["400"] = error_response(envelope, UNSAFE_SEGMENT)
+                if self._graph_views_protected and method == "get" and path.startswith("/v1/graphs"):
+                    operation["security"] = [{"adminToken": []}]
+                    responses["401"] = unauthorized()
+                operation["responses"] = dict(sorted(responses.items()))
+        return paths
+
+    # OpenAI -------------------------------------------------------------------------------------
+
+    def _openai(self) -> dict[str, Any]:
+        model = self._model
+        chat = {"model": model, "messages": [{"role": "user", "content": "Hello!"}]}
+        return {
+            "/v1/chat/completions": {
+                "post": self._proxied_op(
+                    "chatCompletions",
+                    "OpenAI",
+                    "Chat completion, routed by the body's `model`",
+                    json_body(ref("ChatCompletionRequest"), chat),
+                    ref("ChatCompletion"),
+                    OPENAI,
+                    stream=True,
+                    bad_body="not JSON, not an object, `model` not a string, or `messages` not a list",
+                )
+            },
+            "/v1/completions": {
+                "post": self._proxied_op(
+                    "completions",
+                    "OpenAI",
+                    "Text completion, routed by the body's `model`",
+                    json_body(ref("CompletionRequest"), {"model": model, "prompt": "Once upon a time"}),
+                    ref("Completion"),
+                    OPENAI,
+                    stream=True,
+                    bad_body="not JSON, not an object, or `model` not a string",
+                )
+            },
+            "/v1/embeddings": {
+                "post": self._proxied_op(
+                    "embeddings",
+                    "OpenAI",
+                    "Embeddings, routed by the body's `model`",
+                    json_body(ref("EmbeddingRequest"), {"model": model, "input": "Hello!"}),
+                    ref("Embeddings"),
+                    OPENAI,
+                    bad_body="not JSON, not an object, or `model` not a string",
+                )
+            },
+            "/v1/models": {
+                "get": {
+                    "operationId": "listModels",
+                    "tags": ["OpenAI"],
+                    "summary": "The gateway's models, in OpenAI's list shape",
+                    "responses": {"200": answer("the models", ref("ModelList"))},
+                }
+            },
+        }
+
+    # KServe v1 ----------------------------------------------------------------------------------
+
+    def _kserve(self) -> dict[str, Any]:
+        return {
+            "/v1/models/{name}:predict": {
+                "parameters": [param("ModelName")],
+                "post": self._proxied_op(
+                    "kservePredict",
+                    "KServe v1",
+                    "KServe v1 prediction, routed by the path's model",
+                    json_body(ref("PredictRequest"), {"instances": [[1, 2, 3]]}),
+                    ref("PredictResponse"),
+                    INFERENCE,
+                    bad_body="not JSON or not an object",
+                ),
+            },
+            "/v1/models/{name}": {
+                "parameters": [param("ModelName")],
+                "get": self._proxied_op(
+                    "kserveModel",
+                    "KServe v1",
+                    "KServe v1 model status, from a serving endpoint",
+                    None,
+                    ref("KServeModel"),
+                    INFERENCE,
+                    not_allowed=True,
+                ),
+            },
+        }
+
+    # Open Inference Protocol v2 -----------------------------------------------------------------
+
+    def _oip(self) -> dict[str, Any]:
+        infer_example = {"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}
+        binary_header = {
+            "name": "Inference-Header-Content-Length",
+            "in": "header",
+            "required": False,
+            "description": "binary tensor extension: the length of the JSON header before the raw tensors",
+            "schema": {"type": "integer", "minimum": 0},
+        }
+        paths: dict[str, Any] = {
+            "/v2": {"get": self._own("oipServer", "OIP v2", "Server metadata", ref("ServerMetadata"))},
+            "/v2/health/live": {"get": self._own("oipLive", "OIP v2", "Liveness", ref("Live"))},
+            "/v2/health/ready": {
+                "get": {
+                    "operationId": "oipReady",
+                    "tags": ["OIP v2"],
+                    "summary": "Readiness: every model has a healthy endpoint",
+                    "responses": {
+                        "200": answer("ready", ref("Ready")),
+                        "503": answer("a model has no healthy endpoint", ref("Ready")),
+                    },
+                }
+            },
+        }
+        for prefix, suffix, what in (
+            ("/v2/models/{name}", "", "the model"),
+            ("/v2/models/{name}/versions/{version}", "Version", "a version of the model"),
+        ):
+            parameters = [param("ModelName")] + ([param("ModelVersion")] if suffix else [])
+            paths[prefix] = {
+                "parameters": parameters,
+                "get": self._proxied_op(
+                    f"oipModel{suffix}Metadata",
+                    "OIP v2",
+                    f"Metadata of {what}, from a serving endpoint",
+                    None,
+                    ref("ModelMetadata"),
+                    INFERENCE,
+                ),
+            }
+            paths[prefix + "/ready"] = {
+                "parameters": parameters,
+                "get": self._proxied_op(
+                    f"oipModel{suffix}Ready",
+                    "OIP v2",
+                    f"Readiness of {what}, from a serving endpoint",
+                    None,
+                    ref("ModelReady"),
+                    INFERENCE,
+                ),
+            }
+            infer = self._proxied_op(
+                f"oipModel{suffix}Infer",
+                "OIP v2",
+                f"Inference on {what}, JSON or the binary tensor extension",
+                {
+                    "required": True,
+                    "description": "JSON, or (binary extension) a JSON header of "
+                    "Inference-Header-Content-Length bytes followed by raw tensor data",
+                    "content": {
+                        JSON: {"schema": ref("InferenceRequest"), "example": infer_example},
+                        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                    },
+                },
+                ref("InferenceResponse"),
+                INFERENCE,
+                bad_body=(
+                    "the JSON (or the binary extension's JSON header) is not an object, or "
+                    "Inference-Header-Content-Length is not an integer"
+                ),
+                binary=True,
+            )
+            infer["parameters"].append(binary_header)
+            paths[prefix + "/infer"] = {"parameters": parameters, "post": infer}
+        return paths
+
+    # graphs -------------------------------------------------------------------------------------
+
+    def _graphs(self) -> dict[str, Any]:
+        any_answer = {  # what KServe's router sends: JSON, or the type Go would sniff
+            JSON: {"schema": {}},
+            **{media: {"schema": {"type": "string"}} for media in ("text/plain", "text/html", "text/xml")},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        }
+        return {
+            "/v1/graphs": {"get": self._own("listGraphs", "Graphs", "The graphs served", ref("GraphList"))},
+            "/v1/graphs/{name}": {
+                "parameters": [param("GraphName")],
+                "get": {
+                    "operationId": "getGraph",
+                    "tags": ["Graphs"],
+                    "summary": "One graph and its spec",
+                    "responses": {
+                        "200": answer("the graph", ref("Graph")),
+                        "404": error_response(OPENAI, "no such graph"),
+                    },
+                },
+                "post": {
+                    "operationId": "runGraph",
+                    "tags": ["Graphs"],
+                    "summary": "Run a graph, answering as KServe's router does",
+                    "parameters": [
+                        {
+                            "name": "X-Modelyard-Trace",
+                            "in": "header",
+                            "required": False,
+                            "description": "anything but empty, `0` or `false`: add X-Modelyard-Graph-Trace",
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {JSON: {"schema": {}, "example": {"instances": [[1, 2]]}}},
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "the graph's answer (its last step's, or an Ensemble's merged)",
+                            "headers": {
+                                "X-Modelyard-Graph-Trace": string_header(
+                                    "with X-Modelyard-Trace: every step run, its node, target, status and ms"
+                                )
+                            },
+                            "content": any_answer,
+                        },
+                        "404": answer(
+                            "no such graph (OpenAI's envelope), or no Switch condition matched at the root",
+                            {"anyOf": [ref(OPENAI), ref(GRAPH_FAILURE), {}]},
+                        ),
+                        "413": error_response(OPENAI, "the body is larger than limits.max_body_bytes"),
+                        "500": answer(
+                            f"a step failed (no answer, invalid response), or {STEP}",
+                            {"anyOf": [ref(GRAPH_FAILURE), {}]},
+                        ),
+                        "504": answer(
+                            f"the graph's timeout passed, or {STEP}", {"anyOf": [ref(GRAPH_FAILURE), {}]}
+                        ),
+                        "4XX": {"description": STEP, "content": any_answer},
+                        "5XX": {"description": STEP, "content": any_answer},
+                    },
+                },
+            },
+            "/admin/graphs/{name}": {
+                "put": self._admin_op(
+                    "putGraph",
+                    "Graphs",
+                    "Add or replace a graph, validated first; requests running keep the old one",
+                    [param("NewGraphName")],
+                    json_body(
+                        ref("GraphUpdate"),
+                        {
+                            "nodes": {
+                                "root": {"routerType": "Sequence", "steps": [{"serviceName": self._model}]}
+                            }
+                        },
+                        media=(JSON, YAML),
+                    ),
+                    answer("stored; with its validation warnings", ref("GraphStored")),
+                    {
+                        "400": error_response(OPENAI, "invalid: every problem is in `error.problems`"),
+                        "413": error_response(OPENAI, "the body is larger than limits.max_admin_body_bytes"),
+                    },
+                ),
+                "delete": self._admin_op(
+                    "deleteGraph",
+                    "Graphs",
+                    "Remove a graph",
+                    [param("GraphName")],
+                    None,
+                    answer("removed", ref("GraphDeleted")),
+                    {"404": error_response(OPENAI, "no such graph")},
+                ),
+            },
+        }
+
+    # admin --------------------------------------------------------------------------------------
+
+    def _admin(self) -> dict[str, Any]:
+        paths: dict[str, Any] = {
+            "/admin/models/{model}/routes": {
+                "get": self._admin_op(
+                    "getRoutes",
+                    "Admin",
+                    "A model's routes and its endpoints' subsets",
+                    [param("AdminModelName")],
+                    None,
+                    answer("the routes", ref("Routes")),
+                    {"404": error_response(OPENAI, "no such model")},
+                ),
+                "put": self._admin_op(
+                    "putRoutes",
+                    "Admin",
+                    "Replace a model's routes, validated first, swapped atomically",
+                    [param("AdminModelName")],
+                    json_body(
+                        ref("RoutesUpdate"),
+                        {"routes": [{"name": "default", "destinations": [{"subset": "default"}]}]},
+                        media=(JSON, YAML),
+                    ),
+                    answer("the routes now", ref("Routes")),
+                    {
+                        "400": error_response(
+                            OPENAI, "not JSON or YAML, or invalid: every problem in `error.problems`"
+                        ),
+                        "404": error_response(OPENAI, "no such model"),
+                        "413": error_response(OPENAI, "the body is larger than limits.max_admin_body_bytes"),
+                    },
+                ),
+            },
+            "/admin/models/{model}/canary": {
+                "get": self._admin_op(
+                    "getCanary",
+                    "Admin",
+                    "Per mirrored route: answers compared, and each subset's latency and errors",
+                    [param("AdminModelName")],
+                    None,
+                    answer("the comparison", ref("Canary")),
+                    {"404": error_response(OPENAI, "no such model")},
+                ),
+            },
+        }
+        for path, suffix in (("/admin/strategy", ""), ("/strategy", "InferFlow")):
+            paths[path] = {
+                "get": self._admin_op(
+                    f"getStrategy{suffix}",
+                    "Admin",
+                    "Each model's strategy",
+                    [],
+                    None,
+                    answer("the strategies", ref("Strategies")),
+                    {},
+                ),
+                "put": self._admin_op(
+                    f"putStrategy{suffix}",
+                    "Admin",
+                    "Switch the strategy of every model, or of one; counters and affinity stay",
+                    [],
+                    json_body(ref("StrategyUpdate"), {"strategy": "least_pending"}),
+                    answer("the strategies now", ref("Strategies")),
+                    {
+                        "400": error_response(
+                            OPENAI, "not a JSON object, unknown strategy, `model` not a string"
+                        ),
+                        "404": error_response(OPENAI, "no such model"),
+                        "413": error_response(OPENAI, "the body is larger than limits.max_admin_body_bytes"),
+                    },
+                ),
+            }
+        return paths
+
+    # operations ---------------------------------------------------------------------------------
+
+    def _operations(self) -> dict[str, Any]:
+        return {
+            "/healthz": {"get": self._own("healthz", "Operations", "Liveness", ref("Health"))},
+            "/readyz": {
+                "get": {
+                    "operationId": "readyz",
+                    "tags": ["Operations"],
+                    "summary": "Readiness: every model has a healthy endpoint",
+                    "responses": {
+                        "200": answer("ready", ref("Readiness")),
+                        "503": answer("the models without a healthy endpoint", ref("Readiness")),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics",
+                    "tags": ["Operations"],
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": answer("the text exposition format", {"type": "string"}, "text/plain")
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "tags": ["Operations"],
+                    "summary": "This document",
+                    "responses": {
+                        "200": answer(
+                            "OpenAPI 3.1",
+                            {"type": "object", "required": ["openapi", "info", "paths"]},
+                        )
+                    },
+                }
+            },
+        }
+
+    # operation shapes ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _own(operation_id: str, tag: str, summary: str, schema: Schema) -> Schema:
+        return {
+            "operationId": operation_id,
+            "tags": [tag],
+            "summary": summary,
+            "responses": {"200": answer(summary.lower(), schema)},
+        }
+
+    def _proxied_op(
+        self,
+        operation_id: str,
+        tag: str,
+        summary: str,
+        body: Schema | None,
+        answer: Schema,
+        envelope: str,
+        *,
+        stream: bool = False,
+        bad_body: str = "",
+        not_allowed: bool = False,
+        binary: bool = False,
+    ) -> Schema:
+        """An operation the gateway forwards to one of the model's endpoints."""
+        ok: dict[str, Any] = {JSON: {"schema": answer}}
+        if stream:
+            ok[SSE] = {"schema": ref("ServerSentEvent")}
+        if binary:
+            ok["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+        relayed = f"; or {RELAYED}"
+        responses: dict[str, Any] = {
+            "200": {"description": RELAYED, "headers": relay_headers(required=True), "content": ok},
+        }
+        if body is not None:
+            responses["400"] = error_response(envelope, f"the body is {bad_body}{relayed}")
+        responses["404"] = error_response(
+            envelope,
+            "unknown or missing model (the message lists the known models), or no route of the "
+            f"model matches the request{relayed}",
+        )
+        if not_allowed:
+            responses["405"] = error_response(envelope, "GET on the :predict path", headers=ALLOW)
+        if body is not None:
+            responses["413"] = error_response(envelope, "the body is larger than limits.max_body_bytes")
+        responses["429"] = error_response(
+            envelope,
+            "every endpoint has `circuit_breakers.max_requests` in flight and the wait queue is full "
+            f"or timed out{relayed}",
+            headers=RETRY_AFTER,
+        )
+        responses["502"] = error_response(
+            envelope, f"no answer: every endpoint tried refused, or it broke off{relayed}"
+        )
+        responses["503"] = error_response(envelope, f"no healthy endpoint{relayed}", headers=RETRY_AFTER)
+        responses["504"] = error_response(envelope, f"the route's timeout passed{relayed}")
+        responses["4XX"] = error_response(envelope, RELAYED, headers=relay_headers(required=True))
+        responses["5XX"] = error_response(envelope, RELAYED, headers=relay_headers(required=True))
+        operation: Schema = {
+            "operationId": operation_id,
+            "tags": [tag],
+            "summary": summary,
+            "parameters": [param("RequestId")],
+            "responses": responses,
+        }
+        if body is not None:
+            operation["requestBody"] = body
+        return operation
+
+    def _admin_op(
+        self,
+        operation_id: str,
+        tag: str,
+        summary: str,
+        parameters: list[Schema],
+        body: Schema | None,
+        ok: Schema,
+        errors: dict[str, Any],
+    ) -> Schema:
+        responses: dict[str, Any] = {"200": ok, **errors}
+        operation: Schema = {"operationId": operation_id, "tags": [tag], "summary": summary}
+        if parameters:
+            operation["parameters"] = parameters
+        if body is not None:
+            operation["requestBody"] = body
+        if self._admin_token:
+            operation["security"] = [{"adminToken": []}]
+            responses["401"] = unauthorized()
+        operation["responses"] = dict(sorted(responses.items()))
+        return operation

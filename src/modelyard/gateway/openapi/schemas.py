@@ -1,0 +1,343 @@
+"""The document's component schemas: names, error envelopes, request and answer bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from modelyard.config import STRATEGY_NAMES, RouteConfig
+from modelyard.gateway.openapi.parts import (
+    GRAPH_FAILURE,
+    INFERENCE,
+    OPENAI,
+    RELAYED,
+    Schema,
+    add_pydantic_schema,
+    model_json_schema,
+    ref,
+)
+from modelyard.graph import GraphSpec
+
+
+def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Schema]:
+    names = {"type": "string", "enum": list(models)} if models else {"type": "string", "minLength": 1}
+    graph_names = {"type": "string", "enum": list(graphs)} if graphs else {"type": "string", "minLength": 1}
+    any_object: Schema = {"type": "object"}
+    strategy = {"type": "string", "enum": list(STRATEGY_NAMES)}
+    schemas: dict[str, Schema] = {
+        "ModelName": names,
+        "GraphName": graph_names,
+        "StrategyName": strategy,
+        # Error envelopes. Inference servers relay theirs in the same shapes (OpenAI's for OpenAI
+        # servers, OIP's for OIP and KServe servers), so each is written to admit both: the gateway
+        # always fills `param` and `code`; other servers may leave them out.
+        OPENAI: {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["message", "type"],
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "param": {"type": ["string", "null"]},
+                        "code": {"type": ["string", "integer", "null"]},
+                        "problems": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "every problem of an invalid graph or routes update",
+                        },
+                    },
+                }
+            },
+        },
+        INFERENCE: {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+        GRAPH_FAILURE: {
+            "type": "object",
+            "description": "KServe's router's failure answer",
+            "required": ["error", "cause"],
+            "properties": {"error": {"const": "Failed to process request"}, "cause": {"type": "string"}},
+        },
+        # OpenAI requests: the fields the gateway reads; the rest is forwarded untouched.
+        "ChatCompletionRequest": {
+            "type": "object",
+            "required": ["model", "messages"],
+            "properties": {
+                "model": ref("ModelName"),
+                "messages": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["role"],
+                        "properties": {
+                            "role": {"type": "string"},
+                            "content": {"type": ["string", "array", "null"]},
+                        },
+                    },
+                },
+                **_GENERATION,
+            },
+        },
+        "CompletionRequest": {
+            "type": "object",
+            "required": ["model", "prompt"],
+            "properties": {
+                "model": ref("ModelName"),
+                "prompt": _TEXTS,
+                **_GENERATION,
+            },
+        },
+        "EmbeddingRequest": {
+            "type": "object",
+            "required": ["model", "input"],
+            "properties": {
+                "model": ref("ModelName"),
+                "input": _TEXTS,
+            },
+        },
+        "ServerSentEvent": {
+            "type": "object",
+            "description": "one event of a stream relayed chunk by chunk: `data` is a JSON chunk, or [DONE]",
+            "required": ["data"],
+            "properties": {
+                "data": {"type": "string"},
+                "event": {"type": "string"},
+                "id": {"type": "string"},
+                "retry": {"type": "integer"},
+            },
+        },
+        "ChatCompletion": {"type": "object", "description": RELAYED, "required": ["choices"]},
+        "Completion": {"type": "object", "description": RELAYED, "required": ["choices"]},
+        "Embeddings": {"type": "object", "description": RELAYED, "required": ["data"]},
+        "ModelList": {
+            "type": "object",
+            "required": ["object", "data"],
+            "properties": {
+                "object": {"const": "list"},
+                "data": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["id", "object", "created", "owned_by"],
+                        "properties": {
+                            "id": ref("ModelName"),
+                            "object": {"const": "model"},
+                            "created": {"type": "integer"},
+                            "owned_by": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+        # Open Inference Protocol v2 and KServe v1.
+        "InferenceRequest": {
+            "type": "object",
+            "required": ["inputs"],
+            "properties": {
+                "id": {"type": "string"},
+                "parameters": any_object,
+                "inputs": {"type": "array", "items": ref("RequestTensor")},
+                "outputs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": "string"}, "parameters": any_object},
+                    },
+                },
+            },
+        },
+        "RequestTensor": {
+            "type": "object",
+            "required": ["name", "shape", "datatype"],
+            "properties": {
+                "name": {"type": "string"},
+                "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "datatype": {"type": "string"},
+                "parameters": any_object,
+                "data": {"description": "the tensor's elements, flat or nested"},
+            },
+        },
+        "InferenceResponse": {"type": "object", "description": RELAYED, "required": ["outputs"]},
+        "ModelMetadata": {"type": "object", "description": RELAYED, "required": ["name"]},
+        "ModelReady": {"type": "object", "description": RELAYED},
+        "ServerMetadata": {
+            "type": "object",
+            "required": ["name", "version", "extensions"],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "extensions": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "Live": {"type": "object", "required": ["live"], "properties": {"live": {"type": "boolean"}}},
+        "Ready": {"type": "object", "required": ["ready"], "properties": {"ready": {"type": "boolean"}}},
+        "PredictRequest": {
+            "type": "object",
+            "required": ["instances"],
+            "properties": {"instances": {"type": "array"}},
+        },
+        "PredictResponse": {"type": "object", "description": RELAYED, "required": ["predictions"]},
+        "KServeModel": {"type": "object", "description": RELAYED},
+        # The gateway's own endpoints.
+        "Health": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
+        "Readiness": {
+            "type": "object",
+            "required": ["ready", "models_without_healthy_endpoints"],
+            "properties": {
+                "ready": {"type": "boolean"},
+                "models_without_healthy_endpoints": {"type": "array", "items": ref("ModelName")},
+            },
+        },
+        "Strategies": {
+            "type": "object",
+            "required": ["strategy", "models", "available"],
+            "properties": {
+                "strategy": {"type": "string", "enum": [*STRATEGY_NAMES, "mixed"]},
+                "models": {"type": "object", "additionalProperties": ref("StrategyName")},
+                "available": {"type": "array", "items": ref("StrategyName")},
+            },
+        },
+        "StrategyUpdate": {
+            "type": "object",
+            "required": ["strategy"],
+            "properties": {
+                "strategy": ref("StrategyName"),
+                "model": {
+                    "description": "one model; absent, null or empty: every model",
+                    "anyOf": [ref("ModelName"), {"const": ""}, {"type": "null"}],
+                },
+            },
+        },
+        "RoutesUpdate": {
+            "description": "the model's new routes, all of them, tried in order; JSON or YAML",
+            "anyOf": [
+                {
+                    "type": "object",
+                    "required": ["routes"],
+                    "properties": {"routes": {"type": "array", "items": ref("RouteConfig")}},
+                },
+                {"type": "array", "items": ref("RouteConfig")},
+            ],
+        },
+        "Routes": {
+            "type": "object",
+            "required": ["model", "routes", "subsets"],
+            "properties": {
+                "model": ref("ModelName"),
+                "routes": {"type": "array", "items": ref("RouteConfig")},
+                "subsets": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "Canary": {
+            "type": "object",
+            "required": ["model", "mirrors", "routes"],
+            "properties": {
+                "model": ref("ModelName"),
+                "mirrors": {"type": "object", "additionalProperties": ref("MirrorPolicy")},
+                "routes": {"type": "object", "additionalProperties": ref("CanarySummary")},
+            },
+        },
+        "CanarySummary": {  # cluster.canary.CanarySummary
+            "type": "object",
+            "required": ["compared", "mean_rouge_l", "exact_match_rate", "subsets"],
+            "properties": {
+                "compared": {"type": "integer"},
+                "mean_rouge_l": {"type": ["number", "null"]},
+                "exact_match_rate": {"type": ["number", "null"]},
+                "subsets": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["requests", "errors", "error_rate", "p50_ms", "p95_ms"],
+                        "properties": {
+                            "requests": {"type": "integer"},
+                            "errors": {"type": "integer"},
+                            "error_rate": {"type": "number"},
+                            "p50_ms": {"type": ["number", "null"]},
+                            "p95_ms": {"type": ["number", "null"]},
+                        },
+                    },
+                },
+            },
+        },
+        # Graphs.
+        "GraphSummary": {
+            "type": "object",
+            "required": ["name", "nodes", "timeout"],
+            "properties": {
+                "name": {"type": "string"},
+                "nodes": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["routerType", "steps"],
+                        "properties": {"routerType": {"type": "string"}, "steps": {"type": "integer"}},
+                    },
+                },
+                "timeout": {"type": ["integer", "null"]},
+            },
+        },
+        "GraphList": {
+            "type": "object",
+            "required": ["object", "data"],
+            "properties": {
+                "object": {"const": "list"},
+                "data": {"type": "array", "items": ref("GraphSummary")},
+            },
+        },
+        "Graph": {
+            "allOf": [ref("GraphSummary")],
+            "required": ["spec"],
+            "properties": {"spec": ref("GraphSpec")},
+        },
+        "GraphUpdate": {
+            "description": "a graph spec, or a whole KServe InferenceGraph manifest; JSON or YAML",
+            "anyOf": [
+                ref("GraphSpec"),
+                {
+                    "type": "object",
+                    "required": ["apiVersion", "kind", "metadata", "spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"const": "InferenceGraph"},
+                        "metadata": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": {"type": "string", "description": "the path's name"}},
+                        },
+                        "spec": ref("GraphSpec"),
+                    },
+                },
+            ],
+        },
+        "GraphStored": {
+            "allOf": [ref("GraphSummary")],
+            "required": ["warnings"],
+            "properties": {"warnings": {"type": "array", "items": {"type": "string"}}},
+        },
+        "GraphDeleted": {
+            "type": "object",
+            "required": ["deleted"],
+            "properties": {"deleted": {"type": "string"}},
+        },
+    }
+    add_pydantic_schema(schemas, "RouteConfig", model_json_schema(RouteConfig))
+    add_pydantic_schema(schemas, "GraphSpec", model_json_schema(GraphSpec, by_alias=True))
+    return schemas
+
+
+_TOKENS: Schema = {"type": "array", "minItems": 1, "items": {"type": "integer"}}
+_TEXTS: Schema = {  # OpenAI's prompt and input: text or tokens, one or many
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        _TOKENS,
+        {"type": "array", "minItems": 1, "items": _TOKENS},
+    ]
+}
+_GENERATION: Schema = {
+    "stream": {"type": "boolean", "description": "true: the answer is relayed as server-sent events"},
+    "max_tokens": {"type": ["integer", "null"], "minimum": 0},
+    "max_completion_tokens": {"type": ["integer", "null"], "minimum": 0},
+}
