@@ -167,7 +167,8 @@ class GuardedConnection(RequestHandler):
                 self._line = b""
                 self._read_line(data)
             self._error_line = self._head_line
-        self._stop_head_timer()
+        if self._head_timer is not None:  # most heads arrive in one read and never start one
+            self._stop_head_timer()
         self._head_started = False
         self._line = None
         self._head_line = None
