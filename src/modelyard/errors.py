@@ -8,7 +8,8 @@
     │   ├── MalformedBody               400
     │   ├── UnknownStrategy             400
     │   ├── GraphInvalid                400 (every problem of a graph, with its path)
-    │   └── RoutesInvalid               400 (every problem of a routes update, with its path)
+    │   ├── RoutesInvalid               400 (every problem of a routes update, with its path)
+    │   └── ModelSpecInvalid            400 (every problem of a model spec to place, with its path)
     ├── Unauthorized                    401 authentication_error
     ├── NotFound                        404 not_found_error
     │   └── ModelNotFound               404 model_not_found
@@ -96,6 +97,15 @@ class RoutesInvalid(BadRequest):
     def __init__(self, model: str, problems: Sequence[str]) -> None:
         self.problems = list(problems)
         super().__init__(f"routes of model {model!r}: " + "; ".join(self.problems))
+
+
+class ModelSpecInvalid(BadRequest):
+    code = "invalid_model_spec"
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        super().__init__(f"{source}: " + "; ".join(self.problems))
 
 
 class Unauthorized(ModelyardError):
