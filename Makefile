@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint unit integration bench clean
+.PHONY: demo test lint unit integration bench proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ integration: $(STAMP)
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
+
+# The gRPC code in src/modelyard/rpc/agent_v1/ is generated from proto/ and checked in. The proto
+# package stays modelyard.agent.v1; the -I mapping only decides the Python module path.
+proto: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc \
+		-Imodelyard/rpc/agent_v1=proto/modelyard/agent/v1 \
+		--python_out=src --grpc_python_out=src --mypy_out=src --mypy_grpc_out=src \
+		modelyard/rpc/agent_v1/agent.proto
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -14,6 +14,8 @@
     ├── NotFound                        404 not_found_error
     │   └── ModelNotFound               404 model_not_found
     ├── MethodNotAllowed                405 method_not_allowed
+    ├── Conflict                        409 conflict
+    │   └── ModelBeingDeleted           409 (a model applied again while its deletion still unloads)
     ├── RequestTimeout                  408 (the request head took longer than listen.header_timeout)
     ├── PayloadTooLarge                 413 request_too_large
     ├── Overloaded                      429 rate_limit_error (with Retry-After)
@@ -24,6 +26,8 @@
     │   │                                    before any answer byte: retried elsewhere, as a reset)
     │   └── UpstreamTimeout             504 upstream_timeout
     ├── NoHealthyEndpoint               503 service_unavailable
+    ├── ModelNotPlaced                  503 (applied to the scheduler, not yet Available; Retry-After)
+    ├── SchedulerUnavailable            503 (the scheduler or an agent stream could not be reached)
     ├── TooManyConnections              503 (listen.max_connections open; with Retry-After)
     └── StateUnavailable                503 (internal: the gateway falls back to local state)
 
@@ -135,6 +139,21 @@ class MethodNotAllowed(ModelyardError):
     code = "method_not_allowed"
 
 
+class Conflict(ModelyardError):
+    status = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
+class ModelBeingDeleted(Conflict):
+    code = "model_being_deleted"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"model {model!r} is being deleted and still unloading; apply it again once it is terminated"
+        )
+
+
 class RequestTimeout(ModelyardError):
     status = 408
     error_type = "invalid_request_error"
@@ -185,6 +204,30 @@ class NoHealthyEndpoint(ModelyardError):
     status = 503
     error_type = "service_unavailable"
     code = "no_healthy_endpoint"
+
+
+class ModelNotPlaced(ModelyardError):
+    """A model the scheduler knows but that has no replica to route to yet (or any more)."""
+
+    status = 503
+    error_type = "service_unavailable"
+    code = "model_not_available"
+
+    def __init__(self, model: str, state: str, reason: str = "", retry_after: int = 2) -> None:
+        self.model = model
+        self.state = state
+        self.reason = reason
+        why = f": {reason}" if reason else ""
+        super().__init__(
+            f"model {model!r} is not available yet (state {state}{why})",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+
+class SchedulerUnavailable(ModelyardError):
+    status = 503
+    error_type = "service_unavailable"
+    code = "scheduler_unavailable"
 
 
 class TooManyConnections(ModelyardError):
