@@ -331,6 +331,69 @@ class UpstreamConfig(_Strict):
     max_connections: int = Field(1024, ge=1, description="per upstream endpoint")
 
 
+class PlacedModelDefaults(_Strict):
+    """The settings of every model the scheduler places (a placed model has no config entry of its
+    own). The defaults differ from a configured model's where the servers differ: placed models run
+    on OIP v2 servers (MLServer, Triton, the sim-worker), which all answer `/v2/health/live`, and
+    replicas of one server may hold different loads, which least_pending follows without scraping
+    anything (round_robin would keep feeding a replica that is slow because its neighbours share it)."""
+
+    strategy: StrategyName = "least_pending"
+    protocol: Literal["v1", "v2"] = Field("v2", description="how graph steps naming a placed model call it")
+    health_check: HealthCheckConfig = HealthCheckConfig(path="/v2/health/live")
+    kv_aware: KvAwareConfig = KvAwareConfig()
+    outlier_detection: OutlierDetectionConfig = OutlierDetectionConfig()
+    healthy_panic_threshold: float = Field(50.0, ge=0, le=100)
+    circuit_breakers: CircuitBreakerConfig = CircuitBreakerConfig()
+    retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    resource_aware: ResourceAwareConfig = ResourceAwareConfig()
+
+
+class PlacementConfig(_Strict):
+    """Follow a modelyard scheduler's feed (`GET /v1/feed`): every model it places becomes routable."""
+
+    scheduler: str | None = Field(
+        None, description="host:port or http(s)://host:port of the scheduler's REST API; none: no placement"
+    )
+    models: PlacedModelDefaults = PlacedModelDefaults()
+    retry_after: int = Field(
+        2, ge=1, description="Retry-After seconds on the 503 for a placed model that is not available yet"
+    )
+    connect_timeout: Seconds = 2.0
+    ping_timeout: Seconds = Field(
+        15.0, gt=0, description="a feed silent this long (no line, not even a ping) is dead: reconnect"
+    )
+    reconnect_base_interval: Seconds = Field(
+        0.5, gt=0, description="first reconnect delay; doubles per failure, with jitter"
+    )
+    reconnect_max_interval: Seconds = Field(30.0, gt=0, description="cap on the reconnect delay")
+    startup_wait: Seconds = Field(
+        5.0,
+        description="how long start-up waits for the first snapshot before serving without it "
+        "(placed models answer 404 until it comes)",
+    )
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler_url(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else scheduler_url(value)
+
+
+def scheduler_url(address: str) -> str:
+    """`host:port` or `http(s)://host:port[/]` -> `http(s)://host:port`; ValueError if neither."""
+    address = address.strip()
+    url = address if "://" in address else f"http://{address}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        port = None
+        parts = urlsplit("")
+    if parts.scheme not in ("http", "https") or not parts.hostname or (port is None and "://" not in address):
+        raise ValueError(f"expected host:port or http://host:port for the scheduler, got {address!r}")
+    return url.rstrip("/")
+
+
 class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     models: list[ModelConfig] = Field(default_factory=list)
@@ -338,6 +401,7 @@ class GatewayConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     admin: AdminConfig = AdminConfig()
     upstream: UpstreamConfig = UpstreamConfig()
+    placement: PlacementConfig = PlacementConfig()
     graphs: dict[str, Any] = Field(
         default_factory=dict, description="name -> InferenceGraph spec; validated by the graph engine"
     )

@@ -3,6 +3,7 @@ and stopped with the aiohttp application."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 
@@ -10,12 +11,13 @@ from aiohttp import web
 
 from modelyard.balancing import Need
 from modelyard.cluster import BackendLoad
-from modelyard.config import GatewayConfig
+from modelyard.config import GatewayConfig, ModelConfig
 from modelyard.errors import ModelNotFound
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
 from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.proxy import Proxy
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.state import SharedState, open_state
@@ -37,10 +39,8 @@ class Gateway:
         self.config = config
         self.loads: dict[str, BackendLoad] = {}
         self.metrics = GatewayMetrics(lambda: self.loads.values())
-        self.clusters = {
-            m.name: Cluster(m, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
-            for m in config.models
-        }
+        # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
+        self.clusters = {m.name: self.new_cluster(m) for m in config.models}
         self.state = (
             state
             if state is not None
@@ -54,7 +54,9 @@ class Gateway:
         self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))
         self.health = HealthChecker(self.clusters.values(), self.pool)
         self.scrapers: dict[str, tuple[ResourceScraper, Http1Client]] = {}
-        invoker = GatewayInvoker(self.clusters, self.proxy, UrlInvoker(self.pool.client))
+        invoker = GatewayInvoker(
+            self.clusters, self.proxy, UrlInvoker(self.pool.client), lambda name: self.placed.not_placed(name)
+        )
         self.graphs = GraphService(
             load_config_graphs(config, "config") if graphs is None else graphs,
             invoker,
@@ -62,10 +64,41 @@ class Gateway:
             self.metrics.graph_step,
         )
         self.created = int(time.time())
+        self.placed = PlacedModels(self, config.placement)
+        self.follower = (
+            FeedFollower(self.placed, config.placement, random.Random(seed))
+            if config.placement.scheduler
+            else None
+        )
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def new_cluster(self, config: ModelConfig) -> Cluster:
+        return Cluster(config, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
+
+    def install(self, cluster: Cluster) -> None:
+        """Route to a cluster added at runtime (placed by the scheduler): health checks and the
+        strategy's scraper start for it as for a configured one."""
+        self.clusters[cluster.name] = cluster
+        self.health.add(cluster)
+        self._serve_needs(cluster)
+
+    def withdraw(self, name: str) -> None:
+        """Stop routing to a cluster; requests that hold it finish. Its scraper stops in the
+        background (the caller applies a snapshot in one step and cannot wait)."""
+        self.clusters.pop(name, None)
+        self.health.remove(name)
+        scraper = self.scrapers.pop(name, None)
+        if scraper is not None:
+            task = asyncio.create_task(self._stop_scraper(*scraper), name=f"scraper-stop:{name}")
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     def cluster(self, name: str | None) -> Cluster:
         cluster = self.clusters.get(name or "")
         if cluster is None:
+            not_placed = self.placed.not_placed(name or "")
+            if not_placed is not None:
+                raise not_placed
             raise ModelNotFound(name, self.clusters)
         return cluster
 
@@ -77,17 +110,27 @@ class Gateway:
     async def start(self) -> None:
         await self.health.check_once()  # serve with real health from the first request
         self.health.start()
-        for cluster in self.clusters.values():
+        for cluster in list(self.clusters.values()):
             self._serve_needs(cluster)
+        if self.follower is not None:
+            await self.follower.start()
 
     async def stop(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
         await self.health.stop()
         await self.proxy.close()
-        for scraper, client in self.scrapers.values():
-            await scraper.stop()
-            client.close()
+        for scraper, client in list(self.scrapers.values()):
+            await self._stop_scraper(scraper, client)
+        self.scrapers.clear()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         await self.pool.close()
         await self.state.close()
+
+    @staticmethod
+    async def _stop_scraper(scraper: ResourceScraper, client: Http1Client) -> None:
+        await scraper.stop()
+        client.close()
 
     def _serve_needs(self, cluster: Cluster) -> None:
         """Scrape the model's endpoints' /metrics while its strategy reads their load. The scraper

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from modelyard.errors import GraphInvalid, ModelyardError, NotFound
+from modelyard.errors import GraphInvalid, ModelNotPlaced, ModelyardError, NotFound
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.proxy import Proxy
 from modelyard.graph import (
@@ -41,16 +41,26 @@ TRACE_RESPONSE_HEADER = "X-Modelyard-Graph-Trace"
 
 
 class GatewayInvoker:
-    def __init__(self, clusters: dict[str, Cluster], proxy: Proxy, urls: UrlInvoker) -> None:
-        self._clusters = clusters
+    def __init__(
+        self,
+        clusters: dict[str, Cluster],
+        proxy: Proxy,
+        urls: UrlInvoker,
+        not_placed: Callable[[str], ModelNotPlaced | None] = lambda name: None,
+    ) -> None:
+        self._clusters = clusters  # the gateway's own dict: models the scheduler places appear in it
         self._proxy = proxy
         self._urls = urls
+        self._not_placed = not_placed
 
     async def call(self, step: InferenceStep, body: bytes, headers: Sequence[tuple[str, str]]) -> Outcome:
         if step.service_url:
             return await self._urls.post(step.service_url, body, headers)
         cluster = self._clusters.get(step.service_name)
         if cluster is None:
+            not_placed = self._not_placed(step.service_name)
+            if not_placed is not None:
+                raise GraphFailure(500, f"serviceName {step.service_name!r}: {not_placed.message}")
             known = ", ".join(sorted(self._clusters)) or "(none)"
             raise GraphFailure(
                 500, f"serviceName {step.service_name!r} is not a model of this gateway; known: {known}"

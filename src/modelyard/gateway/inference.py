@@ -142,11 +142,27 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    clusters = request.app[GATEWAY].clusters.values()
-    not_ready = [c.name for c in clusters if not c.ready]
+    """503 while draining or while a routable model has no healthy endpoint. The scheduler's feed
+    is reported but never makes the gateway unready: without it the last endpoints keep serving,
+    and taking every gateway out because the scheduler restarts would turn its blip into an outage."""
+    gateway = request.app[GATEWAY]
+    not_ready = [c.name for c in list(gateway.clusters.values()) if not c.ready]
     drain = draining(request)  # shutting down: load balancers should stop sending
     ready = not not_ready and not drain
-    body = {"ready": ready, "draining": drain, "models_without_healthy_endpoints": not_ready}
+    body: dict[str, object] = {
+        "ready": ready,
+        "draining": drain,
+        "models_without_healthy_endpoints": not_ready,
+    }
+    follower = gateway.follower
+    if follower is not None:
+        body["placement"] = {
+            "scheduler": gateway.config.placement.scheduler,
+            "connected": follower.connected,
+            "synced": follower.synced,
+            "last_error": follower.last_error,
+            **gateway.placed.view(),
+        }
     return json_response(body, 200 if ready else 503)
 
 

@@ -63,21 +63,22 @@ def openapi_document(
 
 
 def openapi_handler(gateway: Gateway) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """`GET /openapi.json` for one gateway. Its models are fixed for its life and its graphs change
-    only through /admin, so the encoded document is kept until the graph names change."""
-    cached: list[tuple[tuple[str, ...], bytes]] = []
+    """`GET /openapi.json` for one gateway. Its models change only through the scheduler's feed
+    and its graphs only through /admin, so the encoded document is kept until the names change."""
+    cached: list[tuple[tuple[tuple[str, ...], tuple[str, ...]], bytes]] = []
 
     async def handle(request: web.Request) -> web.Response:
+        models = tuple(gateway.clusters)
         graphs = tuple(sorted(gateway.graphs.graphs))
-        if not cached or cached[0][0] != graphs:
+        if not cached or cached[0][0] != (models, graphs):
             admin = gateway.config.admin
             document = openapi_document(
-                list(gateway.clusters),
+                list(models),
                 graphs,
                 admin_token=admin.token is not None,
                 graph_views_protected=admin.protect_graph_views,
             )
-            cached[:] = [(graphs, orjson.dumps(document))]
+            cached[:] = [((models, graphs), orjson.dumps(document))]
         return web.Response(body=cached[0][1], content_type=JSON)
 
     return handle

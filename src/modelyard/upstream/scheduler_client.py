@@ -1,0 +1,142 @@
+"""The scheduler's REST API (docs/placement.md) for the CLI and anything else that manages models.
+
+Answers come back as the API's JSON, unchanged. An error envelope becomes the modelyard error of
+its status and code (400 invalid_model_spec, 404 model_not_found, 409 model_being_deleted, ...)
+with the scheduler's message; a scheduler that cannot be reached, or answers with something that is
+not the API's JSON, is SchedulerUnavailable naming its address.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from modelyard.errors import (
+    BadRequest,
+    Conflict,
+    ModelBeingDeleted,
+    ModelNotFound,
+    ModelSpecInvalid,
+    ModelyardError,
+    NotFound,
+    PayloadTooLarge,
+    SchedulerUnavailable,
+)
+
+DEFAULT_SCHEDULER = "http://127.0.0.1:9004"
+
+# code first (the precise class), then status (its family)
+_BY_CODE: dict[str, type[ModelyardError]] = {
+    "invalid_model_spec": ModelSpecInvalid,
+    "model_not_found": ModelNotFound,
+    "model_being_deleted": ModelBeingDeleted,
+}
+_BY_STATUS: dict[int, type[ModelyardError]] = {
+    400: BadRequest,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+}
+
+
+class SchedulerClient:
+    """`async with SchedulerClient(url) as scheduler: await scheduler.list()`."""
+
+    def __init__(self, base_url: str = DEFAULT_SCHEDULER, *, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def apply(self, spec: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+        """PUT a model spec (plain or a Seldon `Model`); the model with its `change`."""
+        name = name or _spec_name(spec)
+        return await self._call("PUT", f"/v1/models/{quote(name, safe='')}", spec)
+
+    async def get(self, name: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/models/{quote(name, safe='')}")
+
+    async def list(self) -> list[dict[str, Any]]:
+        return _items(await self._call("GET", "/v1/models"), "models")
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/models/{quote(name, safe='')}")
+
+    async def servers(self) -> builtins.list[dict[str, Any]]:
+        return _items(await self._call("GET", "/v1/servers"), "servers")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> SchedulerClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _call(self, method: str, path: str, body: object = None) -> dict[str, Any]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        url = self.base_url + path
+        data = None if body is None else orjson.dumps(body)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        try:
+            async with self._session.request(method, url, data=data, headers=headers) as response:
+                status, raw = response.status, await response.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
+            raise SchedulerUnavailable(f"cannot reach the scheduler at {self.base_url}: {why}") from None
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise SchedulerUnavailable(
+                f"the scheduler at {self.base_url} answered {method} {path} with {status} "
+                "and a body that is not the API's JSON"
+            )
+        if status >= 400:
+            raise error_from_envelope(status, answer, self.base_url)
+        return answer
+
+
+def error_from_envelope(status: int, answer: Mapping[str, Any], where: str) -> ModelyardError:
+    """The modelyard error an `{"error": {"message", "type", "code"}}` answer stands for."""
+    envelope = answer.get("error")
+    details = envelope if isinstance(envelope, dict) else {}
+    message = str(details.get("message") or envelope or f"the scheduler answered {status}")
+    cls = _BY_CODE.get(str(details.get("code")))
+    if cls is None or cls.status != status:
+        cls = _BY_STATUS.get(status)
+    if cls is None:
+        return SchedulerUnavailable(f"the scheduler at {where} answered {status}: {message}")
+    # The scheduler wrote the message; keep it as it is rather than rebuild it from parts.
+    error = cls.__new__(cls)
+    ModelyardError.__init__(error, message)
+    if isinstance(error, ModelSpecInvalid):
+        error.source, error.problems = where, [message]
+    return error
+
+
+def _spec_name(spec: Mapping[str, Any]) -> str:
+    metadata = spec.get("metadata")
+    name = spec.get("name") or (metadata.get("name") if isinstance(metadata, Mapping) else None)
+    if not isinstance(name, str) or not name:
+        raise BadRequest("the model spec has no name (name, or metadata.name for a Seldon Model)")
+    return name
+
+
+def _items(answer: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    items = answer.get(key)
+    if not isinstance(items, list):
+        raise SchedulerUnavailable(f"the scheduler's answer has no {key!r} list")
+    return items
