@@ -7,6 +7,7 @@ returned changes and records `derive_status` or `schedule_failed` as the version
 
     states   ReplicaState, ModelState (Seldon's names; proto numbers), the predicate sets of §2.1
     spec     ModelSpec and its validation, spec_change (new version or in-place scaling)
+    manifest the plain shape and Seldon's Model resource read into ModelSpecs; quantities
     derive   derive_status (§4), schedule_failed (§5.4), should_retry (§5.5)
     planner  plan (§5.2) over ServerView/ReplicaView and ModelView/VersionView
 """

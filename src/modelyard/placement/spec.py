@@ -116,18 +116,24 @@ class ModelSpec(BaseModel):
         return replicas
 
 
-def parse_model_spec(data: object, source: str = "model") -> ModelSpec:
+def parse_model_spec(
+    data: object, source: str = "model", *, paths: Mapping[str, str] | None = None
+) -> ModelSpec:
     """Validate a plain mapping into a ModelSpec; raises ModelSpecInvalid naming every problem's
-    field path (`replicas: must be at least min_replicas (2) (got 1)`)."""
+    field path (`replicas: must be at least min_replicas (2) (got 1)`). `paths` renames top-level
+    fields in those paths, for a manifest whose fields are spelled otherwise (`spec.minReplicas`)."""
     try:
         return ModelSpec.model_validate(data)
     except ValidationError as exc:
-        raise ModelSpecInvalid(source, [_describe(err) for err in exc.errors()]) from None
+        raise ModelSpecInvalid(source, [_describe(err, paths or {}) for err in exc.errors()]) from None
 
 
-def _describe(err: Mapping[str, Any]) -> str:
+def _describe(err: Mapping[str, Any], paths: Mapping[str, str]) -> str:
     path = ""
-    for part in err["loc"]:
+    loc = list(err["loc"])
+    if loc and isinstance(loc[0], str) and loc[0] in paths:
+        path = paths[loc.pop(0)]
+    for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     kind = err["type"]
     message = "unknown field" if kind == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
