@@ -15,10 +15,11 @@ from rich.markup import escape
 from modelyard import __version__
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.graph import app as graph_app
+from modelyard.cli.model import model_app, server_app
 from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data
 from modelyard.errors import ConfigError, ModelyardError
-from modelyard.gateway import start_gateway
+from modelyard.gateway import GATEWAY, start_gateway
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.serving import run, serve_until_signal
 
@@ -28,6 +29,8 @@ app = typer.Typer(
 config_app = typer.Typer(no_args_is_help=True, help="Work with gateway config files.")
 app.add_typer(config_app, name="config")
 app.add_typer(graph_app, name="graph")
+app.add_typer(model_app, name="model")
+app.add_typer(server_app, name="server")
 app.command("sim-worker")(sim_worker)
 
 err = Console(stderr=True, highlight=False)
@@ -42,13 +45,16 @@ def _fail(error: ModelyardError) -> typer.Exit:
     return typer.Exit(1)
 
 
-def _cli_overrides(host: str | None, port: int | None) -> dict[str, Any]:
+def _cli_overrides(host: str | None, port: int | None, scheduler: str | None = None) -> dict[str, Any]:
     listen: dict[str, Any] = {}
     if host is not None:
         listen["host"] = host
     if port is not None:
         listen["port"] = port
-    return {"listen": listen} if listen else {}
+    overrides: dict[str, Any] = {"listen": listen} if listen else {}
+    if scheduler:
+        overrides["placement"] = {"scheduler": scheduler}
+    return overrides
 
 
 @app.command()
@@ -61,16 +67,25 @@ def serve(
     port: Annotated[
         int | None, typer.Option(help="Listen port (overrides listen.port; 0 = any free port).")
     ] = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MODELYARD_SCHEDULER",
+            help="Follow this scheduler (host:port or URL; overrides placement.scheduler): "
+            "the models it places become routable.",
+        ),
+    ] = None,
     print_config: Annotated[
         bool, typer.Option("--print-config", help="Print the merged config and exit.")
     ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
-    """Run the gateway. With no -c FILE, start the embedded demo: three simulated workers and two models."""
+    """Run the gateway. With no -c FILE and no --scheduler, start the embedded demo: three simulated
+    workers and two models."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = _cli_overrides(host, port)
+    overrides = _cli_overrides(host, port, scheduler)
     try:
-        if config is None:
+        if config is None and not scheduler:
             base = merged_data(None, overrides=overrides)
             if print_config:
                 typer.echo(
@@ -80,7 +95,7 @@ def serve(
             run(_serve_demo(base))
             return
         loaded = load_config(config, overrides=overrides)
-        graphs = load_config_graphs(loaded, str(config))
+        graphs = load_config_graphs(loaded, str(config) if config is not None else "<defaults>")
         if print_config:
             typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False))
             return
@@ -95,6 +110,9 @@ def serve(
 async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
     gateway = await start_gateway(config, graphs=graphs)
     counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
+    if config.placement.scheduler:
+        placed = len(gateway.app[GATEWAY].placed.models)
+        counts += f", following {config.placement.scheduler}: {_count(placed, 'placed model')}"
     typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
     await serve_until_signal([gateway.server], gateway.stop)
 

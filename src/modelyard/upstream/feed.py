@@ -17,6 +17,7 @@ import aiohttp
 
 from modelyard.errors import SchedulerUnavailable
 from modelyard.protocols.feed import FeedEvent, FeedLineInvalid, parse_feed_line
+from modelyard.upstream.scheduler_client import describe_client_error
 
 log = logging.getLogger("modelyard.upstream.feed")
 
@@ -43,7 +44,9 @@ class FeedClient:
             async with asyncio.timeout(self._connect_timeout + self._ping_timeout):
                 response = await self._session.get(self.url, headers={"Accept": "application/x-ndjson"})
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise SchedulerUnavailable(f"cannot reach the scheduler at {self.url}: {_why(exc)}") from None
+            raise SchedulerUnavailable(
+                f"cannot reach the scheduler at {self.url}: {describe_client_error(exc)}"
+            ) from None
         async with response:
             if response.status != 200:
                 raise SchedulerUnavailable(f"the scheduler at {self.url} answered {response.status}")
@@ -68,7 +71,9 @@ class FeedClient:
                     f"the scheduler at {self.url} sent nothing for {self._ping_timeout:g}s"
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
-                raise SchedulerUnavailable(f"the feed from {self.url} broke: {_why(exc)}") from None
+                raise SchedulerUnavailable(
+                    f"the feed from {self.url} broke: {describe_client_error(exc)}"
+                ) from None
             if not chunk:
                 return
             start = len(buffered)
@@ -86,9 +91,3 @@ class FeedClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return str(exc) or type(exc).__name__

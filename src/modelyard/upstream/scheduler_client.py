@@ -9,6 +9,7 @@ not the API's JSON, is SchedulerUnavailable naming its address.
 from __future__ import annotations
 
 import builtins
+import os
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -93,8 +94,9 @@ class SchedulerClient:
             async with self._session.request(method, url, data=data, headers=headers) as response:
                 status, raw = response.status, await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
-            raise SchedulerUnavailable(f"cannot reach the scheduler at {self.base_url}: {why}") from None
+            raise SchedulerUnavailable(
+                f"cannot reach the scheduler at {self.base_url}: {describe_client_error(exc)}"
+            ) from None
         try:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -125,6 +127,16 @@ def error_from_envelope(status: int, answer: Mapping[str, Any], where: str) -> M
     if isinstance(error, ModelSpecInvalid):
         error.source, error.problems = where, [message]
     return error
+
+
+def describe_client_error(exc: BaseException) -> str:
+    """A short cause ("connection refused"), not aiohttp's "Cannot connect to host ... ssl:default"."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        errno = exc.os_error.errno
+        return (os.strerror(errno) if errno else str(exc.os_error) or "cannot connect").lower()
+    return str(exc) or type(exc).__name__
 
 
 def _spec_name(spec: Mapping[str, Any]) -> str:

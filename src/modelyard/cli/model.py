@@ -1,0 +1,233 @@
+"""`modelyard model apply | list | status | delete` and `modelyard server list`: the scheduler's REST
+API (docs/placement.md) for people (tables) and scripts (`-o json`: the API's JSON unchanged).
+
+A problem prints one line per cause and exits 1: the scheduler unreachable, a manifest that does
+not validate (every problem, before anything is sent), an error the scheduler answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import orjson
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from modelyard.cli.placement_views import TERMINATED, applied_line, model_status, models_table, servers_table
+from modelyard.config import scheduler_url
+from modelyard.documents import DocumentError, parse_documents
+from modelyard.errors import ModelSpecInvalid, ModelyardError, NotFound, SchedulerUnavailable
+from modelyard.placement.manifest import spec_to_plain, specs_from_manifests
+from modelyard.placement.spec import ModelSpec
+from modelyard.upstream.scheduler_client import DEFAULT_SCHEDULER, SchedulerClient
+
+model_app = typer.Typer(no_args_is_help=True, help="Models placed by the scheduler.")
+server_app = typer.Typer(no_args_is_help=True, help="Inference servers registered with the scheduler.")
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+T = TypeVar("T")
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+SchedulerOption = Annotated[
+    str,
+    typer.Option(
+        "--scheduler", envvar="MODELYARD_SCHEDULER", help="The scheduler's REST API: host:port or URL."
+    ),
+]
+OutputOption = Annotated[Output, typer.Option("-o", "--output", help="table for people, json for scripts.")]
+
+
+def _error(message: str) -> None:
+    err.print("[red]error:[/red] " + escape(message), soft_wrap=True)
+
+
+def _call(address: str, work: Callable[[SchedulerClient], Awaitable[T]]) -> T:
+    """Run `work` against the scheduler; a modelyard error prints one line and exits 1."""
+    try:
+        url = scheduler_url(address)
+    except ValueError as exc:
+        _error(f"--scheduler: {exc}")
+        raise typer.Exit(1) from None
+
+    async def run() -> T:
+        async with SchedulerClient(url) as scheduler:
+            return await work(scheduler)
+
+    try:
+        return asyncio.run(run())
+    except ModelyardError as exc:
+        _error(exc.message)
+        raise typer.Exit(1) from None
+
+
+def _print_json(data: object) -> None:
+    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.flush()
+
+
+@model_app.command("apply")
+def apply(
+    files: Annotated[
+        list[str],
+        typer.Option("-f", "--filename", help="YAML or JSON file of models (repeatable; - = stdin)."),
+    ],
+    scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+) -> None:
+    """Validate every model in the files (plain specs or Seldon Model resources); send them only when
+    all are valid, then print what each became."""
+    specs = _read_specs(files)
+    if specs is None:
+        raise typer.Exit(1)
+
+    async def send(client: SchedulerClient) -> bool:
+        ok = True
+        for spec in specs:
+            try:
+                out.print(escape(applied_line(await client.apply(spec_to_plain(spec), spec.name))))
+            except SchedulerUnavailable:
+                raise
+            except ModelyardError as exc:  # one refused model: the others are still applied
+                _error(f"{spec.name}: {exc.message}")
+                ok = False
+        return ok
+
+    if not _call(scheduler, send):
+        raise typer.Exit(1)
+
+
+def _read_specs(files: list[str]) -> list[ModelSpec] | None:
+    """Every spec of every file, or None after printing each problem with its file."""
+    specs: list[ModelSpec] = []
+    seen: dict[str, str] = {}
+    failed = False
+    for file in files:
+        source = "<stdin>" if file == "-" else file
+        try:
+            text = sys.stdin.read() if file == "-" else Path(file).read_text()
+            found = specs_from_manifests(parse_documents(text, untrusted=False), source)
+        except OSError as exc:
+            _error(f"{source}: cannot read file: {exc.strerror or exc}")
+            failed = True
+            continue
+        except DocumentError as exc:
+            _error(f"{source}: {exc}")
+            failed = True
+            continue
+        except ModelSpecInvalid as exc:
+            for problem in exc.problems:
+                _error(f"{source}: {problem}")
+            failed = True
+            continue
+        for spec in found:
+            if spec.name in seen:
+                _error(f"{source}: model {spec.name!r} is also defined in {seen[spec.name]}")
+                failed = True
+            seen[spec.name] = source
+            specs.append(spec)
+    return None if failed else specs
+
+
+@model_app.command("list")
+def list_models(
+    output: OutputOption = Output.table,
+    show_all: Annotated[bool, typer.Option("--all", help="Include terminated models.")] = False,
+    scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+) -> None:
+    """The scheduler's models. -o json prints every model, as the API answers."""
+    models = _call(scheduler, lambda client: client.list())
+    if output is Output.json:
+        _print_json({"models": models})
+    else:
+        out.print(models_table(models, show_all=show_all))
+
+
+@model_app.command("status")
+def status(
+    name: Annotated[str, typer.Argument(help="The model.")],
+    watch: Annotated[bool, typer.Option("--watch", help="Poll every second; print again on change.")] = False,
+    until: Annotated[
+        str | None, typer.Option("--until", help="With --watch: exit 0 once the model is in this state.")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="With --watch: give up (exit 1) after this many seconds.")
+    ] = 600.0,
+    interval: Annotated[float, typer.Option("--interval", hidden=True)] = 1.0,
+    output: OutputOption = Output.table,
+    scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+) -> None:
+    """A model's state, with every version and replica."""
+
+    def show(model: dict[str, Any]) -> None:
+        if output is Output.json:
+            _print_json(model)
+        else:
+            out.print(model_status(model))
+
+    if not watch:
+        show(_call(scheduler, lambda client: client.get(name)))
+        return
+    reached = _call(scheduler, lambda client: _watch(client, name, until, timeout, interval, show))
+    if not reached:
+        _error(f"model {name!r} did not reach {until} within {timeout:g}s" if until else "timed out")
+        raise typer.Exit(1)
+
+
+async def _watch(
+    client: SchedulerClient,
+    name: str,
+    until: str | None,
+    seconds: float,
+    interval: float,
+    show: Callable[[dict[str, Any]], None],
+) -> bool:
+    """True once the model is in state `until` (a model the scheduler forgot counts as
+    ModelTerminated); False when `seconds` pass first."""
+    deadline = time.monotonic() + seconds
+    last: bytes | None = None
+    while True:
+        try:
+            model = await client.get(name)
+        except NotFound:
+            if until == TERMINATED:
+                return True
+            raise
+        state = orjson.dumps(model, option=orjson.OPT_SORT_KEYS)
+        if state != last:
+            show(model)
+            last = state
+        if until is not None and model.get("state") == until:
+            return True
+        if time.monotonic() + interval > deadline:
+            return False
+        await asyncio.sleep(interval)
+
+
+@model_app.command("delete")
+def delete(
+    name: Annotated[str, typer.Argument(help="The model.")], scheduler: SchedulerOption = DEFAULT_SCHEDULER
+) -> None:
+    """Delete a model: its replicas unload, then the scheduler forgets it."""
+    model = _call(scheduler, lambda client: client.delete(name))
+    out.print(escape(f"{name}: deleted ({model.get('state')})"))
+
+
+@server_app.command("list")
+def list_servers(output: OutputOption = Output.table, scheduler: SchedulerOption = DEFAULT_SCHEDULER) -> None:
+    """Servers and their replicas: address, memory, capabilities, loaded models."""
+    servers = _call(scheduler, lambda client: client.servers())
+    if output is Output.json:
+        _print_json({"servers": servers})
+    else:
+        out.print(servers_table(servers))
