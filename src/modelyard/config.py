@@ -331,6 +331,12 @@ class UpstreamConfig(_Strict):
     max_connections: int = Field(1024, ge=1, description="per upstream endpoint")
 
 
+class PlacedHealthCheckConfig(HealthCheckConfig):
+    """A placed model's health check: OIP v2 servers all answer `/v2/health/live`."""
+
+    path: str = "/v2/health/live"
+
+
 class PlacedModelDefaults(_Strict):
     """The settings of every model the scheduler places (a placed model has no config entry of its
     own). The defaults differ from a configured model's where the servers differ: placed models run
@@ -340,7 +346,7 @@ class PlacedModelDefaults(_Strict):
 
     strategy: StrategyName = "least_pending"
     protocol: Literal["v1", "v2"] = Field("v2", description="how graph steps naming a placed model call it")
-    health_check: HealthCheckConfig = HealthCheckConfig(path="/v2/health/live")
+    health_check: PlacedHealthCheckConfig = PlacedHealthCheckConfig()
     kv_aware: KvAwareConfig = KvAwareConfig()
     outlier_detection: OutlierDetectionConfig = OutlierDetectionConfig()
     healthy_panic_threshold: float = Field(50.0, ge=0, le=100)

@@ -71,7 +71,7 @@ def model_status(model: Mapping[str, Any]) -> Group:
 
 def servers_table(servers: Iterable[Mapping[str, Any]]) -> Table:
     table = Table(box=None, pad_edge=False)
-    for column in ("SERVER", "REPLICA", "URL", "MEMORY total/available/reserved", "CAPABILITIES", "MODELS"):
+    for column in ("SERVER", "REPLICA", "URL", "MEMORY tot/avail/resv", "CAPABILITIES", "MODELS"):
         table.add_column(column, overflow="fold")
     for server in sorted(servers, key=lambda s: str(s.get("name"))):
         for replica in sorted(server.get("replicas") or [], key=lambda r: int(r.get("index", 0))):

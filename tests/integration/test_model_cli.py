@@ -1,0 +1,197 @@
+"""`modelyard model ...` and `modelyard server list` against a fake scheduler (in a thread; each
+command runs its own event loop, as from a shell)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+from fake_scheduler import FakeScheduler, model_json, threaded_scheduler
+from modelyard.cli.main import app
+from support import free_ports
+
+SELDON_MODELS = """\
+apiVersion: mlops.seldon.io/v1alpha1
+kind: Model
+metadata:
+  name: iris
+spec:
+  storageUri: gs://seldon-models/scv2/samples/mlserver_1.5.0/iris-sklearn
+  requirements: [sklearn]
+  memory: 100Ki
+---
+apiVersion: mlops.seldon.io/v1alpha1
+kind: Model
+metadata:
+  name: tfsimple1
+spec:
+  storageUri: gs://seldon-models/triton/simple
+  requirements: [tensorflow]
+  memory: 100Ki
+  replicas: 2
+"""
+
+BAD_SECOND = """\
+name: good
+storage_uri: ./examples/models/iris
+---
+apiVersion: mlops.seldon.io/v1alpha1
+kind: Model
+metadata:
+  name: bad
+spec:
+  storageUri: ./x
+  memory: lots
+"""
+
+SERVERS = [
+    {
+        "name": "mlserver",
+        "shared": True,
+        "replicas": [
+            {
+                "index": 0,
+                "inference_url": "http://127.0.0.1:8080",
+                "capabilities": ["sklearn"],
+                "total_memory": 2000000,
+                "available_memory": 1000000,
+                "reserved_memory": 0,
+                "over_commit_percentage": 0,
+                "draining": False,
+                "connected": True,
+                "loaded_models": ["iris"],
+            }
+        ],
+    }
+]
+
+
+@pytest.fixture
+def scheduler() -> Iterator[FakeScheduler]:
+    with threaded_scheduler() as fake:
+        yield fake
+
+
+def cli(scheduler: FakeScheduler | None, *args: str, stdin: str | None = None):  # type: ignore[no-untyped-def]
+    env = {"COLUMNS": "200"}  # rich wraps to the terminal; these tests read whole rows
+    if scheduler is not None:
+        env["MODELYARD_SCHEDULER"] = scheduler.url
+    return CliRunner().invoke(app, list(args), input=stdin, env=env)
+
+
+def test_apply_sends_every_seldon_model_of_a_file(scheduler, tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text(SELDON_MODELS)
+    result = cli(scheduler, "model", "apply", "-f", str(path))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["iris: created (version 1)", "tfsimple1: created (version 1)"]
+    iris, tf = scheduler.applied
+    assert (iris["name"], iris["memory"], iris["requirements"]) == ("iris", 102400, ["sklearn"])
+    assert (tf["name"], tf["replicas"]) == ("tfsimple1", 2)
+
+    result = cli(scheduler, "model", "apply", "-f", "-", stdin=SELDON_MODELS.split("---")[0])
+    assert result.stdout.splitlines() == ["iris: unchanged (version 1)"]
+
+
+def test_apply_with_a_bad_document_sends_nothing(scheduler, tmp_path):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(SELDON_MODELS)
+    bad.write_text(BAD_SECOND)
+    result = cli(scheduler, "model", "apply", "-f", str(good), "-f", str(bad))
+    assert result.exit_code == 1
+    assert scheduler.applied == []
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert str(bad) in lines[0] and "[document 2]" in lines[0] and "spec.memory" in lines[0]
+
+
+def test_apply_reports_what_the_scheduler_refuses(scheduler, tmp_path):
+    path = tmp_path / "iris.yaml"
+    path.write_text(SELDON_MODELS.split("---")[0])
+    scheduler.models["iris"] = {
+        **model_json({"name": "iris", "replicas": 1}, 1, "ModelTerminating"),
+        "deleted": True,
+    }
+    result = cli(scheduler, "model", "apply", "-f", str(path))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: iris: model 'iris' is being deleted"
+
+
+def test_list_status_delete_and_servers(scheduler):
+    scheduler.models["iris"] = model_json({"name": "iris", "replicas": 2}, 3, "ModelAvailable")
+    scheduler.models["old"] = {
+        **model_json({"name": "old", "replicas": 1}, 1, "ModelTerminated"),
+        "deleted": True,
+    }
+    scheduler.servers = SERVERS
+
+    result = cli(scheduler, "model", "list")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "VERSION", "STATE", "AVAILABLE/REPLICAS", "SERVER", "REASON"]
+    assert lines[1].split() == ["iris", "3", "ModelAvailable", "2/2", "mlserver"]
+    assert len(lines) == 2
+    assert "old" in cli(scheduler, "model", "list", "--all").stdout
+
+    listed = json.loads(cli(scheduler, "model", "list", "-o", "json").stdout)
+    assert listed == {"models": list(scheduler.models.values())}  # the API's JSON, unchanged
+
+    result = cli(scheduler, "model", "status", "iris")
+    assert result.stdout.splitlines()[0] == "iris: ModelAvailable (version 3, 2/2 available)"
+    assert [line.split()[3:5] for line in result.stdout.splitlines()[2:]] == [
+        ["0", "Available"],
+        ["1", "Available"],
+    ]
+    assert (
+        json.loads(cli(scheduler, "model", "status", "iris", "-o", "json").stdout) == scheduler.models["iris"]
+    )
+
+    result = cli(scheduler, "model", "delete", "iris")
+    assert (result.exit_code, result.stdout.strip()) == (0, "iris: deleted (ModelTerminating)")
+    result = cli(scheduler, "model", "status", "nope")
+    assert (result.exit_code, result.stderr.strip()) == (1, "error: model 'nope' not found")
+
+    result = cli(scheduler, "server", "list")
+    row = result.stdout.splitlines()[1].split()
+    assert row[:3] == ["mlserver", "0", "http://127.0.0.1:8080"] and "iris" in row
+    assert json.loads(cli(scheduler, "server", "list", "-o", "json").stdout) == {"servers": SERVERS}
+
+
+def test_status_watch_until_a_state(scheduler):
+    scheduler.models["iris"] = model_json({"name": "iris", "replicas": 1}, 1, "ModelProgressing")
+    available = model_json({"name": "iris", "replicas": 1}, 1, "ModelAvailable")
+    scheduler.after_get = lambda: scheduler.models.update(iris=available)  # the next poll sees it
+    args = ["model", "status", "iris", "--watch", "--until", "ModelAvailable", "--interval", "0.05"]
+    result = cli(scheduler, *args, "--timeout", "10")
+    assert result.exit_code == 0, result.output
+    headings = [line for line in result.stdout.splitlines() if line.startswith("iris:")]
+    assert headings == [
+        "iris: ModelProgressing (version 1, 0/1 available)",
+        "iris: ModelAvailable (version 1, 1/1 available)",
+    ]
+
+
+def test_status_watch_times_out_with_exit_1(scheduler):
+    scheduler.models["iris"] = model_json({"name": "iris", "replicas": 1}, 1, "ModelProgressing")
+    args = ["model", "status", "iris", "--watch", "--until", "ModelAvailable", "--interval", "0.05"]
+    result = cli(scheduler, *args, "--timeout", "0.2")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: model 'iris' did not reach ModelAvailable within 0.2s"
+
+
+def test_an_unreachable_scheduler_is_one_line_and_exit_1():
+    (port,) = free_ports(1)
+    for args in (
+        ["model", "list"],
+        ["model", "status", "iris"],
+        ["server", "list"],
+        ["model", "delete", "x"],
+    ):
+        result = CliRunner().invoke(app, [*args, "--scheduler", f"127.0.0.1:{port}"])
+        assert result.exit_code == 1
+        assert result.stderr.splitlines() == [
+            f"error: cannot reach the scheduler at http://127.0.0.1:{port}: connection refused"
+        ]

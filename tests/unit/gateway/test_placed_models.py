@@ -1,0 +1,118 @@
+"""Feed events applied to a gateway's clusters (gateway/placement.py), without any server."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from modelyard.config import PlacementConfig, validate_config
+from modelyard.errors import ConfigError, ModelNotFound, ModelNotPlaced
+from modelyard.gateway import Gateway
+from modelyard.gateway.placement import reconnect_delay
+from modelyard.protocols.feed import FeedEndpoint, ModelChanged, ModelRemoved, PlacedModel, Snapshot
+
+
+def placed(name: str, *urls: str, state: str = "ModelAvailable", reason: str = "") -> PlacedModel:
+    endpoints = tuple(FeedEndpoint(f"s-{i}", url) for i, url in enumerate(urls))
+    return PlacedModel(name, 1, state, reason, endpoints)
+
+
+@pytest.fixture
+def gateway() -> Gateway:
+    configured = {"name": "mine", "endpoints": [{"url": "http://10.0.0.9:80"}]}
+    data = {"models": [configured], "placement": {"retry_after": 7}}
+    return Gateway(validate_config(data, "<test>"))
+
+
+def test_a_model_with_endpoints_becomes_a_cluster_with_the_placement_defaults(gateway):
+    gateway.placed.apply(Snapshot((placed("iris", "http://10.0.0.1:80"),)))
+    cluster = gateway.cluster("iris")
+    assert [e.url for e in cluster.endpoints] == ["http://10.0.0.1:80"]
+    assert cluster.config.strategy == "least_pending" and cluster.config.protocol == "v2"
+
+
+def test_an_update_keeps_the_cluster_and_the_endpoints_that_stay(gateway):
+    gateway.placed.apply(ModelChanged(placed("iris", "http://10.0.0.1:80")))
+    cluster = gateway.cluster("iris")
+    kept = cluster.endpoints[0]
+    gateway.placed.apply(ModelChanged(placed("iris", "http://10.0.0.1:80", "http://10.0.0.2:80")))
+    assert gateway.cluster("iris") is cluster
+    assert cluster.endpoints[0] is kept and len(cluster.endpoints) == 2
+
+
+def test_no_endpoints_is_503_with_state_and_reason_and_the_cluster_comes_back(gateway):
+    gateway.placed.apply(ModelChanged(placed("iris", "http://10.0.0.1:80")))
+    cluster = gateway.cluster("iris")
+    cluster.set_strategy("round_robin")  # as an admin might
+    gateway.placed.apply(ModelChanged(placed("iris", state="ModelProgressing", reason="moving")))
+    with pytest.raises(ModelNotPlaced) as caught:
+        gateway.cluster("iris")
+    assert caught.value.headers == {"Retry-After": "7"}
+    assert "ModelProgressing: moving" in caught.value.message
+    gateway.placed.apply(ModelChanged(placed("iris", "http://10.0.0.3:80")))
+    assert gateway.cluster("iris") is cluster and cluster.strategy.name == "round_robin"
+
+
+def test_removed_and_absent_from_a_snapshot_are_404(gateway):
+    gateway.placed.apply(Snapshot((placed("a", "http://10.0.0.1:80"), placed("b", state="ScheduleFailed"))))
+    gateway.placed.apply(ModelRemoved("a"))
+    with pytest.raises(ModelNotFound):
+        gateway.cluster("a")
+    gateway.placed.apply(Snapshot((placed("c", "http://10.0.0.1:80"),)))
+    with pytest.raises(ModelNotFound):
+        gateway.cluster("b")
+    assert set(gateway.clusters) == {"mine", "c"}
+
+
+def test_the_gateway_config_wins_and_is_never_removed_by_the_feed(gateway):
+    mine = gateway.cluster("mine")
+    gateway.placed.apply(ModelChanged(placed("mine", "http://10.0.0.1:80")))
+    gateway.placed.apply(ModelChanged(placed("mine", state="ModelFailed")))
+    gateway.placed.apply(Snapshot(()))
+    assert gateway.cluster("mine") is mine
+    assert [e.url for e in mine.endpoints] == ["http://10.0.0.9:80"]
+
+
+def test_endpoints_with_bad_urls_or_repeated_names_are_left_out(gateway):
+    model = PlacedModel(
+        "iris",
+        1,
+        "ModelAvailable",
+        "",
+        (
+            FeedEndpoint("a", "ftp://x"),
+            FeedEndpoint("b", "http://10.0.0.1:80"),
+            FeedEndpoint("b", "http://10.0.0.2:80"),
+        ),
+    )
+    gateway.placed.apply(ModelChanged(model))
+    assert [e.url for e in gateway.cluster("iris").endpoints] == ["http://10.0.0.1:80"]
+
+
+def test_reconnect_delay_grows_to_its_cap_with_jitter_and_is_never_zero():
+    config = PlacementConfig(reconnect_base_interval=1.0, reconnect_max_interval=8.0)
+    rng = random.Random(0)
+    for failures, cap in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (50, 8.0)]:
+        delays = [reconnect_delay(failures, config, rng) for _ in range(50)]
+        assert all(cap / 2 <= d <= cap for d in delays)
+        assert len(set(delays)) > 1
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("127.0.0.1:9004", "http://127.0.0.1:9004"),
+        ("http://scheduler:9004/", "http://scheduler:9004"),
+        ("https://scheduler.example", "https://scheduler.example"),
+        ("", None),
+    ],
+)
+def test_the_scheduler_address(given, url):
+    assert PlacementConfig(scheduler=given).scheduler == url
+
+
+@pytest.mark.parametrize("given", ["scheduler", "ftp://x:1", "http://:9004", "host:notaport"])
+def test_a_bad_scheduler_address_names_the_field(given):
+    with pytest.raises(ConfigError, match=r"placement\.scheduler: expected host:port"):
+        validate_config({"placement": {"scheduler": given}}, "<test>")
