@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fake_scheduler import FakeScheduler, model_json, threaded_scheduler
@@ -195,3 +196,19 @@ def test_an_unreachable_scheduler_is_one_line_and_exit_1():
         assert result.stderr.splitlines() == [
             f"error: cannot reach the scheduler at http://127.0.0.1:{port}: connection refused"
         ]
+
+
+def test_serve_scheduler_precedence_flag_over_env_over_file(tmp_path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text("placement: {scheduler: 'file:9004'}\n")
+
+    def scheduler_of(*args: str, env: dict[str, str] | None = None) -> object:
+        result = CliRunner().invoke(app, ["serve", "--print-config", *args], env=env or {})
+        assert result.exit_code == 0, result.output
+        return yaml.safe_load(result.stdout)["placement"]["scheduler"]
+
+    assert scheduler_of("-c", str(path)) == "http://file:9004"
+    assert scheduler_of("-c", str(path), env={"MODELYARD_SCHEDULER": "env:9004"}) == "http://env:9004"
+    both = scheduler_of("-c", str(path), "--scheduler", "flag:9004", env={"MODELYARD_SCHEDULER": "env:9004"})
+    assert both == "http://flag:9004"
+    assert scheduler_of("--scheduler", "flag:9004") == "http://flag:9004"  # no file: not the demo
