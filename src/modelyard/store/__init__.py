@@ -1,8 +1,8 @@
 """The scheduler's persistence: SQLite (a file, or :memory:), the only package that imports sqlite3.
 
-    records  StoredModel, StoredVersion, StoredReplica, StoredStatus, StoredServerReplica,
-             StoredState (what load() returns), StoreWrite (one transaction's batch)
-    sqlite   Store(path): load(), write(batch), close()
+records  StoredModel, StoredVersion, StoredReplica, StoredStatus, StoredServerReplica,
+         StoredState (what load() returns), StoreWrite (one transaction's batch)
+sqlite   Store(path): load(), write(batch), close()
 """
 
 from modelyard.store.records import (

@@ -65,7 +65,9 @@ class Store:
                 self._db.close()
                 raise
         except sqlite3.Error as exc:
-            raise ConfigError(f"--db {self.path}", [f"cannot use it as the scheduler database: {exc}"]) from None
+            raise ConfigError(
+                f"--db {self.path}", [f"cannot use it as the scheduler database: {exc}"]
+            ) from None
 
     def close(self) -> None:
         self._db.close()
@@ -133,7 +135,7 @@ class Store:
 
 def _forget_model(cur: sqlite3.Cursor, name: str) -> None:
     for table, column in (("replicas", "model"), ("versions", "model"), ("models", "name")):
-        cur.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))  # noqa: S608 (fixed names)
+        cur.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
 
 
 def _insert_model(cur: sqlite3.Cursor, model: StoredModel) -> None:
@@ -142,8 +144,19 @@ def _insert_model(cur: sqlite3.Cursor, model: StoredModel) -> None:
         s = v.status
         cur.execute(
             "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (model.name, v.version, _json(v.spec), v.server, v.instance_count, s.state, s.reason)
-            + (s.available, s.unavailable, s.draining, s.timestamp),
+            (
+                model.name,
+                v.version,
+                _json(v.spec),
+                v.server,
+                v.instance_count,
+                s.state,
+                s.reason,
+                s.available,
+                s.unavailable,
+                s.draining,
+                s.timestamp,
+            ),
         )
         cur.executemany(
             "INSERT INTO replicas VALUES (?, ?, ?, ?, ?, ?)",
