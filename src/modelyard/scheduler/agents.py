@@ -55,6 +55,7 @@ class Agents:
         self._drain_timeout = drain_timeout
         self._streams: dict[tuple[str, int], _Stream] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._stopping = False
 
     def _state(self) -> SchedulerState:
         assert self.state is not None, "agents are served only once the state is restored"
@@ -84,6 +85,9 @@ class Agents:
         return None
 
     def close_all(self) -> None:
+        """The scheduler is stopping: end every stream without processing it as a disconnect, so the
+        store keeps the replicas for the resync after the restart."""
+        self._stopping = True
         for stream in list(self._streams.values()):
             stream.close()
 
@@ -105,9 +109,10 @@ class Agents:
             finally:
                 if self._streams.get(key) is stream:
                     del self._streams[key]
-                self._state().disconnect(*key, self._clock())
-                self._changes.pulse()
-                log.info("agent %s-%d disconnected", *key)
+                if not self._stopping:
+                    self._state().disconnect(*key, self._clock())
+                    self._changes.pulse()
+                    log.info("agent %s-%d disconnected", *key)
 
     def _connect(self, request: agent_pb2.SubscribeRequest) -> None:
         config = request.replica_config

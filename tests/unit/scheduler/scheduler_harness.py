@@ -73,5 +73,7 @@ class Harness:
 
     def reserved(self) -> dict[tuple[str, int], int]:
         return {
-            (view.name, r.index): r.reserved_memory for view in self.state.server_views() for r in view.replicas
+            (view.name, r.index): r.reserved_memory
+            for view in self.state.server_views()
+            for r in view.replicas
         }

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scheduler_harness import Harness, spec
 
 from modelyard.errors import Conflict, ModelBeingDeleted, ModelNotFound, NotFound
 from modelyard.scheduler import AgentEventKind, LoadedVersion
 from modelyard.scheduler.state import REMOVED_WITH_REPLICA
 from modelyard.store import Store
-from scheduler_harness import Harness, spec
 
 
 def placed(h: Harness, name: str = "iris", **fields: object) -> None:
