@@ -137,7 +137,7 @@ def test_plain_shape_with_a_quantity() -> None:
             [
                 "spec.memory: expected bytes or a quantity",
                 "spec.parameters: expected a list of {name, value}",
-            ],  # noqa: E501
+            ],
         ),
         (["not", "a", "mapping"], ["(top level): expected a mapping, got list"]),
     ],
