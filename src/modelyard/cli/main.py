@@ -16,6 +16,7 @@ from modelyard import __version__
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.graph import app as graph_app
 from modelyard.cli.model import model_app, server_app
+from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data
 from modelyard.errors import ConfigError, ModelyardError
@@ -32,6 +33,7 @@ app.add_typer(graph_app, name="graph")
 app.add_typer(model_app, name="model")
 app.add_typer(server_app, name="server")
 app.command("sim-worker")(sim_worker)
+app.command("scheduler")(scheduler)
 
 err = Console(stderr=True, highlight=False)
 

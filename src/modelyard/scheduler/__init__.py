@@ -1,1 +1,28 @@
-"""The scheduler: desired and actual placement state, the agents' gRPC service, the user API."""
+"""The scheduler: desired and actual placement state, the agents' gRPC service, the user API.
+
+state      SchedulerState: Seldon's store + scheduler + agent-server logic, synchronous
+reconcile  placing from a snapshot, settling after each mutation, persisting
+records    the in-memory models, versions, servers, and their store records
+feed       feed entries and FeedHub (the NDJSON feed's readers)
+agents     Agents: the AgentHandler (streams, events, drain)
+api        the REST API (aiohttp)
+service    start_scheduler(config) -> RunningScheduler
+"""
+
+from modelyard.scheduler.config import SchedulerConfig
+from modelyard.scheduler.reconcile import Operation, OperationKind
+from modelyard.scheduler.service import RunningScheduler, SchedulerService, start_scheduler
+from modelyard.scheduler.state import AgentEventKind, LoadedVersion, ReplicaConfig, SchedulerState
+
+__all__ = [
+    "AgentEventKind",
+    "LoadedVersion",
+    "Operation",
+    "OperationKind",
+    "ReplicaConfig",
+    "RunningScheduler",
+    "SchedulerConfig",
+    "SchedulerService",
+    "SchedulerState",
+    "start_scheduler",
+]

@@ -63,8 +63,9 @@ class AgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AgentEvent(self, request, context):
-        """What an operation did. Rejected with FAILED_PRECONDITION when the replica is not subscribed,
-        or the event does not match what the scheduler expects (a late LOADED for an unloaded version).
+        """What an operation did. Rejected with NOT_FOUND when the replica is not subscribed, and with
+        FAILED_PRECONDITION when the event does not match what the scheduler expects (a late LOADED
+        for an unloaded version); the agent only logs these.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

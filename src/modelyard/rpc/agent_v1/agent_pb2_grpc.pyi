@@ -40,8 +40,9 @@ class AgentServiceStub:
     A second Subscribe for the same (server_name, replica_idx) replaces the first.
     """
     AgentEvent: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ModelEvent, _agent_pb2.ModelEventResponse]
-    """What an operation did. Rejected with FAILED_PRECONDITION when the replica is not subscribed,
-    or the event does not match what the scheduler expects (a late LOADED for an unloaded version).
+    """What an operation did. Rejected with NOT_FOUND when the replica is not subscribed, and with
+    FAILED_PRECONDITION when the event does not match what the scheduler expects (a late LOADED
+    for an unloaded version); the agent only logs these.
     """
     AgentDrain: _grpc.UnaryUnaryMultiCallable[_agent_pb2.AgentDrainRequest, _agent_pb2.AgentDrainResponse]
     """The replica is going away: the scheduler moves its models elsewhere, answering once they
@@ -56,8 +57,9 @@ class AgentServiceAsyncStub(AgentServiceStub):
     A second Subscribe for the same (server_name, replica_idx) replaces the first.
     """
     AgentEvent: _aio.UnaryUnaryMultiCallable[_agent_pb2.ModelEvent, _agent_pb2.ModelEventResponse]  # type: ignore[assignment]
-    """What an operation did. Rejected with FAILED_PRECONDITION when the replica is not subscribed,
-    or the event does not match what the scheduler expects (a late LOADED for an unloaded version).
+    """What an operation did. Rejected with NOT_FOUND when the replica is not subscribed, and with
+    FAILED_PRECONDITION when the event does not match what the scheduler expects (a late LOADED
+    for an unloaded version); the agent only logs these.
     """
     AgentDrain: _aio.UnaryUnaryMultiCallable[_agent_pb2.AgentDrainRequest, _agent_pb2.AgentDrainResponse]  # type: ignore[assignment]
     """The replica is going away: the scheduler moves its models elsewhere, answering once they
@@ -81,8 +83,9 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.ModelEvent,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.ModelEventResponse, _abc.Awaitable[_agent_pb2.ModelEventResponse]]:
-        """What an operation did. Rejected with FAILED_PRECONDITION when the replica is not subscribed,
-        or the event does not match what the scheduler expects (a late LOADED for an unloaded version).
+        """What an operation did. Rejected with NOT_FOUND when the replica is not subscribed, and with
+        FAILED_PRECONDITION when the event does not match what the scheduler expects (a late LOADED
+        for an unloaded version); the agent only logs these.
         """
 
     @_abc_1.abstractmethod

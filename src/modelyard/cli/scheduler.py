@@ -1,0 +1,63 @@
+"""`modelyard scheduler`: the placement control plane, until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from modelyard.errors import ConfigError, ModelyardError
+from modelyard.scheduler import SchedulerConfig, start_scheduler
+from modelyard.scheduler.config import DEFAULT_DB
+from modelyard.serving import run, serve_until_signal
+
+
+def scheduler(
+    host: Annotated[
+        str, typer.Option(help="Address of the REST API and the agents' gRPC service.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="REST API and gateway feed port; 0 picks a free one.")] = 9004,
+    agent_port: Annotated[int, typer.Option(help="gRPC AgentService port; 0 picks a free one.")] = 9005,
+    db: Annotated[str, typer.Option(help="SQLite database file (':memory:' keeps nothing).")] = DEFAULT_DB,
+    resync_timeout: Annotated[
+        float, typer.Option(help="After a restart, seconds to wait for known replicas before placing.")
+    ] = 15.0,
+    retry_interval: Annotated[float, typer.Option(help="Seconds between retries of failed models.")] = 10.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the scheduler: keeps models and where they are, tells agents what to load, serves the feed."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = SchedulerConfig(
+            host=host,
+            port=port,
+            agent_port=agent_port,
+            db=db,
+            resync_timeout=resync_timeout,
+            retry_interval=retry_interval,
+        )
+        run(_serve(config))
+    except ValidationError as error:
+        problem = error.errors()[0]
+        field = "--" + str(problem["loc"][0]).replace("_", "-") if problem["loc"] else "options"
+        _fail(f"{field}: {problem['msg']}")
+    except ConfigError as error:
+        _fail(f"{error.source}: {'; '.join(error.problems)}")
+    except ModelyardError as error:
+        _fail(error.message)
+    except OSError as error:
+        _fail(f"cannot listen: {error.strerror or error}")
+
+
+def _fail(line: str) -> None:
+    typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(1)
+
+
+async def _serve(config: SchedulerConfig) -> None:
+    running = await start_scheduler(config)
+    where = f"REST and feed on {running.url}, agents on {running.agent_address}"
+    typer.echo(f"modelyard scheduler: {where}, db {config.db}")
+    await serve_until_signal([running.http], running.stop)

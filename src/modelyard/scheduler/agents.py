@@ -1,0 +1,159 @@
+"""The scheduler's side of AgentService (`rpc.AgentHandler`): one stream per (server, replica),
+operations through a bounded per-agent queue, events and drains handed to `SchedulerState`.
+
+A second Subscribe for the same replica ends the first and waits until the first's disconnect
+processing has finished before it registers (Seldon's per-key mutex), so the two never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from modelyard.errors import BadRequest
+from modelyard.rpc.agent_v1 import agent_pb2
+from modelyard.scheduler.changes import Changes
+from modelyard.scheduler.reconcile import Operation, OperationKind
+from modelyard.scheduler.state import AgentEventKind, LoadedVersion, ReplicaConfig, SchedulerState
+
+log = logging.getLogger("modelyard.scheduler")
+
+_OPERATIONS = {
+    OperationKind.LOAD: agent_pb2.ModelOperation.LOAD_MODEL,
+    OperationKind.UNLOAD: agent_pb2.ModelOperation.UNLOAD_MODEL,
+}
+_EVENTS = {
+    agent_pb2.ModelEvent.LOADED: AgentEventKind.LOADED,
+    agent_pb2.ModelEvent.LOAD_FAILED: AgentEventKind.LOAD_FAILED,
+    agent_pb2.ModelEvent.UNLOADED: AgentEventKind.UNLOADED,
+    agent_pb2.ModelEvent.UNLOAD_FAILED: AgentEventKind.UNLOAD_FAILED,
+}
+
+
+class _Stream:
+    def __init__(self, size: int) -> None:
+        self.queue: asyncio.Queue[agent_pb2.ModelOperation | None] = asyncio.Queue(size)
+
+    def close(self) -> None:
+        while not self.queue.empty():  # what it had not sent yet goes with it
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
+
+
+class Agents:
+    """Agent streams, and the AgentHandler the gRPC server calls. `state` is set once the
+    scheduler's state is restored; `changes` pulses after every mutation an agent makes."""
+
+    def __init__(
+        self, changes: Changes, clock: Callable[[], float], *, queue_size: int, drain_timeout: float
+    ) -> None:
+        self.state: SchedulerState | None = None
+        self._changes = changes
+        self._clock = clock
+        self._queue_size = queue_size
+        self._drain_timeout = drain_timeout
+        self._streams: dict[tuple[str, int], _Stream] = {}
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._stopping = False
+
+    def _state(self) -> SchedulerState:
+        assert self.state is not None, "agents are served only once the state is restored"
+        return self.state
+
+    def send(self, operation: Operation) -> str | None:
+        """SchedulerState's Sender: queue the operation on the replica's stream."""
+        stream = self._streams.get((operation.server, operation.index))
+        if stream is None:
+            return "no agent stream for this server replica"
+        spec = operation.spec
+        message = agent_pb2.ModelOperation(
+            operation=_OPERATIONS[operation.kind],
+            model_version=agent_pb2.ModelVersion(
+                name=operation.model,
+                version=operation.version,
+                storage_uri=spec.storage_uri,
+                memory_bytes=spec.memory,
+                requirements=list(spec.requirements),
+                parameters=spec.parameters,
+            ),
+        )
+        try:
+            stream.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            return f"the agent's operation queue is full ({self._queue_size})"
+        return None
+
+    def close_all(self) -> None:
+        """The scheduler is stopping: end every stream without processing it as a disconnect, so the
+        store keeps the replicas for the resync after the restart."""
+        self._stopping = True
+        for stream in list(self._streams.values()):
+            stream.close()
+
+    async def subscribe(self, request: agent_pb2.SubscribeRequest) -> AsyncIterator[agent_pb2.ModelOperation]:
+        if not request.server_name:
+            raise BadRequest("SubscribeRequest.server_name is empty")
+        key = (request.server_name, request.replica_idx)
+        old = self._streams.get(key)
+        if old is not None:
+            old.close()
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            stream = _Stream(self._queue_size)
+            self._streams[key] = stream
+            try:
+                self._connect(request)
+                while (operation := await stream.queue.get()) is not None:
+                    yield operation
+            finally:
+                if self._streams.get(key) is stream:
+                    del self._streams[key]
+                if not self._stopping:
+                    self._state().disconnect(*key, self._clock())
+                    self._changes.pulse()
+                    log.info("agent %s-%d disconnected", *key)
+
+    def _connect(self, request: agent_pb2.SubscribeRequest) -> None:
+        config = request.replica_config
+        replica = ReplicaConfig(
+            request.server_name,
+            request.replica_idx,
+            config.inference_url,
+            config.memory_bytes,
+            tuple(config.capabilities),
+            config.over_commit_percentage,
+            request.shared,
+        )
+        loaded = [
+            LoadedVersion(m.name, m.version, m.runtime_info.instance_count or None)
+            for m in request.loaded_models
+        ]
+        self._state().connect(replica, loaded, request.available_memory_bytes, self._clock())
+        self._changes.pulse()
+        log.info(
+            "agent %s-%d subscribed (%d loaded models)", request.server_name, request.replica_idx, len(loaded)
+        )
+
+    async def event(self, event: agent_pb2.ModelEvent) -> None:
+        kind = _EVENTS.get(event.event)
+        if kind is None:
+            raise BadRequest(f"unknown agent event {event.event}")
+        self._state().event(
+            event.server_name,
+            event.replica_idx,
+            event.model_name,
+            event.model_version,
+            kind,
+            message=event.message,
+            available_memory=event.available_memory_bytes,
+            instance_count=event.runtime_info.instance_count or None,
+            now=self._clock(),
+        )
+        self._changes.pulse()
+
+    async def drain(self, request: agent_pb2.AgentDrainRequest) -> bool:
+        state = self._state()
+        names = state.drain(request.server_name, request.replica_idx, self._clock())
+        self._changes.pulse()
+        return await self._changes.wait_for(lambda: state.drained(names), self._drain_timeout)

@@ -1,0 +1,193 @@
+"""The scheduler's REST API and gateway feed (docs/placement.md), as an aiohttp application.
+
+Errors use the one envelope of modelyard's error tree (`{"error": {"message", "type", "code"}}`);
+bodies are bounded (413 past `max_body_bytes`) and parsed as JSON or YAML with bounded nesting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from modelyard.documents import DocumentError, parse_document
+from modelyard.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    ModelSpecInvalid,
+    ModelyardError,
+    NotFound,
+    PayloadTooLarge,
+    SchedulerUnavailable,
+)
+from modelyard.placement import ModelSpec
+from modelyard.placement.manifest import spec_from_manifest
+from modelyard.protocols import error_body
+from modelyard.scheduler.views import model_view, servers_view
+from modelyard.types import Protocol
+
+if TYPE_CHECKING:
+    from modelyard.scheduler.service import SchedulerService
+
+log = logging.getLogger("modelyard.scheduler")
+SERVICE: web.AppKey[SchedulerService] = web.AppKey("scheduler_service")
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _render(error: ModelyardError) -> web.Response:
+    return web.Response(
+        status=error.status,
+        body=error_body(Protocol.PLAIN, error),
+        content_type="application/json",
+        headers=error.headers,
+    )
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except ModelyardError as error:
+        return _render(error)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _render(_from_aiohttp(exc, request))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _render(ModelyardError("internal scheduler error; see the scheduler log"))
+
+
+def _from_aiohttp(exc: web.HTTPException, request: web.Request) -> ModelyardError:
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return MethodNotAllowed(
+            f"method {request.method} is not allowed on {request.path}; allowed: {allowed}"
+        )
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLarge(f"request body is larger than {request.client_max_size} bytes")
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound(f"no route for {request.method} {request.path}")
+    error = ModelyardError(exc.reason or "error")
+    error.status = exc.status
+    return error
+
+
+async def _read_document(request: web.Request) -> Any:
+    limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+    body = await request.read()  # aiohttp refuses a longer chunked body with 413 itself
+    try:
+        return await asyncio.to_thread(parse_document, body)
+    except DocumentError as exc:
+        raise BadRequest(f"the body must be JSON or YAML: {exc}") from None
+
+
+def spec_from_body(document: object, name: str) -> ModelSpec:
+    """The body as a spec (plain or a Seldon Model); a missing name is the path's, another is a 400."""
+    source = f"PUT /v1/models/{name}"
+    if isinstance(document, Mapping):
+        if "apiVersion" in document or "kind" in document:
+            metadata = document.get("metadata")
+            if metadata is None or (isinstance(metadata, Mapping) and "name" not in metadata):
+                document = {**document, "metadata": {**(metadata or {}), "name": name}}
+        elif "name" not in document:
+            document = {**document, "name": name}
+    spec = spec_from_manifest(document, source)
+    if spec.name != name:
+        raise ModelSpecInvalid(source, [f"name: {spec.name!r} is not the name in the path ({name!r})"])
+    return spec
+
+
+async def put_model(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    spec = spec_from_body(await _read_document(request), request.match_info["name"])
+    model, change = service.state.apply(spec, service.clock())
+    service.changes.pulse()
+    return json_response({**model_view(model), "change": change})
+
+
+async def get_models(request: web.Request) -> web.Response:
+    state = request.app[SERVICE].state
+    return json_response({"models": [model_view(m) for _, m in sorted(state.models.items())]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    return json_response(model_view(request.app[SERVICE].state.model(request.match_info["name"])))
+
+
+async def delete_model(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    model = service.state.delete(request.match_info["name"], service.clock())
+    service.changes.pulse()
+    return json_response(model_view(model))
+
+
+async def get_servers(request: web.Request) -> web.Response:
+    return json_response({"servers": servers_view(request.app[SERVICE].state)})
+
+
+async def feed(request: web.Request) -> web.StreamResponse:
+    """A snapshot line, then each change; a ping every few seconds. Ends when the reader is dropped
+    for lagging (it reconnects for a fresh snapshot) or the scheduler stops."""
+    service = request.app[SERVICE]
+    queue = service.feed.subscribe()  # in the same step as the snapshot: no change falls between
+    snapshot = {"type": "snapshot", "models": service.state.feed_snapshot()}
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"}
+    )
+    try:
+        await response.prepare(request)
+        await response.write(orjson.dumps(snapshot) + b"\n")
+        while True:
+            try:
+                async with asyncio.timeout(service.config.feed_ping_interval):
+                    line = await queue.get()
+            except TimeoutError:
+                line = {"type": "ping"}
+            if line is None:
+                break
+            await response.write(orjson.dumps(line) + b"\n")
+    finally:
+        service.feed.unsubscribe(queue)
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[SERVICE].state
+    if not state.ready:
+        waiting = ", ".join(f"{s}-{i}" for s, i in sorted(state.awaiting))
+        raise SchedulerUnavailable(f"resyncing after a restart; waiting for server replicas {waiting}")
+    return json_response({"status": "ready"})
+
+
+def create_app(service: SchedulerService) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=service.config.max_body_bytes)
+    app[SERVICE] = service
+    app.router.add_put("/v1/models/{name}", put_model)
+    app.router.add_get("/v1/models", get_models)
+    app.router.add_get("/v1/models/{name}", get_model)
+    app.router.add_delete("/v1/models/{name}", delete_model)
+    app.router.add_get("/v1/servers", get_servers)
+    app.router.add_get("/v1/feed", feed)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

@@ -1,0 +1,27 @@
+"""`SchedulerConfig`: everything `modelyard scheduler` takes, validated once."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_DB = "./modelyard-scheduler.db"
+
+
+class SchedulerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="address of the REST API and the agents' gRPC service")
+    port: int = Field(9004, ge=0, le=65535, description="REST API and feed; 0 picks a free port")
+    agent_port: int = Field(9005, ge=0, le=65535, description="gRPC AgentService; 0 picks a free port")
+    db: str = Field(DEFAULT_DB, min_length=1, description="SQLite file, or :memory:")
+    resync_timeout: float = Field(
+        15.0, ge=0, description="after a restart, how long to wait for known replicas before placing"
+    )
+    retry_interval: float = Field(10.0, gt=0, description="seconds between retries of failed models")
+    drain_timeout: float = Field(60.0, gt=0, description="longest an AgentDrain call waits")
+    feed_ping_interval: float = Field(5.0, gt=0, description="seconds between feed pings")
+    feed_queue_size: int = Field(
+        1024, ge=1, description="feed lines a slow reader may lag before it is dropped"
+    )
+    agent_queue_size: int = Field(1024, ge=1, description="operations queued per agent stream")
+    max_body_bytes: int = Field(1024 * 1024, ge=1, description="REST request bodies")

@@ -1,0 +1,308 @@
+"""The machinery under `SchedulerState`: placing a model from a snapshot of the state, and settling
+after every mutation (statuses, the feed, the "Envoy" promotions, the version cleaner, the
+operations sent to agents), then writing what changed to the store in one transaction.
+
+There is no Envoy: publishing a model's feed entry is the route update, so right after it, Loaded
+replicas of the latest version become Available and UnloadEnvoyRequested ones UnloadRequested
+(Seldon does this only for the latest version; here for every version, so that a replica scaled
+down just before a new version was applied is not left waiting forever).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from modelyard.placement import (
+    UNLOADING_OR_UNLOADED,
+    ModelSpec,
+    ModelState,
+    Placement,
+    PlacementFailure,
+    ReplicaState,
+    ReplicaStatus,
+    ReplicaView,
+    ServerView,
+    derive_status,
+    plan,
+    required_memory,
+    schedule_failed,
+)
+from modelyard.placement.states import INACTIVE
+from modelyard.scheduler.feed import FeedLine, feed_entry
+from modelyard.scheduler.records import (
+    Model,
+    Server,
+    ServerReplica,
+    Version,
+    model_to_stored,
+    replica_to_stored,
+)
+from modelyard.store import Store, StoreWrite
+
+_S = ReplicaState
+_MAX_ROUNDS = 16  # each round only moves replicas forward; a handful always suffices
+_RESERVING = frozenset({_S.LOAD_REQUESTED, _S.LOADING})
+_PROMOTE = frozenset({_S.LOADED, _S.LOADED_UNAVAILABLE})
+
+
+class OperationKind(enum.StrEnum):
+    LOAD = "load"
+    UNLOAD = "unload"
+
+
+@dataclass(slots=True, frozen=True)
+class Operation:
+    """Load or unload one model version on one server replica."""
+
+    kind: OperationKind
+    server: str
+    index: int
+    model: str
+    version: int
+    spec: ModelSpec
+
+
+Sender = Callable[[Operation], "str | None"]
+"""Queues an operation on the replica's agent stream; returns why it could not, or None."""
+Publisher = Callable[[FeedLine], None]
+
+
+class Reconciler:
+    def __init__(self, store: Store, send: Sender, publish: Publisher) -> None:
+        self.models: dict[str, Model] = {}
+        self.servers: dict[str, Server] = {}
+        self.ready = True  # False while restored replicas have not re-subscribed: nothing is placed
+        self._store = store
+        self._send = send
+        self._publish_line = publish
+        self._published: dict[str, FeedLine] = {}
+        self._touched: dict[str, set[int]] = {}  # model -> versions whose status to recompute
+        self._dirty: set[str] = set()  # models to persist and publish
+        self._forgotten: set[str] = set()
+        self._dirty_replicas: set[tuple[str, int]] = set()
+        self._forgotten_replicas: set[tuple[str, int]] = set()
+
+    # --- small mutations ---------------------------------------------------------------------
+
+    def _touch(self, model: Model, version: int) -> None:
+        self._touched.setdefault(model.name, set()).add(version)
+        self._dirty.add(model.name)
+
+    def _set_replica(self, model: Model, version: int, index: int, status: ReplicaStatus) -> None:
+        target = model.version(version)
+        if target is None:
+            raise ValueError(f"{model.name} has no version {version}")
+        target.replicas[index] = status
+        self._touch(model, version)
+
+    def _replica_dirty(self, replica: ServerReplica) -> None:
+        self._dirty_replicas.add(replica.key)
+        self._forgotten_replicas.discard(replica.key)
+
+    # --- placement -----------------------------------------------------------------------------
+
+    def server_views(self) -> list[ServerView]:
+        """Connected replicas with their reservations, summed from LoadRequested/Loading states."""
+        reserved: dict[tuple[str, int], int] = {}
+        for model in self.models.values():
+            for version in model.versions:
+                if version.server is None:
+                    continue
+                need = required_memory(version.view())
+                for index, status in version.replicas.items():
+                    if status.state in _RESERVING:
+                        key = (version.server, index)
+                        reserved[key] = reserved.get(key, 0) + need
+        return [
+            ServerView(
+                server.name,
+                tuple(
+                    ReplicaView(
+                        r.index,
+                        frozenset(r.capabilities),
+                        r.available_memory,
+                        reserved.get(r.key, 0),
+                        r.memory or None,
+                        r.draining,
+                    )
+                    for _, r in sorted(server.replicas.items())
+                    if r.connected
+                ),
+                server.shared,
+            )
+            for server in self.servers.values()
+        ]
+
+    def _place(self, model: Model, now: float) -> None:
+        """Plan the model's latest version and apply the plan (nothing while not ready)."""
+        if not self.ready:
+            return
+        result = plan(self.server_views(), model.view())
+        latest = model.latest
+        if isinstance(result, PlacementFailure):
+            latest.status = schedule_failed(latest.replicas, latest.spec, result.reason, now)
+            self._touched.get(model.name, set()).discard(latest.version)  # keep it, don't derive it
+            if result.unbind:
+                # Entries that hold nothing go with the binding; anything still on its way keeps the
+                # binding (Seldon unbinds anyway, and the entries then name another server's replicas).
+                for index in [i for i, s in latest.replicas.items() if s.state in INACTIVE]:
+                    del latest.replicas[index]
+                if not latest.replicas:
+                    latest.server = None
+            self._dirty.add(model.name)
+            return
+        self._apply(model, result, now)
+
+    def _apply(self, model: Model, placement: Placement, now: float) -> None:
+        latest = model.latest
+        if placement.new_version:
+            model.versions.append(Version(placement.version, latest.spec, server=placement.server))
+            self._touch(model, latest.version)  # no longer the latest: its status changes meaning
+        target = model.version(placement.version)
+        assert target is not None
+        rebound = placement.server is not None and target.server != placement.server
+        if placement.server is not None:
+            target.server = placement.server
+        for change in placement.changes:
+            self._set_replica(model, change.version, change.replica, ReplicaStatus(change.state, "", now))
+        if (
+            placement.changes
+            or rebound
+            or target.status.state in (ModelState.SCHEDULE_FAILED, ModelState.UNKNOWN)
+        ):
+            self._touch(model, target.version)
+
+    # --- settling --------------------------------------------------------------------------------
+
+    def _settle(self, now: float) -> None:
+        for _ in range(_MAX_ROUNDS):
+            touched, self._touched = self._touched, {}
+            if not touched:
+                break
+            for name, versions in touched.items():
+                model = self.models.get(name)
+                if model is None:
+                    continue
+                for number in versions:
+                    self._recompute(model, number)
+            for name in touched:
+                model = self.models.get(name)
+                if model is None:
+                    continue
+                self._publish(model)
+                self._promote(model, now)
+                if model.deleted:
+                    self._apply(model, _as_placement(plan((), model.view())), now)
+                else:
+                    self._clean_versions(model, now)
+                self._sync(model, now)
+                if model.deleted and _terminated(model):
+                    self._forget(model)
+        for name in self._dirty:
+            if (model := self.models.get(name)) is not None:
+                self._publish(model)
+
+    def _recompute(self, model: Model, number: int) -> None:
+        version = model.version(number)
+        if version is None:
+            return
+        last_available = next(
+            (v.version for v in reversed(model.versions) if v.status.state is ModelState.AVAILABLE), None
+        )
+        version.status = derive_status(
+            version.replicas,
+            version.spec,
+            deleted=model.deleted,
+            latest=version is model.latest,
+            other_version_available=last_available is not None and last_available != number,
+        )
+
+    def _publish(self, model: Model) -> None:
+        entry = feed_entry(model, self.servers)
+        if self._published.get(model.name) != entry:
+            self._published[model.name] = entry
+            self._publish_line({"type": "model", **entry})
+
+    def _promote(self, model: Model, now: float) -> None:
+        for version in model.versions:
+            for index, status in list(version.replicas.items()):
+                if status.state is _S.UNLOAD_ENVOY_REQUESTED:
+                    self._set_replica(
+                        model, version.version, index, ReplicaStatus(_S.UNLOAD_REQUESTED, "", now)
+                    )
+                elif status.state in _PROMOTE and version is model.latest:
+                    self._set_replica(model, version.version, index, ReplicaStatus(_S.AVAILABLE, "", now))
+
+    def _clean_versions(self, model: Model, now: float) -> None:
+        """Seldon's version cleaner (compat §6.2 step 5): once the latest version is available, every
+        older one unloads. UnloadFailed replicas are left alone (Seldon retries them on every pass,
+        which with a replica that keeps failing is a loop through the agent)."""
+        if model.latest.status.state is not ModelState.AVAILABLE:
+            return
+        for version in model.versions[:-1]:
+            for index, status in list(version.replicas.items()):
+                if status.state not in UNLOADING_OR_UNLOADED and status.state is not _S.UNLOAD_FAILED:
+                    self._set_replica(
+                        model, version.version, index, ReplicaStatus(_S.UNLOAD_REQUESTED, "", now)
+                    )
+
+    def _sync(self, model: Model, now: float) -> None:
+        """Send LOAD for LoadRequested and UNLOAD for UnloadRequested replicas of every version, each
+        failure recorded on the version it was for (Seldon records an unload failure on the latest)."""
+        for version in model.versions:
+            server = self.servers.get(version.server) if version.server is not None else None
+            for index, status in list(version.replicas.items()):
+                if status.state is _S.LOAD_REQUESTED:
+                    kind, sent, failed = OperationKind.LOAD, _S.LOADING, _S.LOAD_FAILED
+                elif status.state is _S.UNLOAD_REQUESTED:
+                    kind, sent, failed = OperationKind.UNLOAD, _S.UNLOADING, _S.UNLOAD_FAILED
+                else:
+                    continue
+                replica = server.replicas.get(index) if server is not None else None
+                if replica is None or not replica.connected:
+                    if not self.ready:
+                        continue  # its agent may still re-subscribe
+                    error: str | None = "the server replica is not connected"
+                else:
+                    error = self._send(
+                        Operation(kind, replica.server, index, model.name, version.version, version.spec)
+                    )
+                new = ReplicaStatus(failed, error, now) if error else ReplicaStatus(sent, "", now)
+                self._set_replica(model, version.version, index, new)
+
+    def _forget(self, model: Model) -> None:
+        del self.models[model.name]
+        self._published.pop(model.name, None)
+        self._dirty.discard(model.name)
+        self._forgotten.add(model.name)
+        self._publish_line({"type": "removed", "name": model.name})
+
+    # --- persisting ------------------------------------------------------------------------------
+
+    def _commit(self, now: float) -> None:
+        """Settle, then write every model and server replica this mutation changed, in one batch."""
+        self._settle(now)
+        batch = StoreWrite(
+            models=[model_to_stored(self.models[n]) for n in sorted(self._dirty) if n in self.models],
+            forget_models=sorted(self._forgotten - set(self.models)),
+            server_replicas=[
+                replica_to_stored(self.servers[s].replicas[i], self.servers[s].shared)
+                for s, i in sorted(self._dirty_replicas)
+                if s in self.servers and i in self.servers[s].replicas
+            ],
+            forget_server_replicas=sorted(self._forgotten_replicas),
+        )
+        self._dirty, self._forgotten = set(), set()
+        self._dirty_replicas, self._forgotten_replicas = set(), set()
+        self._store.write(batch)
+
+
+def _as_placement(result: Placement | PlacementFailure) -> Placement:
+    assert isinstance(result, Placement)  # a deleted model's plan never fails
+    return result
+
+
+def _terminated(model: Model) -> bool:
+    return all(s.state in INACTIVE for v in model.versions for s in v.replicas.values())

@@ -1,0 +1,120 @@
+"""`start_scheduler(config)`: the scheduler service, in-process (tests) or under the CLI.
+
+It restores the state from the store, serves the REST API and feed (restored endpoints at once),
+the agents' gRPC service, a retry timer and, after a restart, the resync deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from modelyard.config import ListenConfig
+from modelyard.rpc import AgentServer
+from modelyard.scheduler.agents import Agents
+from modelyard.scheduler.api import create_app
+from modelyard.scheduler.changes import Changes
+from modelyard.scheduler.config import SchedulerConfig
+from modelyard.scheduler.feed import FeedHub, FeedLine
+from modelyard.scheduler.state import SchedulerState
+from modelyard.serving import HttpServer
+from modelyard.store import Store
+
+log = logging.getLogger("modelyard.scheduler")
+
+
+class SchedulerService:
+    """The parts of a running scheduler; `start_scheduler` builds and starts one."""
+
+    def __init__(self, config: SchedulerConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.changes = Changes()
+        self.feed = FeedHub(config.feed_queue_size)
+        self.store = Store(config.db)
+        self.agents = Agents(
+            self.changes, clock, queue_size=config.agent_queue_size, drain_timeout=config.drain_timeout
+        )
+        self.state = SchedulerState.restore(self.store, self.agents.send, self._publish)
+        self.agents.state = self.state
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _publish(self, line: FeedLine) -> None:
+        self.feed.publish(line)
+
+    def start_timers(self) -> None:
+        self._tasks.append(asyncio.create_task(self._retry_loop(), name="scheduler-retry"))
+        if not self.state.ready:
+            self._tasks.append(asyncio.create_task(self._resync_deadline(), name="scheduler-resync"))
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retry_interval)
+            try:
+                self.state.retry(self.clock())
+            except Exception:  # a store error must not end the retries for good
+                log.exception("retrying failed models")
+            self.changes.pulse()
+
+    async def _resync_deadline(self) -> None:
+        ready = await self.changes.wait_for(lambda: self.state.ready, self.config.resync_timeout)
+        if not ready:
+            missing = ", ".join(f"{s}-{i}" for s, i in sorted(self.state.awaiting))
+            log.warning("resync timeout: removing server replicas that did not come back: %s", missing)
+            self.state.finish_resync(self.clock())
+            self.changes.pulse()
+
+    async def stop_timers(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+
+class RunningScheduler:
+    """A started scheduler: `url` and `port` of the REST API, `agent_port` of AgentService."""
+
+    def __init__(self, service: SchedulerService, http: HttpServer, agents: AgentServer) -> None:
+        self.service = service
+        self.http = http
+        self.agent_server = agents
+        self.url = http.url
+        self.port = http.port
+        self.agent_port = agents.port
+        self.agent_address = agents.address
+
+    @property
+    def state(self) -> SchedulerState:
+        return self.service.state
+
+    async def stop(self) -> None:
+        """Stop the timers, end the feeds and agent streams, close the listeners and the store."""
+        await self.service.stop_timers()
+        self.service.feed.close()
+        self.service.agents.close_all()
+        await self.agent_server.stop(grace=1.0)
+        await self.http.stop()
+        self.service.store.close()
+
+
+async def start_scheduler(
+    config: SchedulerConfig, *, clock: Callable[[], float] = time.time
+) -> RunningScheduler:
+    service = SchedulerService(config, clock=clock)
+    listen = ListenConfig(host=config.host, port=config.port, drain_seconds=0.0, shutdown_timeout=5.0)
+    http = HttpServer(create_app(service), listen)
+    agents = AgentServer(service.agents, config.host, config.agent_port)
+    try:
+        await http.start()
+        await agents.start()
+    except BaseException:
+        await http.stop()
+        service.store.close()
+        raise
+    service.start_timers()
+    return RunningScheduler(service, http, agents)

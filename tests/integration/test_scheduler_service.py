@@ -1,0 +1,245 @@
+"""The scheduler in-process on port 0, driven over REST, the feed and a fake agent speaking gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import orjson
+import pytest
+
+from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
+from modelyard.scheduler import RunningScheduler, SchedulerConfig, start_scheduler
+
+AGENT_URL = "http://127.0.0.1:18080"
+IRIS = {"storage_uri": "file:///models/iris", "memory": 100}
+
+
+class FakeAgent:
+    """Subscribes as one replica and answers every LOAD with LOADED and UNLOAD with UNLOADED."""
+
+    def __init__(self, address: str, loaded: tuple[tuple[str, int], ...] = ()) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self.loaded = loaded
+        self.operations: list[tuple[str, str, int]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        request = agent_pb2.SubscribeRequest(
+            server_name="mlserver",
+            replica_idx=0,
+            shared=True,
+            replica_config=agent_pb2.ReplicaConfig(inference_url=AGENT_URL, memory_bytes=1000),
+            loaded_models=[agent_pb2.LoadedModel(name=n, version=v) for n, v in self.loaded],
+            available_memory_bytes=1000,
+        )
+        self._call = self.stub.Subscribe(request)
+        self._task = asyncio.create_task(self._answer())
+
+    async def _answer(self) -> None:
+        async for op in self._call:
+            load = op.operation == agent_pb2.ModelOperation.LOAD_MODEL
+            version = op.model_version
+            self.operations.append(("load" if load else "unload", version.name, version.version))
+            event = agent_pb2.ModelEvent.LOADED if load else agent_pb2.ModelEvent.UNLOADED
+            await self.stub.AgentEvent(
+                agent_pb2.ModelEvent(
+                    server_name="mlserver",
+                    replica_idx=0,
+                    model_name=version.name,
+                    model_version=version.version,
+                    event=event,
+                    available_memory_bytes=1000,
+                )
+            )
+
+    async def stop(self) -> None:
+        self._call.cancel()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await self._task
+        await self.channel.close()
+
+
+async def until(check: Any, what: str, *, attempts: int = 500) -> Any:
+    """Poll `check()` (async) every 10 ms until it returns something truthy; bounded."""
+    for _ in range(attempts):
+        if result := await check():
+            return result
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def next_line(feed: aiohttp.ClientResponse) -> dict[str, Any]:
+    async with asyncio.timeout(5):
+        line = await feed.content.readline()
+    assert line, "the feed ended"
+    parsed: dict[str, Any] = orjson.loads(line)
+    return parsed
+
+
+async def line_where(feed: aiohttp.ClientResponse, predicate: Any) -> dict[str, Any]:
+    for _ in range(50):
+        line = await next_line(feed)
+        if predicate(line):
+            return line
+    raise AssertionError("no such feed line")
+
+
+@pytest.fixture
+async def scheduler(tmp_path: Path) -> AsyncIterator[Any]:
+    started: list[RunningScheduler] = []
+
+    async def start(**overrides: Any) -> RunningScheduler:
+        settings = {
+            "port": 0,
+            "agent_port": 0,
+            "db": str(tmp_path / "s.db"),
+            "retry_interval": 60,
+            **overrides,
+        }
+        running = await start_scheduler(SchedulerConfig(**settings))
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        await running.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _model(http: aiohttp.ClientSession, sched: RunningScheduler, name: str) -> dict[str, Any]:
+    async with http.get(f"{sched.url}/v1/models/{name}") as response:
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+async def test_apply_place_serve_and_lose_the_agent(scheduler: Any, http: aiohttp.ClientSession) -> None:
+    sched = await scheduler()
+    agent = FakeAgent(sched.agent_address)
+    await agent.start()
+    async with http.get(f"{sched.url}/v1/feed") as feed:
+        assert feed.headers["Content-Type"] == "application/x-ndjson"
+        assert await next_line(feed) == {"type": "snapshot", "models": []}
+        async with http.put(f"{sched.url}/v1/models/iris", json=IRIS) as response:
+            assert response.status == 200
+            body = await response.json()
+        assert body["change"] == "created" and body["name"] == "iris" and body["version"] == 1
+        assert body["spec"]["storage_uri"] == "file:///models/iris"
+        line = await line_where(feed, lambda line: line.get("state") == "ModelAvailable")
+        assert line == {
+            "type": "model",
+            "name": "iris",
+            "version": 1,
+            "state": "ModelAvailable",
+            "reason": "",
+            "endpoints": [{"name": "mlserver-0", "url": AGENT_URL}],
+        }
+        model = await _model(http, sched, "iris")
+        assert model["versions"][0]["replicas"]["0"]["state"] == "Available"
+        assert agent.operations == [("load", "iris", 1)]
+        async with http.get(f"{sched.url}/v1/servers") as response:
+            (server,) = (await response.json())["servers"]
+        assert server["name"] == "mlserver" and server["replicas"][0]["loaded_models"] == ["iris"]
+        assert server["replicas"][0]["connected"] is True
+
+        await agent.stop()  # the agent is gone: the feed drops its endpoint at once
+        line = await line_where(feed, lambda line: line.get("type") == "model")
+        assert line["endpoints"] == [] and line["state"] == "ScheduleFailed"
+    async with http.get(f"{sched.url}/v1/servers") as response:
+        assert (await response.json())["servers"] == []
+
+
+async def test_restart_restores_state_and_reloads_nothing(
+    scheduler: Any, http: aiohttp.ClientSession
+) -> None:
+    first = await scheduler()
+    agent = FakeAgent(first.agent_address)
+    await agent.start()
+    async with http.put(f"{first.url}/v1/models/iris", data="memory: 100\nstorage_uri: file:///m\n") as r:
+        assert r.status == 200
+
+    async def available() -> bool:
+        return (await _model(http, first, "iris"))["state"] == "ModelAvailable"
+
+    await until(available, "iris available")
+    await first.stop()
+    await agent.stop()
+
+    second = await scheduler(resync_timeout=30)
+    async with http.get(f"{second.url}/readyz") as response:
+        assert response.status == 503
+        assert (await response.json())["error"]["code"] == "scheduler_unavailable"
+    async with http.get(f"{second.url}/v1/feed") as feed:
+        snapshot = await next_line(feed)
+        assert snapshot["models"][0]["endpoints"] == [{"name": "mlserver-0", "url": AGENT_URL}]
+    again = FakeAgent(second.agent_address, loaded=(("iris", 1),))
+    await again.start()
+
+    async def ready() -> bool:
+        async with http.get(f"{second.url}/readyz") as response:
+            return response.status == 200
+
+    await until(ready, "the resync to end")
+    assert (await _model(http, second, "iris"))["state"] == "ModelAvailable"
+    assert again.operations == []  # nothing loaded again
+    await again.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "says"),
+    [
+        ({"storage_uri": "x", "replicas": -1}, 400, "invalid_model_spec", "replicas"),
+        ({"name": "other", "storage_uri": "x"}, 400, "invalid_model_spec", "name"),
+        (
+            {
+                "apiVersion": "mlops.seldon.io/v1alpha1",
+                "kind": "Model",
+                "spec": {"storageUri": "x", "minReplicas": "a"},
+            },
+            400,
+            "invalid_model_spec",
+            "spec.minReplicas",
+        ),
+        ("{not json", 400, "invalid_request_error", "JSON or YAML"),
+        ("x" * (1024 * 1024 + 1), 413, "request_too_large", "larger"),
+    ],
+)
+async def test_bad_puts(
+    scheduler: Any, http: aiohttp.ClientSession, body: Any, status: int, code: str, says: str
+) -> None:
+    sched = await scheduler(db=":memory:")
+    kwargs = {"data": body} if isinstance(body, str) else {"json": body}
+    async with http.put(f"{sched.url}/v1/models/iris", **kwargs) as response:
+        assert response.status == status
+        error = (await response.json())["error"]
+    assert error["code"] == code and says in error["message"]
+
+
+async def test_seldon_model_resource_and_unknown_models(scheduler: Any, http: aiohttp.ClientSession) -> None:
+    sched = await scheduler(db=":memory:")
+    resource = (
+        "apiVersion: mlops.seldon.io/v1alpha1\nkind: Model\nmetadata: {name: iris}\nspec:\n  storageUri: s\n"
+    )
+    async with http.put(f"{sched.url}/v1/models/iris", data=resource) as response:
+        body = await response.json()
+    assert response.status == 200 and body["state"] == "ScheduleFailed"
+    for method in ("GET", "DELETE"):
+        async with http.request(method, f"{sched.url}/v1/models/nope") as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["code"] == "model_not_found"
+    async with http.delete(f"{sched.url}/v1/models/iris") as response:
+        assert (await response.json())["state"] == "ModelTerminated"
+    async with http.get(f"{sched.url}/v1/models") as response:
+        assert (await response.json()) == {"models": []}
