@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from modelyard import __version__
+from modelyard.cli.agent import agent
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.graph import app as graph_app
 from modelyard.cli.sim_worker import sim_worker
@@ -29,6 +30,7 @@ config_app = typer.Typer(no_args_is_help=True, help="Work with gateway config fi
 app.add_typer(config_app, name="config")
 app.add_typer(graph_app, name="graph")
 app.command("sim-worker")(sim_worker)
+app.command("agent")(agent)
 
 err = Console(stderr=True, highlight=False)
 

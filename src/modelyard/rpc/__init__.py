@@ -10,6 +10,7 @@ adapters here, never grpc itself:
                   to modelyard's error tree
 """
 
+from modelyard.rpc.agent_client import AgentClient
 from modelyard.rpc.agent_v1 import agent_pb2
 
-__all__ = ["agent_pb2"]
+__all__ = ["AgentClient", "agent_pb2"]
