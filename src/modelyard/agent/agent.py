@@ -56,6 +56,11 @@ class Agent:
         self._loop: asyncio.Task[None] | None = None
         self.subscriptions = 0  # streams opened so far (1 after the first subscribe)
 
+    @property
+    def pending_operations(self) -> int:
+        """Operations received and not finished yet (each runs in its own task)."""
+        return len(self._tasks)
+
     async def start(self) -> None:
         if self._loop is not None:
             raise RuntimeError("agent already started")

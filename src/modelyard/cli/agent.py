@@ -70,7 +70,9 @@ def agent(
             keep_existing=keep_existing,
         )
     except ValidationError as exc:
-        problems = "; ".join(f"{_flag(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        problems = "; ".join(
+            f"{_flag(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+        )
         typer.echo(f"error: agent options: {problems}", err=True)
         raise typer.Exit(1) from None
     try:
