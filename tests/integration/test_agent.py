@@ -54,7 +54,9 @@ class FakeScheduler(agent_pb2_grpc.AgentServiceServicer):
         assert self._queue is not None
         self._queue.put_nowait(None)
 
-    async def event(self, name: str, kind: int, version: int = 1, count: int = 1) -> agent_pb2.ModelEvent:
+    async def event(
+        self, name: str, kind: int, version: int = 1, count: int = 1, within: float = 10.0
+    ) -> agent_pb2.ModelEvent:
         """The count-th event of this kind for this model version, once it has arrived."""
 
         def matching() -> list[agent_pb2.ModelEvent]:
@@ -65,7 +67,7 @@ class FakeScheduler(agent_pb2_grpc.AgentServiceServicer):
         async def arrived() -> bool:
             return len(matching()) >= count
 
-        await wait_until(arrived, attempts=1000)
+        await wait_until(arrived, attempts=int(within / 0.01))
         return matching()[count - 1]
 
 

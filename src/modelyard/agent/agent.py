@@ -54,7 +54,7 @@ class Agent:
         self._received = 0  # receive stamps (compat §7.6)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
-        self.subscriptions = 0  # streams opened so far (1 after the first subscribe)
+        self.subscriptions = 0  # subscribe calls sent on a connected channel so far
 
     @property
     def pending_operations(self) -> int:
@@ -108,8 +108,7 @@ class Agent:
         while True:
             opened = loop.time()
             try:
-                stream = self._client.subscribe(self.subscribe_request())
-                self.subscriptions += 1
+                stream = self._client.subscribe(self.subscribe_request(), on_open=self._opened)
                 async for operation in stream:
                     self._dispatch(operation)
                 log.info("the scheduler ended the subscription; subscribing again")
@@ -118,6 +117,9 @@ class Agent:
             if loop.time() - opened >= _STABLE_AFTER:
                 backoff.reset()
             await asyncio.sleep(backoff.next_delay())  # reconnect backoff
+
+    def _opened(self) -> None:
+        self.subscriptions += 1
 
     def _dispatch(self, operation: agent_pb2.ModelOperation) -> None:
         self._received += 1

@@ -9,7 +9,7 @@ so the agent's reconnect loop needs to catch only that and the rest of the tree.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from grpc import aio
@@ -92,11 +92,16 @@ class AgentClient:
             ) from None
         return stub
 
-    async def subscribe(self, request: agent_pb2.SubscribeRequest) -> AsyncIterator[agent_pb2.ModelOperation]:
+    async def subscribe(
+        self, request: agent_pb2.SubscribeRequest, on_open: Callable[[], None] | None = None
+    ) -> AsyncIterator[agent_pb2.ModelOperation]:
         """Operations for this replica until the scheduler ends the stream (a normal return) or it
-        breaks (`SchedulerUnavailable`). Closing the iterator cancels the call."""
+        breaks (`SchedulerUnavailable`). `on_open` is called once the channel is connected and the
+        request sent. Closing the iterator cancels the call."""
         stub = await self._ready("subscribe")
         call = stub.Subscribe(request)
+        if on_open is not None:
+            on_open()
         try:
             async for operation in call:
                 yield operation
