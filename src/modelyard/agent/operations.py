@@ -88,10 +88,10 @@ class Operations:
             )
             try:
                 instances = await self._load_on_server(model, fetch)
-            except ModelyardError as error:
+            except Exception as error:  # whatever went wrong, the scheduler hears of it
                 self._state.forget(name)
                 await self._clean_up_failed(model, fetch, replaced is not None)
-                await self._send(model, Event.LOAD_FAILED, error.message, 0)
+                await self._send(model, Event.LOAD_FAILED, _describe(error), 0)
                 if replaced is not None:
                     old = agent_pb2.ModelVersion(name=name, version=replaced.version)
                     await self._send(old, Event.UNLOADED, f"replaced by version {version}, which failed", 0)
@@ -149,11 +149,20 @@ class Operations:
             self._state.begin_unload(name, version)
             try:
                 await self._server.unload(name)  # one attempt, as Seldon's default
-            except ModelyardError as error:
+            except Exception as error:
                 self._state.unload_failed(name, version)
-                await self._send(model, Event.UNLOAD_FAILED, error.message, 0)
+                await self._send(model, Event.UNLOAD_FAILED, _describe(error), 0)
                 return
             self._state.forget(name)
             if held.fetched and self._artefacts is not None:
                 await asyncio.to_thread(self._artefacts.remove, name)
             await self._send(model, Event.UNLOADED, "", 0)
+
+
+def _describe(error: Exception) -> str:
+    """The text an event carries: our errors' messages as they are; anything else (a corrupt
+    archive, a disk error) with its type, and logged with its traceback, since it is a surprise."""
+    if isinstance(error, ModelyardError):
+        return error.message
+    log.error("unexpected error in an operation", exc_info=error)
+    return f"{type(error).__name__}: {error}"
