@@ -24,6 +24,8 @@
     │   ├── UpstreamClosed              502 (the server closed the connection before any answer byte)
     │   ├── EndpointTakenOut            502 (its endpoint failed a health check or was ejected
     │   │                                    before any answer byte: retried elsewhere, as a reset)
+    │   ├── ModelServerRefused          502 (an inference server's repository API answered an error;
+    │   │                                    the message carries its status and error text)
     │   └── UpstreamTimeout             504 upstream_timeout
     ├── NoHealthyEndpoint               503 service_unavailable
     ├── ModelNotPlaced                  503 (applied to the scheduler, not yet Available; Retry-After)
@@ -193,6 +195,17 @@ class UpstreamClosed(UpstreamError):
 
 class EndpointTakenOut(UpstreamError):
     code = "endpoint_taken_out"
+
+
+class ModelServerRefused(UpstreamError):
+    """The inference server answered a repository call (load, unload, index) with an error."""
+
+    code = "model_server_refused"
+
+    def __init__(self, message: str, *, server_status: int, server_text: str) -> None:
+        super().__init__(message)
+        self.server_status = server_status
+        self.server_text = server_text
 
 
 class UpstreamTimeout(UpstreamError):

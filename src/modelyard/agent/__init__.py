@@ -1,1 +1,27 @@
-"""The agent beside one inference-server replica: loads and unloads models as the scheduler says."""
+"""The agent beside one inference-server replica: loads and unloads models as the scheduler says.
+
+agent       Agent / start_agent: the subscription to the scheduler, re-sync and reconnect
+operations  LOAD and UNLOAD: artefact fetch, repository load with retries, events
+state       LocalState: models held, memory accounting with overcommit, LRU order (pure)
+policy      CommandStamps (out-of-order protection), Backoff, retry_delays (pure)
+artefacts   storageUri -> <repository>/<name>/
+config      AgentConfig, parse_quantity
+"""
+
+from modelyard.agent.agent import Agent, start_agent
+from modelyard.agent.config import AgentConfig, parse_quantity
+from modelyard.agent.policy import Backoff, CommandStamps, retry_delays
+from modelyard.agent.state import HeldModel, LocalState, ModelStatus
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "Backoff",
+    "CommandStamps",
+    "HeldModel",
+    "LocalState",
+    "ModelStatus",
+    "parse_quantity",
+    "retry_delays",
+    "start_agent",
+]

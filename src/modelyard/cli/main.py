@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from modelyard import __version__
+from modelyard.cli.agent import agent
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.graph import app as graph_app
 from modelyard.cli.model import model_app, server_app
@@ -34,6 +35,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(server_app, name="server")
 app.command("sim-worker")(sim_worker)
 app.command("scheduler")(scheduler)
+app.command("agent")(agent)
 
 err = Console(stderr=True, highlight=False)
 

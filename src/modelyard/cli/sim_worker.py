@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
+from modelyard.agent.config import parse_quantity
 from modelyard.serving import run, serve_until_signal
 from modelyard.simworker import SimWorker, SimWorkerConfig
 
@@ -52,6 +54,27 @@ def sim_worker(
             help="0: answers depend on the prompt only; another number answers other words (a canary)."
         ),
     ] = 0,
+    repository: Annotated[
+        Path | None,
+        typer.Option(
+            help="Repository mode over this dir of models (<dir>/<name>/model-settings.json): serve the "
+            "OIP repository API; only loaded models answer."
+        ),
+    ] = None,
+    repository_api: Annotated[
+        bool, typer.Option("--repository-api", help="Repository mode without a dir: any name can be loaded.")
+    ] = False,
+    memory: Annotated[
+        str, typer.Option(help="Repository mode: memory for loaded models (bytes, 1Gi, 500M); 0 = unlimited.")
+    ] = "0",
+    model_memory: Annotated[
+        str, typer.Option(help="Repository mode: memory of a model whose settings do not say.")
+    ] = "0",
+    load_delay: Annotated[float, typer.Option(help="Repository mode: seconds a load takes.")] = 0.0,
+    fail_load: Annotated[
+        list[str] | None,
+        typer.Option("--fail-load", help="Repository mode: this model's load fails (repeatable)."),
+    ] = None,
 ) -> None:
     """Run a simulated LLM/OIP server: OpenAI, OIP v2, KServe v1, vLLM metrics.
 
@@ -77,6 +100,12 @@ def sim_worker(
             embedding_dim=embedding_dim,
             oip_scale=oip_scale,
             answer_variant=answer_variant,
+            repository=repository,
+            repository_api=repository_api,
+            memory=_bytes("--memory", memory),
+            model_memory=_bytes("--model-memory", model_memory),
+            load_delay=load_delay,
+            fail_load=tuple(fail_load or ()),
         )
     except ValidationError as exc:
         problems = "; ".join(f"{_flag(e['loc'])}: {e['msg']}" for e in exc.errors())
@@ -86,6 +115,14 @@ def sim_worker(
         run(_serve(config))
     except OSError as exc:  # typically the port is taken
         typer.echo(f"error: sim-worker cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _bytes(flag: str, value: str) -> int:
+    try:
+        return parse_quantity(value)
+    except ValueError as exc:
+        typer.echo(f"error: sim-worker options: {flag}: {exc}", err=True)
         raise typer.Exit(1) from None
 
 

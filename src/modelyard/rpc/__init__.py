@@ -10,7 +10,8 @@ adapters here, never grpc itself:
                   to modelyard's error tree
 """
 
+from modelyard.rpc.agent_client import AgentClient
 from modelyard.rpc.agent_server import AgentHandler, AgentServer, status_code
 from modelyard.rpc.agent_v1 import agent_pb2
 
-__all__ = ["AgentHandler", "AgentServer", "agent_pb2", "status_code"]
+__all__ = ["AgentClient", "AgentHandler", "AgentServer", "agent_pb2", "status_code"]

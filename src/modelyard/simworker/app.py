@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from modelyard.simworker.config import SimWorkerConfig
 from modelyard.simworker.engine import Running, SimEngine
 from modelyard.simworker.metrics import CONTENT_TYPE, create_registry, render
+from modelyard.simworker.repository import REPOSITORY, install_repository, only_loaded_models
 from modelyard.simworker.tensors import oip_outputs, scale_nested
 from modelyard.simworker.text import (
     chat_prompt,
@@ -317,7 +318,8 @@ async def _embeddings(request: web.Request) -> web.StreamResponse:
 
 
 async def _list_models(request: web.Request) -> web.StreamResponse:
-    models = request.app[ENGINE].config.models
+    repository = request.app.get(REPOSITORY)
+    models = request.app[ENGINE].config.models if repository is None else sorted(repository.loaded)
     return _json({"object": "list", "data": [_model_card(m) for m in models]})
 
 
@@ -442,10 +444,12 @@ async def _sim_config_update(request: web.Request) -> web.StreamResponse:
 
 def create_sim_app(config: SimWorkerConfig) -> web.Application:
     """A fresh simulated server: its own engine, counters, cache and metrics registry."""
-    app = web.Application(client_max_size=16 * 1024 * 1024)
+    gate = [only_loaded_models] if config.repository_mode else []
+    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=gate)
     engine = SimEngine(config)
     app[ENGINE] = engine
-    app[_REGISTRY] = create_registry(engine)
+    repository = install_repository(app, config) if config.repository_mode else None
+    app[_REGISTRY] = create_registry(engine, repository)
     v2_model = "/v2/models/{model}"
     v2_version = "/v2/models/{model}/versions/{version}"
     app.router.add_routes(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -35,6 +36,17 @@ class SimWorkerConfig(BaseModel):
     answer_variant: int = Field(
         default=0, ge=0, description="0: answers depend on the prompt only; another value: other words"
     )
+    # Repository mode (simworker/repository.py): models must be loaded before they answer.
+    repository: Path | None = Field(default=None, description="model directories; turns repository mode on")
+    repository_api: bool = Field(default=False, description="repository mode without a directory")
+    memory: int = Field(default=0, ge=0, description="memory for loaded models, bytes; 0 = unlimited")
+    model_memory: int = Field(default=0, ge=0, description="bytes per model without its own setting")
+    load_delay: float = Field(default=0.0, ge=0, description="seconds a load takes")
+    fail_load: tuple[str, ...] = Field(default=(), description="models whose load fails")
+
+    @property
+    def repository_mode(self) -> bool:
+        return self.repository is not None or self.repository_api
 
     @property
     def costs(self) -> CostModel:

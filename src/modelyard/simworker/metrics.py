@@ -13,13 +13,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from modelyard.simworker.engine import SimEngine
+from modelyard.simworker.repository import SimRepository
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _SimCollector(Collector):
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngine, repository: SimRepository | None) -> None:
         self._engine = engine
+        self._repository = repository
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine
@@ -59,11 +61,29 @@ class _SimCollector(Collector):
         for endpoint, count in sorted(stats.requests_by_endpoint.items()):
             requests.add_metric([endpoint], count)
         yield requests
+        if self._repository is not None:
+            yield from _repository_metrics(self._repository)
 
 
-def create_registry(engine: SimEngine) -> CollectorRegistry:
+def _repository_metrics(repository: SimRepository) -> Iterator[Metric]:
+    loaded = GaugeMetricFamily(
+        "modelyard_sim_model_memory_bytes", "Memory each loaded model takes.", labels=["model"]
+    )
+    for name, memory in sorted(repository.loaded.items()):
+        loaded.add_metric([name], memory)
+    yield loaded
+    yield GaugeMetricFamily("modelyard_sim_models_loaded", "Models loaded.", value=len(repository.loaded))
+    yield GaugeMetricFamily(
+        "modelyard_sim_memory_used_bytes", "Memory taken by loaded and loading models.", value=repository.used
+    )
+    yield GaugeMetricFamily(
+        "modelyard_sim_memory_capacity_bytes", "Memory for models (0 = unlimited).", value=repository.capacity
+    )
+
+
+def create_registry(engine: SimEngine, repository: SimRepository | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SimCollector(engine))
+    registry.register(_SimCollector(engine, repository))
     return registry
 
 

@@ -1,0 +1,216 @@
+"""`Agent`: one agent beside one inference-server replica, and its connection to the scheduler.
+
+Start (compat §7.2): wait for the server to be live, unload what it serves that this agent did
+not load (unless `keep_existing`), then subscribe holding nothing. The subscription carries the
+replica's config, the models held with their versions and the available memory; when the stream
+ends or breaks the agent subscribes again after an exponential backoff with jitter
+(`reconnect_backoff` .. `reconnect_backoff_max`), re-sending what it holds, for as long as it
+runs: the scheduler may be down for a while. Each operation is stamped on receipt and handled in
+its own task (`operations.py`).
+
+Differs from Seldon: the files of models found at start are left in place (they may be the
+user's, not ours); with `keep_existing` the models stay loaded too, though the agent does not
+report them (the scheduler did not place them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from types import TracebackType
+
+from modelyard.agent.artefacts import Artefacts
+from modelyard.agent.config import AgentConfig
+from modelyard.agent.operations import Operations
+from modelyard.agent.policy import Backoff
+from modelyard.agent.state import LocalState
+from modelyard.errors import Conflict, ModelyardError, SchedulerUnavailable
+from modelyard.rpc import AgentClient, agent_pb2
+from modelyard.upstream.repository import RepositoryClient
+
+log = logging.getLogger("modelyard.agent")
+
+# A stream that lived this long counts as established: the next reconnect starts from the
+# shortest backoff again (the scheduler sends nothing on subscribe, so there is no other signal).
+_STABLE_AFTER = 1.0
+
+
+class Agent:
+    """Usable as `async with Agent(config) as agent:`; `start()` returns once subscribing began."""
+
+    def __init__(self, config: AgentConfig, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.state = LocalState(config.memory_bytes, config.overcommit_percent)
+        self._rng = rng or random.Random()
+        self._client = AgentClient(config.scheduler, connect_timeout=config.connect_timeout)
+        self._server = RepositoryClient(config.inference_url, timeout=config.request_timeout)
+        artefacts = None
+        if config.repository is not None:
+            artefacts = Artefacts(
+                config.repository, max_bytes=config.max_artefact_bytes, timeout=config.fetch_timeout
+            )
+        self._ops = Operations(config, self.state, self._server, artefacts, self._send_event, self._rng)
+        self._received = 0  # receive stamps (compat §7.6)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self.subscriptions = 0  # subscribe calls sent on a connected channel so far
+
+    @property
+    def pending_operations(self) -> int:
+        """Operations received and not finished yet (each runs in its own task)."""
+        return len(self._tasks)
+
+    async def start(self) -> None:
+        if self._loop is not None:
+            raise RuntimeError("agent already started")
+        await self._server.wait_live(self.config.server_live_timeout)
+        if not self.config.keep_existing:
+            await self._unload_existing()
+        self._loop = asyncio.create_task(self._run(), name="agent-subscribe")
+
+    async def _unload_existing(self) -> None:
+        for model in await self._server.index():
+            if not model.ready:
+                continue
+            try:
+                await self._server.unload(model.name)
+                log.info("unloaded %s: the server had it before this agent started", model.name)
+            except ModelyardError as error:
+                log.warning("could not unload %s found at start: %s", model.name, error.message)
+
+    def subscribe_request(self) -> agent_pb2.SubscribeRequest:
+        config = self.config
+        return agent_pb2.SubscribeRequest(
+            server_name=config.server_name,
+            replica_idx=config.replica_idx,
+            shared=True,  # as Seldon's agents always say (compat §13.11)
+            replica_config=agent_pb2.ReplicaConfig(
+                inference_url=config.inference_url,
+                memory_bytes=config.memory_bytes,
+                capabilities=config.capabilities,
+                over_commit_percentage=config.overcommit_percent,
+            ),
+            loaded_models=[
+                agent_pb2.LoadedModel(
+                    name=m.name,
+                    version=m.version,
+                    runtime_info=agent_pb2.RuntimeInfo(instance_count=m.instance_count),
+                )
+                for m in self.state.loaded()
+            ],
+            available_memory_bytes=self.state.available_bytes,
+        )
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(self.config.reconnect_backoff, self.config.reconnect_backoff_max, self._rng)
+        while True:
+            opened = loop.time()
+            try:
+                stream = self._client.subscribe(self.subscribe_request(), on_open=self._opened)
+                async for operation in stream:
+                    self._dispatch(operation)
+                log.info("the scheduler ended the subscription; subscribing again")
+            except ModelyardError as error:
+                log.warning("subscription to %s: %s", self.config.scheduler, error.message)
+            if loop.time() - opened >= _STABLE_AFTER:
+                backoff.reset()
+            await asyncio.sleep(backoff.next_delay())  # reconnect backoff
+
+    def _opened(self) -> None:
+        self.subscriptions += 1
+
+    def _dispatch(self, operation: agent_pb2.ModelOperation) -> None:
+        self._received += 1
+        stamp = self._received
+        model = operation.model_version
+        if operation.operation == agent_pb2.ModelOperation.LOAD_MODEL:
+            work = self._ops.load(model, stamp)
+        elif operation.operation == agent_pb2.ModelOperation.UNLOAD_MODEL:
+            work = self._ops.unload(model, stamp)
+        else:
+            log.warning("ignored operation %d for %s", operation.operation, model.name)
+            return
+        task = asyncio.create_task(work, name=f"agent-op-{model.name}-{stamp}")
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("operation %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _send_event(
+        self,
+        model: agent_pb2.ModelVersion,
+        event: agent_pb2.ModelEvent.Event.ValueType,
+        message: str,
+        instance_count: int,
+    ) -> None:
+        """Report an operation's outcome; a few tries while the scheduler is unreachable. A lost
+        event is recovered by the re-sync: a resubscribe reports what is held."""
+        backoff = Backoff(0.1, 2.0, self._rng)
+        for attempt in range(1, self.config.event_attempts + 1):
+            request = agent_pb2.ModelEvent(
+                server_name=self.config.server_name,
+                replica_idx=self.config.replica_idx,
+                model_name=model.name,
+                model_version=model.version,
+                event=event,
+                message=message,
+                available_memory_bytes=self.state.available_bytes,  # as it is when sent
+                runtime_info=agent_pb2.RuntimeInfo(instance_count=instance_count),
+            )
+            try:
+                await self._client.event(request)
+                return
+            except Conflict as error:  # the scheduler does not expect it: nothing to retry
+                log.warning("scheduler refused event for %s: %s", model.name, error.message)
+                return
+            except SchedulerUnavailable as error:
+                if attempt == self.config.event_attempts:
+                    log.warning("event for %s not delivered: %s", model.name, error.message)
+                    return
+            except ModelyardError as error:
+                log.warning("event for %s not delivered: %s", model.name, error.message)
+                return
+            await asyncio.sleep(backoff.next_delay())  # the scheduler may be restarting
+
+    async def drain(self, deadline: float | None = None) -> bool:
+        """Ask the scheduler to move this replica's models elsewhere (blocks until it has); loads
+        that finish from now on report LOAD_FAILED, as in Seldon (compat §8)."""
+        self._ops.draining = True
+        request = agent_pb2.AgentDrainRequest(
+            server_name=self.config.server_name, replica_idx=self.config.replica_idx
+        )
+        return await self._client.drain(request, deadline=deadline)
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._loop, *self._tasks) if t is not None]
+        self._loop = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._client.close()
+        await self._server.close()
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+async def start_agent(config: AgentConfig, *, rng: random.Random | None = None) -> Agent:
+    """A started agent (the server was live, the subscribe loop runs); `await agent.stop()`."""
+    agent = Agent(config, rng=rng)
+    try:
+        await agent.start()
+    except BaseException:
+        await agent.stop()
+        raise
+    return agent

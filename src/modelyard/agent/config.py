@@ -1,0 +1,100 @@
+"""`AgentConfig`: one agent's settings, validated once (DESIGN.md habit 5).
+
+Defaults follow Seldon's agent (compat §7.8) where they mean the same: 5 load attempts, 1 unload
+attempt, a 2 s unload grace, overcommit 0 %. Capabilities default to none (Seldon: sklearn,xgboost):
+a model that names requirements should only land on a replica that says it has them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?|k)?\s*$")
+_FACTORS = {
+    None: 1,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+def parse_quantity(value: object) -> int:
+    """Bytes from an int or a Kubernetes-style quantity: `1000000`, `500M`, `1Gi`, `1.5Gi`."""
+    if isinstance(value, bool):
+        raise ValueError("expected bytes or a quantity such as 1Gi or 500M")
+    if isinstance(value, int):
+        return value
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        raise ValueError(f"{value!r} is not bytes or a quantity such as 1Gi or 500M")
+    number, suffix = match.groups()
+    return int(float(number) * _FACTORS[suffix]) if "." in number else int(number) * _FACTORS[suffix]
+
+
+Bytes = Annotated[int, BeforeValidator(parse_quantity), Field(ge=0)]
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    scheduler: str = Field(description="the scheduler's agent port, host:port")
+    server_name: str = Field(min_length=1, description="the server (a group of replicas) this one belongs to")
+    replica_idx: int = Field(default=0, ge=0)
+    inference_url: str = Field(description="the inference server, http://host:port")
+    memory_bytes: Bytes = Field(default=1_000_000, description="memory this replica offers for models")
+    capabilities: tuple[str, ...] = ()
+    overcommit_percent: int = Field(default=0, ge=0, le=1000)
+    repository: Path | None = Field(
+        default=None, description="the server's model repository dir; storageUri is fetched into it"
+    )
+    unload_grace: float = Field(default=2.0, ge=0, description="seconds before an unload (lets routes drain)")
+    keep_existing: bool = Field(default=False, description="leave models the server already serves at start")
+    load_attempts: int = Field(default=5, ge=1, le=100)
+    load_backoff: float = Field(default=0.5, gt=0, description="first wait between load attempts, s")
+    load_backoff_max: float = Field(default=30.0, gt=0)
+    reconnect_backoff: float = Field(default=0.1, gt=0, description="first wait before resubscribing, s")
+    reconnect_backoff_max: float = Field(default=10.0, gt=0)
+    connect_timeout: float = Field(default=5.0, gt=0, description="wait for the scheduler's channel, s")
+    server_live_timeout: float = Field(default=120.0, gt=0, description="wait at start for the server, s")
+    request_timeout: float = Field(default=300.0, gt=0, description="one repository call (a load), s")
+    max_artefact_bytes: Bytes = Field(default=16 * 2**30, description="bound on one downloaded file")
+    fetch_timeout: float = Field(default=1800.0, gt=0)
+    event_attempts: int = Field(default=3, ge=1, le=100, description="tries to send one event")
+
+    @field_validator("scheduler")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port, got {value!r}")
+        return value
+
+    @field_validator("inference_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("capabilities", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            return tuple(s.strip() for s in value if isinstance(s, str) and s.strip())
+        return value

@@ -1,0 +1,168 @@
+"""LOAD and UNLOAD: what the agent does for one operation from the scheduler (compat §7.4).
+
+Each operation runs in its own task. Work on one model is serialised by a lock per model *name*
+(Seldon locks per `<name>_<version>`; here the inference server sees one name for all versions,
+so two versions of a model must not be loaded or unloaded at once). Out-of-order protection is
+per `(name, version)`, as in Seldon, checked under the lock and, for an unload, after its grace.
+
+Where it differs from Seldon, and why:
+- The model is loaded under its own name; a LOAD of another version replaces the one held (its
+  files are swapped and the server reloads it). A failed replace leaves neither version loaded,
+  and the agent says so with an UNLOADED for the old version.
+- An UNLOAD of a version the agent does not hold (never loaded, replaced, failed) answers UNLOADED
+  without touching the server: the server's model of that name may be another version.
+- No eviction yet: a model larger than the replica's whole memory fails at once (Seldon retries 5
+  times first); anything else is loaded, and the server decides (next step: LRU eviction, §7.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from modelyard.agent.artefacts import Artefacts, instance_count
+from modelyard.agent.config import AgentConfig
+from modelyard.agent.policy import CommandStamps, retry_delays
+from modelyard.agent.state import LocalState, ModelStatus
+from modelyard.errors import ModelyardError
+from modelyard.rpc import agent_pb2
+from modelyard.upstream.repository import RepositoryClient
+
+log = logging.getLogger("modelyard.agent")
+
+Event = agent_pb2.ModelEvent
+# (model version, event, message, instance count) -> sent (or given up on) when it returns
+SendEvent = Callable[
+    [agent_pb2.ModelVersion, "agent_pb2.ModelEvent.Event.ValueType", str, int], Awaitable[None]
+]
+
+
+class Operations:
+    def __init__(
+        self,
+        config: AgentConfig,
+        state: LocalState,
+        server: RepositoryClient,
+        artefacts: Artefacts | None,
+        send_event: SendEvent,
+        rng: random.Random,
+    ) -> None:
+        self._config = config
+        self._state = state
+        self._server = server
+        self._artefacts = artefacts
+        self._send = send_event
+        self._rng = rng
+        self._stamps = CommandStamps()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.draining = False
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def load(self, model: agent_pb2.ModelVersion, stamp: int) -> None:
+        name, version = model.name, model.version
+        async with self._lock(name):
+            if not self._stamps.admit(name, version, stamp):
+                log.info("dropped LOAD %s v%d: a newer command for it was handled", name, version)
+                return
+            held = self._state.get(name)
+            if held is not None and held.version == version and held.status is ModelStatus.LOADED:
+                await self._send(model, Event.LOADED, "", held.instance_count)  # a repeated LOAD
+                return
+            too_large = self._state.too_large(model.memory_bytes)
+            if too_large:
+                await self._send(model, Event.LOAD_FAILED, too_large, 0)
+                return
+            fetch = self._artefacts is not None and bool(model.storage_uri)
+            replaced = self._state.begin_load(
+                name, version, model.memory_bytes, self._now(), stamp, fetched=fetch
+            )
+            try:
+                instances = await self._load_on_server(model, fetch)
+            except Exception as error:  # whatever went wrong, the scheduler hears of it
+                self._state.forget(name)
+                await self._clean_up_failed(model, fetch, replaced is not None)
+                await self._send(model, Event.LOAD_FAILED, _describe(error), 0)
+                if replaced is not None:
+                    old = agent_pb2.ModelVersion(name=name, version=replaced.version)
+                    await self._send(old, Event.UNLOADED, f"replaced by version {version}, which failed", 0)
+                return
+            self._state.loaded_ok(name, version, self._now(), instances)
+            if self.draining:  # as Seldon: a load that ends while draining must not attract traffic
+                await self._send(model, Event.LOAD_FAILED, "server replica is draining", 0)
+                return
+            await self._send(model, Event.LOADED, "", instances)
+
+    async def _load_on_server(self, model: agent_pb2.ModelVersion, fetch: bool) -> int:
+        """Fetch the artefact (once), then load with bounded retries; the instance count if known."""
+        model_dir = None
+        if fetch:
+            assert self._artefacts is not None
+            model_dir = await self._artefacts.fetch(model.name, model.storage_uri)
+        attempts = self._config.load_attempts
+        delays = retry_delays(attempts, self._config.load_backoff, self._config.load_backoff_max, self._rng)
+        for attempt in range(1, attempts + 1):
+            try:
+                await self._server.load(model.name)
+                break
+            except ModelyardError as error:
+                if attempt == attempts:
+                    raise ModelyardError(
+                        f"load of {model.name} failed after {attempts} attempt(s): {error.message}"
+                    ) from None
+                log.warning("load %s attempt %d/%d failed: %s", model.name, attempt, attempts, error.message)
+                await asyncio.sleep(delays[attempt - 1])  # the backoff between load attempts
+        return await asyncio.to_thread(instance_count, model_dir) if model_dir is not None else 0
+
+    async def _clean_up_failed(self, model: agent_pb2.ModelVersion, fetched: bool, replacing: bool) -> None:
+        if replacing:  # the server may still serve the old version under this name: take it down
+            try:
+                await self._server.unload(model.name)
+            except ModelyardError as error:
+                log.warning("unload of %s after a failed replace: %s", model.name, error.message)
+        if fetched and self._artefacts is not None:
+            await asyncio.to_thread(self._artefacts.remove, model.name)
+
+    async def unload(self, model: agent_pb2.ModelVersion, stamp: int) -> None:
+        name, version = model.name, model.version
+        if self._config.unload_grace > 0:
+            # Seldon's grace (compat §7.4, §13.14): routes stop sending before the model goes, and
+            # a LOAD received meanwhile wins over this UNLOAD (the stamp check below).
+            await asyncio.sleep(self._config.unload_grace)
+        async with self._lock(name):
+            if not self._stamps.admit(name, version, stamp):
+                log.info("dropped UNLOAD %s v%d: a newer command for it was handled", name, version)
+                return
+            held = self._state.get(name)
+            if held is None or held.version != version:
+                await self._send(model, Event.UNLOADED, "", 0)
+                return
+            self._state.begin_unload(name, version)
+            try:
+                await self._server.unload(name)  # one attempt, as Seldon's default
+            except Exception as error:
+                self._state.unload_failed(name, version)
+                await self._send(model, Event.UNLOAD_FAILED, _describe(error), 0)
+                return
+            self._state.forget(name)
+            if held.fetched and self._artefacts is not None:
+                await asyncio.to_thread(self._artefacts.remove, name)
+            await self._send(model, Event.UNLOADED, "", 0)
+
+
+def _describe(error: Exception) -> str:
+    """The text an event carries: our errors' messages as they are; anything else (a corrupt
+    archive, a disk error) with its type, and logged with its traceback, since it is a surprise."""
+    if isinstance(error, ModelyardError):
+        return error.message
+    log.error("unexpected error in an operation", exc_info=error)
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,157 @@
+"""`LocalState`: what one agent holds on its inference server, and the memory it accounts for.
+
+Pure (DESIGN.md habit 1): no I/O, no clock reads; times are arguments. The agent's operation
+handlers change it under the model's lock.
+
+This is the ground for Seldon's `LocalStateManager` (compat §7.5): the accounting already follows
+it (total memory, overcommit percent, memory held by every registered model, the available memory
+reported to the scheduler with overcommit) and an LRU order is kept (`touch`, `lru_order`), but
+nothing is evicted yet. The next step (memory overcommit with LRU eviction and lazy reload, §7.5
+and §7.7) adds an "evicted" status: a model that stays registered (still counted in
+`registered_bytes` and still reported to the scheduler) but no longer in the server's memory
+(`resident_bytes`); `lru_order` gives the victims, `resident_bytes` what eviction must free.
+
+Where it differs from Seldon: a model is held under its own name (the inference server sees
+`iris`, not `iris_1`), so at most one version of a model is held; loading another version
+replaces the record.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+class ModelStatus(enum.Enum):
+    LOADING = "loading"  # memory is reserved; the server load is under way
+    LOADED = "loaded"  # in the server's memory and serving
+    UNLOADING = "unloading"  # the server unload is under way; memory is still counted
+
+
+@dataclass
+class HeldModel:
+    name: str
+    version: int
+    memory_bytes: int  # per instance x instances, as the scheduler counts it
+    status: ModelStatus
+    last_used: float  # for the LRU order: when it was loaded, or last served (lazy reload)
+    instance_count: int = 0  # runtime info from the server's settings; 0 = not known
+    stamp: int = 0  # receive stamp of the last command applied to it
+    fetched: bool = False  # the agent put its files in the repository (so it deletes them)
+
+
+class LocalState:
+    """Per-model records plus the replica's memory: `memory_bytes` of main memory, which the
+    scheduler may fill up to `overcommit_percent` beyond (Seldon's `overCommitPercentage`)."""
+
+    def __init__(self, memory_bytes: int, overcommit_percent: int = 0) -> None:
+        if memory_bytes < 0 or overcommit_percent < 0:
+            raise ValueError("memory_bytes and overcommit_percent must be >= 0")
+        self.memory_bytes = memory_bytes
+        self.overcommit_percent = overcommit_percent
+        self._models: dict[str, HeldModel] = {}
+
+    # Queries ---------------------------------------------------------------------------------
+
+    def get(self, name: str) -> HeldModel | None:
+        return self._models.get(name)
+
+    def holds(self, name: str, version: int) -> bool:
+        """Whether this exact version is held (in any status)."""
+        held = self._models.get(name)
+        return held is not None and held.version == version
+
+    def __iter__(self) -> Iterator[HeldModel]:
+        return iter(list(self._models.values()))
+
+    def loaded(self) -> list[HeldModel]:
+        """Models serving now, by name: what a (re)subscribe reports to the scheduler."""
+        return sorted(
+            (m for m in self._models.values() if m.status is ModelStatus.LOADED), key=lambda m: m.name
+        )
+
+    @property
+    def registered_bytes(self) -> int:
+        """Memory of every registered model (Seldon's `totalMemoryForAllModels`)."""
+        return sum(m.memory_bytes for m in self._models.values())
+
+    @property
+    def resident_bytes(self) -> int:
+        """Memory of models in the server's memory. Equal to `registered_bytes` until eviction exists."""
+        return self.registered_bytes
+
+    @property
+    def main_available_bytes(self) -> int:
+        """Main memory not taken by resident models; negative when overcommitted."""
+        return self.memory_bytes - self.resident_bytes
+
+    @property
+    def overcommit_bytes(self) -> int:
+        return self.memory_bytes * self.overcommit_percent // 100
+
+    @property
+    def available_bytes(self) -> int:
+        """What the agent reports: memory x (1 + P/100) minus every registered model, never < 0.
+
+        Seldon's `GetAvailableMemoryBytesWithOverCommit` (compat §7.5), in integers rather than
+        float32, so the table there holds exactly.
+        """
+        return max(0, self.memory_bytes + self.overcommit_bytes - self.registered_bytes)
+
+    def too_large(self, memory_bytes: int) -> str:
+        """Why a model of this size can never load here ("" if it can). With eviction, anything up
+        to the main memory fits once others are evicted; beyond it nothing can make room."""
+        if memory_bytes > self.memory_bytes:
+            return (
+                f"model needs {memory_bytes} bytes, more than this replica's memory "
+                f"({self.memory_bytes} bytes)"
+            )
+        return ""
+
+    def lru_order(self) -> list[str]:
+        """Loaded models, least recently used first: the eviction order (the next step)."""
+        loaded = [m for m in self._models.values() if m.status is ModelStatus.LOADED]
+        return [m.name for m in sorted(loaded, key=lambda m: (m.last_used, m.name))]
+
+    # Changes ---------------------------------------------------------------------------------
+
+    def begin_load(
+        self, name: str, version: int, memory_bytes: int, now: float, stamp: int, *, fetched: bool = False
+    ) -> HeldModel | None:
+        """Register `version` as LOADING, reserving its memory. Returns the record it replaced
+        (another version of the same model), which no longer counts."""
+        replaced = self._models.pop(name, None)
+        self._models[name] = HeldModel(
+            name, version, memory_bytes, ModelStatus.LOADING, now, stamp=stamp, fetched=fetched
+        )
+        return replaced if replaced is not None and replaced.version != version else None
+
+    def loaded_ok(self, name: str, version: int, now: float, instance_count: int = 0) -> None:
+        held = self._require(name, version)
+        held.status = ModelStatus.LOADED
+        held.last_used = now
+        held.instance_count = instance_count
+
+    def begin_unload(self, name: str, version: int) -> None:
+        self._require(name, version).status = ModelStatus.UNLOADING
+
+    def unload_failed(self, name: str, version: int) -> None:
+        """The server refused to unload: it still holds the model, so it stays counted."""
+        self._require(name, version).status = ModelStatus.LOADED
+
+    def forget(self, name: str) -> HeldModel | None:
+        """Drop the record (after an unload or a failed load), releasing its memory."""
+        return self._models.pop(name, None)
+
+    def touch(self, name: str, now: float) -> None:
+        """A request used the model: it moves to the back of the eviction order."""
+        held = self._models.get(name)
+        if held is not None:
+            held.last_used = max(held.last_used, now)
+
+    def _require(self, name: str, version: int) -> HeldModel:
+        held = self._models.get(name)
+        if held is None or held.version != version:
+            raise KeyError(f"{name} version {version} is not held")
+        return held

@@ -1,0 +1,97 @@
+"""`modelyard agent`: run the agent beside one inference-server replica until interrupted."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from modelyard.agent import Agent, AgentConfig
+from modelyard.errors import ModelyardError
+from modelyard.serving import run, serve_until_signal
+
+_FLAGS = {
+    "server_name": "--server",
+    "replica_idx": "--replica",
+    "memory_bytes": "--memory",
+    "unload_grace": "--unload-grace",
+}
+
+
+def agent(
+    scheduler: Annotated[str, typer.Option(help="The scheduler's agent port, HOST:PORT.")],
+    server: Annotated[str, typer.Option(help="Name of the server (group of replicas) this replica is in.")],
+    inference_url: Annotated[str, typer.Option(help="The inference server, http://HOST:PORT.")],
+    replica: Annotated[int, typer.Option(help="This replica's index in its server.")] = 0,
+    memory: Annotated[
+        str, typer.Option(help="Memory for models: bytes or a quantity such as 1Gi or 500M.")
+    ] = "1000000",
+    capabilities: Annotated[
+        str, typer.Option(help="Comma-separated capabilities, matched against model requirements.")
+    ] = "",
+    overcommit_percent: Annotated[
+        int, typer.Option(help="How far beyond --memory the scheduler may place models, percent.")
+    ] = 0,
+    repository: Annotated[
+        Path | None,
+        typer.Option(help="The server's model repository dir; each model's storageUri is fetched into it."),
+    ] = None,
+    unload_grace: Annotated[
+        float, typer.Option(help="Seconds to wait before an unload, so routes drain first.")
+    ] = 2.0,
+    keep_existing: Annotated[
+        bool,
+        typer.Option(
+            "--keep-existing", help="Leave models the server serves at start (default: unload them)."
+        ),
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Load and unload models on one inference server (MLServer, Triton, sim-worker) as the scheduler says.
+
+    The agent waits for the server to be live, unloads what it serves (unless --keep-existing),
+    subscribes to the scheduler and reconnects with backoff whenever the stream breaks.
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = AgentConfig(
+            scheduler=scheduler,
+            server_name=server,
+            replica_idx=replica,
+            inference_url=inference_url,
+            memory_bytes=memory,  # a quantity string: AgentConfig parses it
+            capabilities=capabilities,  # comma-separated: AgentConfig splits it
+            overcommit_percent=overcommit_percent,
+            repository=repository,
+            unload_grace=unload_grace,
+            keep_existing=keep_existing,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_flag(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+        )
+        typer.echo(f"error: agent options: {problems}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        run(_run(config))
+    except ModelyardError as error:
+        typer.echo(f"error: agent: {error.message}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    field = str(loc[0]) if loc else "?"
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+async def _run(config: AgentConfig) -> None:
+    agent = Agent(config)
+    await agent.start()
+    typer.echo(
+        f"agent for {config.server_name}-{config.replica_idx} ({config.inference_url}) "
+        f"subscribing to {config.scheduler}"
+    )
+    await serve_until_signal([], agent.stop)

@@ -1,0 +1,363 @@
+"""The agent in-process between a fake scheduler (an AgentService servicer in this file) and a real
+sim-worker in repository mode: subscribe, load, unload, failures, re-sync, artefact fetches."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import tarfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from aiohttp import web
+
+from modelyard.agent import Agent, AgentConfig, start_agent
+from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
+from support import wait_until
+
+Event = agent_pb2.ModelEvent
+OIP_BODY = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+
+
+class FakeScheduler(agent_pb2_grpc.AgentServiceServicer):
+    """Records subscribes and events; `send` puts an operation on the current stream, `drop` ends it."""
+
+    def __init__(self) -> None:
+        self.subscribes: list[agent_pb2.SubscribeRequest] = []
+        self.events: list[agent_pb2.ModelEvent] = []
+        self._queue: asyncio.Queue[agent_pb2.ModelOperation | None] | None = None
+
+    async def Subscribe(self, request, context):  # type: ignore[override]
+        queue: asyncio.Queue[agent_pb2.ModelOperation | None] = asyncio.Queue()
+        self._queue = queue
+        self.subscribes.append(request)
+        while (operation := await queue.get()) is not None:
+            yield operation
+
+    async def AgentEvent(self, request, context):  # type: ignore[override]
+        self.events.append(request)
+        return agent_pb2.ModelEventResponse()
+
+    async def AgentDrain(self, request, context):  # type: ignore[override]
+        return agent_pb2.AgentDrainResponse(success=True)
+
+    def send(self, kind: int, name: str, version: int = 1, **fields: Any) -> None:
+        assert self._queue is not None, "no agent subscribed"
+        model = agent_pb2.ModelVersion(name=name, version=version, **fields)
+        self._queue.put_nowait(agent_pb2.ModelOperation(operation=kind, model_version=model))
+
+    def drop(self) -> None:
+        assert self._queue is not None
+        self._queue.put_nowait(None)
+
+    async def event(
+        self, name: str, kind: int, version: int = 1, count: int = 1, within: float = 10.0
+    ) -> agent_pb2.ModelEvent:
+        """The count-th event of this kind for this model version, once it has arrived."""
+
+        def matching() -> list[agent_pb2.ModelEvent]:
+            return [
+                e for e in self.events if (e.model_name, e.model_version, e.event) == (name, version, kind)
+            ]
+
+        async def arrived() -> bool:
+            return len(matching()) >= count
+
+        await wait_until(arrived, attempts=int(within / 0.01))
+        return matching()[count - 1]
+
+
+@pytest.fixture
+async def scheduler() -> AsyncIterator[tuple[FakeScheduler, str]]:
+    fake = FakeScheduler()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield fake, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
+def model_source(root: Path, name: str = "iris", **extra: Any) -> Path:
+    """A model directory as a storageUri would hold it (the sim reads memory and failure from it)."""
+    src = root / "sources" / name
+    src.mkdir(parents=True)
+    (src / "model-settings.json").write_text(
+        json.dumps({"name": "whatever", "parallel_workers": 2, "parameters": {"extra": extra}})
+    )
+    (src / "weights.bin").write_bytes(b"\0" * 64)
+    return src
+
+
+@pytest.fixture
+async def setup(scheduler, sim_workers, tmp_path) -> AsyncIterator[Callable[..., Any]]:
+    """`await setup(**agent_config)`: a repository-mode sim-worker and a started agent over it."""
+    fake, target = scheduler
+    agents: list[Agent] = []
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    async def start(**overrides: Any) -> tuple[FakeScheduler, Agent, Any]:
+        (worker,) = await sim_workers(1, repository=repo)
+        settings = {
+            "scheduler": target,
+            "server_name": "sim",
+            "replica_idx": 3,
+            "inference_url": worker.url,
+            "memory_bytes": 1000,
+            "capabilities": ("sim", "sklearn"),
+            "overcommit_percent": 10,
+            "repository": repo,
+            "unload_grace": 0.0,
+            "load_attempts": 3,
+            "load_backoff": 0.01,
+            "load_backoff_max": 0.02,
+            "reconnect_backoff": 0.05,
+            "reconnect_backoff_max": 0.2,
+            **overrides,
+        }
+        agent = await start_agent(AgentConfig(**settings))
+        agents.append(agent)
+
+        async def subscribed() -> bool:
+            return len(fake.subscribes) >= 1
+
+        await wait_until(subscribed, attempts=1000)
+        return fake, agent, worker
+
+    yield start
+    for agent in agents:
+        await agent.stop()
+
+
+async def _infer_status(http, worker, name: str) -> int:
+    async with http.post(f"{worker.url}/v2/models/{name}/infer", json=OIP_BODY) as response:
+        return response.status
+
+
+async def test_subscribe_describes_the_replica_and_holds_nothing(setup):
+    fake, _agent, worker = await setup()
+    request = fake.subscribes[0]
+    assert (request.server_name, request.replica_idx, request.shared) == ("sim", 3, True)
+    config = request.replica_config
+    assert config.inference_url == worker.url
+    assert (config.memory_bytes, list(config.capabilities), config.over_commit_percentage) == (
+        1000,
+        ["sim", "sklearn"],
+        10,
+    )
+    assert list(request.loaded_models) == []
+    assert request.available_memory_bytes == 1100  # overcommit included
+
+
+async def test_load_serves_then_unload_removes_it(setup, http, tmp_path):
+    fake, agent, worker = await setup()
+    src = model_source(tmp_path, memory_bytes=300)
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", storage_uri=str(src), memory_bytes=300)
+    loaded = await fake.event("iris", Event.LOADED)
+    assert (loaded.server_name, loaded.replica_idx) == ("sim", 3)
+    assert loaded.available_memory_bytes == 800
+    assert loaded.runtime_info.instance_count == 2  # parallel_workers in model-settings.json
+    assert await _infer_status(http, worker, "iris") == 200
+    async with http.get(worker.url + "/sim/repository") as response:
+        assert (await response.json())["loaded"] == {"iris": 300}
+    repo_dir = agent.config.repository / "iris"
+    assert json.loads((repo_dir / "model-settings.json").read_text())["name"] == "iris"
+
+    fake.send(agent_pb2.ModelOperation.UNLOAD_MODEL, "iris")
+    unloaded = await fake.event("iris", Event.UNLOADED)
+    assert unloaded.available_memory_bytes == 1100
+    assert await _infer_status(http, worker, "iris") == 404
+    assert not repo_dir.exists()  # the artefact is deleted
+
+
+async def test_a_failing_load_is_retried_then_reported_with_the_servers_text(setup, http, tmp_path):
+    fake, agent, _worker = await setup()
+    src = model_source(tmp_path, "broken", fail_load=True)
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "broken", storage_uri=str(src), memory_bytes=10)
+    failed = await fake.event("broken", Event.LOAD_FAILED)
+    assert "after 3 attempt(s)" in failed.message
+    assert "simulated load failure" in failed.message
+    assert failed.available_memory_bytes == 1100
+    assert not (agent.config.repository / "broken").exists()
+    assert agent.state.get("broken") is None
+
+
+async def test_a_model_larger_than_the_replica_fails_at_once(setup, tmp_path):
+    fake, _agent, _worker = await setup()
+    fake.send(
+        agent_pb2.ModelOperation.LOAD_MODEL,
+        "huge",
+        storage_uri=str(model_source(tmp_path, "huge")),
+        memory_bytes=5000,
+    )
+    failed = await fake.event("huge", Event.LOAD_FAILED)
+    assert "5000" in failed.message and "1000" in failed.message
+
+
+async def test_unloading_an_unknown_model_answers_unloaded(setup):
+    fake, _agent, _worker = await setup()
+    fake.send(agent_pb2.ModelOperation.UNLOAD_MODEL, "never-loaded", version=7)
+    await fake.event("never-loaded", Event.UNLOADED, version=7)
+
+
+async def test_a_dropped_stream_is_resubscribed_with_the_models_held(setup, tmp_path):
+    fake, _agent, _worker = await setup()
+    fake.send(
+        agent_pb2.ModelOperation.LOAD_MODEL, "iris", storage_uri=str(model_source(tmp_path)), memory_bytes=300
+    )
+    await fake.event("iris", Event.LOADED)
+    fake.drop()
+
+    async def resubscribed() -> bool:
+        return len(fake.subscribes) >= 2
+
+    await wait_until(resubscribed, attempts=1000)
+    again = fake.subscribes[1]
+    assert [(m.name, m.version, m.runtime_info.instance_count) for m in again.loaded_models] == [
+        ("iris", 1, 2)
+    ]
+    assert again.available_memory_bytes == 800
+    # and the new stream works
+    fake.send(agent_pb2.ModelOperation.UNLOAD_MODEL, "iris")
+    await fake.event("iris", Event.UNLOADED)
+
+
+async def test_the_agent_outlives_a_scheduler_restart(sim_workers, tmp_path):
+    """The scheduler goes away (port closed) and comes back on the same port: the agent resubscribes."""
+    from support import free_ports
+
+    (port,) = free_ports(1)
+    target = f"127.0.0.1:{port}"
+
+    async def serve() -> tuple[FakeScheduler, grpc.aio.Server]:
+        fake = FakeScheduler()
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
+        server.add_insecure_port(target)
+        await server.start()
+        return fake, server
+
+    (worker,) = await sim_workers(1, repository_api=True)
+    first, server = await serve()
+    config = AgentConfig(
+        scheduler=target,
+        server_name="sim",
+        inference_url=worker.url,
+        unload_grace=0,
+        reconnect_backoff=0.05,
+        reconnect_backoff_max=0.2,
+        connect_timeout=0.5,
+    )
+    async with Agent(config) as agent:
+        await wait_until(lambda: _true(len(first.subscribes) == 1), attempts=1000)
+        first.send(agent_pb2.ModelOperation.LOAD_MODEL, "llm", memory_bytes=100)
+        await first.event("llm", Event.LOADED)
+        await server.stop(0)
+        second, server = await serve()
+        try:
+            await wait_until(lambda: _true(len(second.subscribes) == 1), attempts=1000)
+            assert [m.name for m in second.subscribes[0].loaded_models] == ["llm"]
+            assert agent.subscriptions >= 2
+        finally:
+            await server.stop(0)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_storage_uri_over_http_is_downloaded_and_unpacked(setup, http, tmp_path):
+    src = model_source(tmp_path, memory_bytes=100)
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w:gz") as tar:
+        tar.add(src, arcname="iris")
+    files = web.Application()
+
+    async def tarball(request: web.Request) -> web.Response:
+        return web.Response(body=payload.getvalue())
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/models/iris.tar.gz")
+
+    files.router.add_get("/models/iris.tar.gz", tarball)
+    files.router.add_get("/latest/iris.tar.gz", moved)
+    runner = web.AppRunner(files)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        host, port = runner.addresses[0][:2]
+        fake, agent, worker = await setup()
+        fake.send(
+            agent_pb2.ModelOperation.LOAD_MODEL,
+            "iris",
+            storage_uri=f"http://{host}:{port}/latest/iris.tar.gz",
+            memory_bytes=100,
+        )
+        await fake.event("iris", Event.LOADED)
+        assert sorted(p.name for p in (agent.config.repository / "iris").iterdir()) == [
+            "model-settings.json",
+            "weights.bin",
+        ]
+        assert await _infer_status(http, worker, "iris") == 200
+        fake.send(
+            agent_pb2.ModelOperation.LOAD_MODEL, "missing", storage_uri=f"http://{host}:{port}/nope.tar.gz"
+        )
+        failed = await fake.event("missing", Event.LOAD_FAILED)
+        assert "404" in failed.message
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_new_version_replaces_the_old_and_unloading_the_old_leaves_it(setup, http, tmp_path):
+    fake, agent, worker = await setup()
+    src = model_source(tmp_path, memory_bytes=100)
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", version=1, storage_uri=str(src), memory_bytes=100)
+    await fake.event("iris", Event.LOADED, version=1)
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", version=2, storage_uri=str(src), memory_bytes=200)
+    v2 = await fake.event("iris", Event.LOADED, version=2)
+    assert v2.available_memory_bytes == 900  # v1's memory no longer counts
+    fake.send(agent_pb2.ModelOperation.UNLOAD_MODEL, "iris", version=1)
+    await fake.event("iris", Event.UNLOADED, version=1)
+    assert await _infer_status(http, worker, "iris") == 200  # v2 still served under its own name
+    assert agent.state.holds("iris", 2)
+
+
+async def test_a_load_received_during_an_unloads_grace_wins(setup, http, tmp_path):
+    fake, agent, worker = await setup(unload_grace=0.3)
+    src = model_source(tmp_path, memory_bytes=100)
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", storage_uri=str(src), memory_bytes=100)
+    await fake.event("iris", Event.LOADED)
+    fake.send(agent_pb2.ModelOperation.UNLOAD_MODEL, "iris")
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", storage_uri=str(src), memory_bytes=100)
+    await fake.event("iris", Event.LOADED, count=2)
+
+    async def settled() -> bool:
+        return agent.pending_operations == 0
+
+    await wait_until(settled, attempts=1000)
+    assert not [e for e in fake.events if e.event == Event.UNLOADED]  # the older UNLOAD was dropped
+    assert await _infer_status(http, worker, "iris") == 200
+
+
+async def test_at_start_the_agent_unloads_what_it_did_not_load_unless_told_to_keep_it(
+    scheduler, sim_workers, http
+):
+    _fake, target = scheduler
+    (worker,) = await sim_workers(1, repository_api=True)
+    for name in ("stray", "kept"):
+        async with http.post(f"{worker.url}/v2/repository/models/{name}/load", json={}) as response:
+            assert response.status == 200
+    config = {"scheduler": target, "server_name": "sim", "inference_url": worker.url}
+    async with Agent(AgentConfig(**config, keep_existing=True)):
+        assert await _infer_status(http, worker, "stray") == 200
+    async with Agent(AgentConfig(**config)):
+        assert await _infer_status(http, worker, "stray") == 404
+        assert await _infer_status(http, worker, "kept") == 404

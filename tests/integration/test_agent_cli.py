@@ -1,0 +1,87 @@
+"""`modelyard agent` and the sim-worker's repository flags as a user runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+from test_agent import FakeScheduler
+
+from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
+from support import free_ports, wait_until
+
+
+def modelyard(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modelyard", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_bad_agent_flags_print_one_line_and_exit_1():
+    result = modelyard(
+        "agent", "--scheduler", "nohost", "--server", "s", "--inference-url", "ftp://x", "--memory", "1Zi"
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--scheduler: expected host:port" in lines[0]
+    assert "--inference-url: expected an http://" in lines[0]
+    assert "--memory: '1Zi' is not bytes" in lines[0]
+
+
+def test_bad_sim_worker_memory_prints_one_line_and_exits_1():
+    result = modelyard("sim-worker", "--repository-api", "--memory", "lots")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: sim-worker options: --memory: 'lots' is not bytes or a quantity such as 1Gi or 500M"
+    ]
+
+
+async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler():
+    fake = FakeScheduler()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
+    scheduler_port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    (sim_port,) = free_ports(1)
+    python = [sys.executable, "-m", "modelyard"]
+    sim = await asyncio.create_subprocess_exec(
+        *python, "sim-worker", "--port", str(sim_port), "--repository-api", "--model-memory", "100",
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    agent = await asyncio.create_subprocess_exec(
+        *python, "agent", "--scheduler", f"127.0.0.1:{scheduler_port}", "--server", "sim",
+        "--replica", "1", "--inference-url", f"http://127.0.0.1:{sim_port}", "--memory", "1Ki",
+        "--capabilities", "sim,llm", "--unload-grace", "0",
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+
+        async def subscribed() -> bool:
+            return bool(fake.subscribes) or agent.returncode is not None
+
+        await wait_until(subscribed, attempts=3000)
+        assert agent.returncode is None
+        request = fake.subscribes[0]
+        assert (request.server_name, request.replica_idx) == ("sim", 1)
+        assert request.replica_config.memory_bytes == 1024
+        assert list(request.replica_config.capabilities) == ["sim", "llm"]
+        fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "llm", memory_bytes=100)
+        loaded = await fake.event("llm", agent_pb2.ModelEvent.LOADED, within=30)
+        assert loaded.available_memory_bytes == 924
+        agent.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(agent.wait(), 30) == 0
+    finally:
+        for process in (agent, sim):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        await server.stop(0)
