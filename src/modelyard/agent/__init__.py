@@ -5,11 +5,11 @@ operations  LOAD and UNLOAD: artefact fetch, repository load with retries, event
 state       LocalState: models held, memory accounting with overcommit, LRU order (pure)
 policy      CommandStamps (out-of-order protection), Backoff, retry_delays (pure)
 artefacts   storageUri -> <repository>/<name>/
-config      AgentConfig, parse_quantity
+config      AgentConfig
 """
 
 from modelyard.agent.agent import Agent, start_agent
-from modelyard.agent.config import AgentConfig, parse_quantity
+from modelyard.agent.config import AgentConfig
 from modelyard.agent.policy import Backoff, CommandStamps, retry_delays
 from modelyard.agent.state import HeldModel, LocalState, ModelStatus
 
@@ -21,7 +21,6 @@ __all__ = [
     "HeldModel",
     "LocalState",
     "ModelStatus",
-    "parse_quantity",
     "retry_delays",
     "start_agent",
 ]

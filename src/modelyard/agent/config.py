@@ -7,43 +7,12 @@ a model that names requirements should only land on a replica that says it has t
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]i?|k)?\s*$")
-_FACTORS = {
-    None: 1,
-    "k": 10**3,
-    "K": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-
-
-def parse_quantity(value: object) -> int:
-    """Bytes from an int or a Kubernetes-style quantity: `1000000`, `500M`, `1Gi`, `1.5Gi`."""
-    if isinstance(value, bool):
-        raise ValueError("expected bytes or a quantity such as 1Gi or 500M")
-    if isinstance(value, int):
-        return value
-    match = _QUANTITY.match(str(value))
-    if match is None:
-        raise ValueError(f"{value!r} is not bytes or a quantity such as 1Gi or 500M")
-    number, suffix = match.groups()
-    return int(float(number) * _FACTORS[suffix]) if "." in number else int(number) * _FACTORS[suffix]
-
+from modelyard.placement.manifest import parse_quantity
 
 Bytes = Annotated[int, BeforeValidator(parse_quantity), Field(ge=0)]
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from modelyard.agent.config import parse_quantity
+from modelyard.placement.manifest import parse_quantity
 from modelyard.serving import run, serve_until_signal
 from modelyard.simworker import SimWorker, SimWorkerConfig
 

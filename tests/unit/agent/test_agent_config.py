@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from modelyard.agent import AgentConfig, parse_quantity
+from modelyard.agent import AgentConfig
+from modelyard.placement.manifest import parse_quantity
 
 
 @pytest.mark.parametrize(
