@@ -34,14 +34,14 @@ def test_bad_agent_flags_print_one_line_and_exit_1():
     assert len(lines) == 1, result.stderr
     assert "--scheduler: expected host:port" in lines[0]
     assert "--inference-url: expected an http://" in lines[0]
-    assert "--memory: '1Zi' is not bytes" in lines[0]
+    assert "--memory: expected bytes or a quantity like 100Ki or 1Gi, got '1Zi'" in lines[0]
 
 
 def test_bad_sim_worker_memory_prints_one_line_and_exits_1():
     result = modelyard("sim-worker", "--repository-api", "--memory", "lots")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: sim-worker options: --memory: 'lots' is not bytes or a quantity such as 1Gi or 500M"
+        "error: sim-worker options: --memory: expected bytes or a quantity like 100Ki or 1Gi, got 'lots'"
     ]
 
 
