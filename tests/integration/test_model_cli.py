@@ -132,7 +132,7 @@ def test_list_status_delete_and_servers(scheduler):
     result = cli(scheduler, "model", "list")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "VERSION", "STATE", "AVAILABLE/REPLICAS", "SERVER", "REASON"]
+    assert lines[0].split() == ["NAME", "VERSION", "STATE", "READY", "SERVER", "REASON"]
     assert lines[1].split() == ["iris", "3", "ModelAvailable", "2/2", "mlserver"]
     assert len(lines) == 2
     assert "old" in cli(scheduler, "model", "list", "--all").stdout

@@ -23,8 +23,11 @@ def applied_line(model: Mapping[str, Any]) -> str:
 
 def models_table(models: Iterable[Mapping[str, Any]], *, show_all: bool = False) -> Table:
     table = Table(box=None, pad_edge=False)
-    for column in ("NAME", "VERSION", "STATE", "AVAILABLE/REPLICAS", "SERVER", "REASON"):
-        table.add_column(column, overflow="fold")
+    # READY is available/desired replicas, as kubectl shows it. Only the reason wraps: the other
+    # columns are what a reader scans down, and a wrapped name or state reads as two rows.
+    for column in ("NAME", "VERSION", "STATE", "READY", "SERVER"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("REASON", overflow="fold")
     for model in sorted(models, key=lambda m: str(m.get("name"))):
         if model.get("state") == TERMINATED and not show_all:
             continue
@@ -51,8 +54,9 @@ def model_status(model: Mapping[str, Any]) -> Group:
         f"{model.get('available_replicas', 0)}/{_desired_replicas(model)} available{deleted})"
     )
     table = Table(box=None, pad_edge=False)
-    for column in ("VERSION", "VERSION STATE", "SERVER", "REPLICA", "REPLICA STATE", "REASON"):
-        table.add_column(column, overflow="fold")
+    for column in ("VERSION", "VERSION STATE", "SERVER", "REPLICA", "REPLICA STATE"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("REASON", overflow="fold")
     versions = sorted(model.get("versions") or [], key=lambda v: -int(v.get("version", 0)))
     for version in versions:
         replicas = version.get("replicas") or {}
@@ -71,7 +75,9 @@ def model_status(model: Mapping[str, Any]) -> Group:
 
 def servers_table(servers: Iterable[Mapping[str, Any]]) -> Table:
     table = Table(box=None, pad_edge=False)
-    for column in ("SERVER", "REPLICA", "URL", "MEMORY tot/avail/resv", "CAPABILITIES", "MODELS"):
+    for column in ("SERVER", "REPLICA", "URL", "MEMORY tot/avail/resv"):
+        table.add_column(column, no_wrap=True)
+    for column in ("CAPABILITIES", "MODELS"):
         table.add_column(column, overflow="fold")
     for server in sorted(servers, key=lambda s: str(s.get("name"))):
         for replica in sorted(server.get("replicas") or [], key=lambda r: int(r.get("index", 0))):

@@ -48,7 +48,7 @@ def test_models_table_hides_terminated_unless_asked():
     models = [model("iris", "ModelAvailable"), model("old", "ModelTerminated", deleted=True)]
     text = render(models_table(models))
     header = text.splitlines()[0].split()
-    assert header == ["NAME", "VERSION", "STATE", "AVAILABLE/REPLICAS", "SERVER", "REASON"]
+    assert header == ["NAME", "VERSION", "STATE", "READY", "SERVER", "REASON"]
     assert "iris" in text and "1/2" in text and "old" not in text
     assert "old" in render(models_table(models, show_all=True))
 
