@@ -116,6 +116,25 @@ async def test_endpoints_change_live(scheduler, placed_gateway, sim_workers, htt
     assert backends == {"mlserver-1"}  # the removed replica gets nothing from then on
 
 
+async def test_replicas_that_left_leave_no_load_or_metric_behind(
+    scheduler, placed_gateway, sim_workers, http
+):
+    w0, w1 = await sim_workers(2, models=["llm"])
+    scheduler.place("llm", "ModelAvailable", [("mlserver-0", w0.url)])
+    gateway = await placed_gateway()
+    state = gateway.app[GATEWAY]
+    # The replica comes back at another address, as a pod does, then the model goes away.
+    scheduler.place("llm", "ModelAvailable", [("mlserver-0", w1.url)])
+    await wait_until(lambda: _async(state.clusters["llm"].endpoints[0].url == w1.url))
+    assert set(state.loads) == {w1.url}
+    async with http.get(gateway.url + "/metrics") as response:
+        series = [line for line in (await response.text()).splitlines() if "backend_in_flight{" in line]
+    assert series == ['modelyard_backend_in_flight{backend="mlserver-0"} 0.0']
+    scheduler.remove("llm")
+    await wait_until(lambda: _async("llm" not in state.clusters))
+    assert state.loads == {}
+
+
 async def test_a_model_not_available_answers_503_with_retry_after_in_each_protocol(
     scheduler, placed_gateway, sim_workers, http
 ):

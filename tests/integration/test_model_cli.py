@@ -183,6 +183,51 @@ def test_status_watch_times_out_with_exit_1(scheduler):
     assert result.stderr.strip() == "error: model 'iris' did not reach ModelAvailable within 0.2s"
 
 
+def test_status_watch_json_is_one_object_per_line(scheduler):
+    scheduler.models["iris"] = model_json({"name": "iris", "replicas": 1}, 1, "ModelProgressing")
+    available = model_json({"name": "iris", "replicas": 1}, 1, "ModelAvailable")
+    scheduler.after_get = lambda: scheduler.models.update(iris=available)
+    args = [
+        "model",
+        "status",
+        "iris",
+        "--watch",
+        "--until",
+        "ModelAvailable",
+        "--interval",
+        "0.05",
+        "-o",
+        "json",
+    ]
+    result = cli(scheduler, *args, "--timeout", "10")
+    assert result.exit_code == 0, result.output
+    states = [json.loads(line)["state"] for line in result.stdout.splitlines()]
+    assert states == ["ModelProgressing", "ModelAvailable"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--watch", "--until", "Available"], "error: --until: 'Available' is not a model state; one of: "),
+        (["--until", "ModelAvailable"], "error: --until needs --watch"),
+    ],
+)
+def test_status_until_is_checked_before_waiting(scheduler, args, message):
+    scheduler.models["iris"] = model_json({"name": "iris", "replicas": 1}, 1, "ModelProgressing")
+    result = cli(scheduler, "model", "status", "iris", *args)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1
+
+
+def test_apply_of_a_binary_file_is_one_line(scheduler, tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_bytes(b"name: x\n\xff\xfe\x00garbage")
+    result = cli(scheduler, "model", "apply", "-f", str(path))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {path}: not a text file (byte 8 is not UTF-8)"
+    assert scheduler.applied == []
+
+
 def test_an_unreachable_scheduler_is_one_line_and_exit_1():
     (port,) = free_ports(1)
     for args in (

@@ -26,6 +26,7 @@ from modelyard.documents import DocumentError, parse_documents
 from modelyard.errors import ModelSpecInvalid, ModelyardError, NotFound, SchedulerUnavailable
 from modelyard.placement.manifest import spec_to_plain, specs_from_manifests
 from modelyard.placement.spec import ModelSpec
+from modelyard.placement.states import ModelState
 from modelyard.upstream.scheduler_client import DEFAULT_SCHEDULER, SchedulerClient
 
 model_app = typer.Typer(no_args_is_help=True, help="Models placed by the scheduler.")
@@ -72,8 +73,10 @@ def _call(address: str, work: Callable[[SchedulerClient], Awaitable[T]]) -> T:
         raise typer.Exit(1) from None
 
 
-def _print_json(data: object) -> None:
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+def _print_json(data: object, *, compact: bool = False) -> None:
+    """Indented for one answer; `compact` (one object per line, NDJSON) for a stream of them."""
+    option = 0 if compact else orjson.OPT_INDENT_2
+    sys.stdout.write(orjson.dumps(data, option=option).decode() + "\n")
     sys.stdout.flush()
 
 
@@ -121,6 +124,10 @@ def _read_specs(files: list[str]) -> list[ModelSpec] | None:
             _error(f"{source}: cannot read file: {exc.strerror or exc}")
             failed = True
             continue
+        except UnicodeDecodeError as exc:
+            _error(f"{source}: not a text file (byte {exc.start} is not UTF-8)")
+            failed = True
+            continue
         except DocumentError as exc:
             _error(f"{source}: {exc}")
             failed = True
@@ -153,6 +160,12 @@ def list_models(
         out.print(models_table(models, show_all=show_all))
 
 
+# What --until may name: the states derive_status and schedule_failed produce.
+MODEL_STATES = tuple(
+    state.value for state in ModelState if state not in (ModelState.CREATE, ModelState.TERMINATE)
+)
+
+
 @model_app.command("status")
 def status(
     name: Annotated[str, typer.Argument(help="The model.")],
@@ -171,10 +184,17 @@ def status(
 
     def show(model: dict[str, Any]) -> None:
         if output is Output.json:
-            _print_json(model)
+            _print_json(model, compact=watch)  # --watch -o json: NDJSON, one line per change
         else:
             out.print(model_status(model))
 
+    if until is not None:
+        if not watch:
+            _error("--until needs --watch")
+            raise typer.Exit(1)
+        if until not in MODEL_STATES:
+            _error(f"--until: {until!r} is not a model state; one of: {', '.join(MODEL_STATES)}")
+            raise typer.Exit(1)
     if not watch:
         show(_call(scheduler, lambda client: client.get(name)))
         return

@@ -93,6 +93,15 @@ class Gateway:
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
 
+    def forget_unused_loads(self) -> None:
+        """Drop the per-server load of URLs no endpoint uses any more (a replica that left, or came
+        back at a new address), so placed models coming and going do not grow it without end or
+        leave stale in-flight series in /metrics. Requests still running on a dropped one release
+        onto the object their endpoint holds."""
+        in_use = {e.url for cluster in self.clusters.values() for e in cluster.endpoints}
+        for url in [url for url in self.loads if url not in in_use]:
+            del self.loads[url]
+
     def cluster(self, name: str | None) -> Cluster:
         cluster = self.clusters.get(name or "")
         if cluster is None:

@@ -65,6 +65,9 @@ class PlacedModels:
             self._update(event.model)
         elif isinstance(event, ModelRemoved):
             self._forget(event.name)
+        else:
+            return
+        self._gateway.forget_unused_loads()
 
     def view(self) -> dict[str, Any]:
         routable = sorted(n for n in self.models if n in self._gateway.clusters)
