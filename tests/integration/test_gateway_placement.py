@@ -164,6 +164,19 @@ async def test_a_model_not_available_answers_503_with_retry_after_in_each_protoc
     await wait_until(routable(http, gateway))
 
 
+async def test_a_placed_replica_that_is_down_does_not_make_the_gateway_unready(
+    scheduler, placed_gateway, http
+):
+    (dead,) = free_ports(1)  # nothing listens there: the probe fails
+    scheduler.place("llm", "ModelAvailable", [("mlserver-0", f"http://127.0.0.1:{dead}")])
+    gateway = await placed_gateway()
+    cluster = gateway.app[GATEWAY].clusters["llm"]
+    await wait_until(lambda: _async(not cluster.ready), attempts=500)  # two failed probes, 1 s apart
+    async with http.get(gateway.url + "/readyz") as response:
+        assert response.status == 200, await response.text()
+        assert (await response.json())["models_without_healthy_endpoints"] == []
+
+
 async def test_a_removed_model_is_404_again(scheduler, placed_gateway, sim_workers, http):
     (worker,) = await sim_workers(1, models=["llm"])
     scheduler.place("llm", "ModelAvailable", [("mlserver-0", worker.url)])

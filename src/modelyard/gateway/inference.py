@@ -142,11 +142,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """503 while draining or while a routable model has no healthy endpoint. The scheduler's feed
-    is reported but never makes the gateway unready: without it the last endpoints keep serving,
-    and taking every gateway out because the scheduler restarts would turn its blip into an outage."""
+    """503 while draining or while a configured model has no healthy endpoint. The scheduler's feed
+    and its placed models are reported but never make the gateway unready: without the feed the
+    last endpoints keep serving, and a placed model's replicas are the scheduler's to replace;
+    taking every gateway out because the scheduler restarts or one replica died would turn a blip
+    into an outage for every other model."""
     gateway = request.app[GATEWAY]
-    not_ready = [c.name for c in list(gateway.clusters.values()) if not c.ready]
+    placed = gateway.placed.models
+    not_ready = [c.name for c in list(gateway.clusters.values()) if not c.ready and c.name not in placed]
     drain = draining(request)  # shutting down: load balancers should stop sending
     ready = not not_ready and not drain
     body: dict[str, object] = {
