@@ -303,6 +303,7 @@ async def test_storage_uri_over_http_is_downloaded_and_unpacked(setup, http, tmp
         )
         await fake.event("iris", Event.LOADED)
         assert sorted(p.name for p in (agent.config.repository / "iris").iterdir()) == [
+            ".modelyard-agent",
             "model-settings.json",
             "weights.bin",
         ]
@@ -361,3 +362,64 @@ async def test_at_start_the_agent_unloads_what_it_did_not_load_unless_told_to_ke
     async with Agent(AgentConfig(**config)):
         assert await _infer_status(http, worker, "stray") == 404
         assert await _infer_status(http, worker, "kept") == 404
+
+
+def _users_model(repo: Path) -> Path:
+    """A model the user put in the server's repository themselves."""
+    user = repo / "iris"
+    user.mkdir()
+    (user / "model-settings.json").write_text(json.dumps({"name": "iris"}))
+    (user / "weights.bin").write_bytes(b"the user's weights")
+    return user
+
+
+def _untouched(user: Path) -> None:
+    assert sorted(p.name for p in user.iterdir()) == ["model-settings.json", "weights.bin"]
+    assert (user / "weights.bin").read_bytes() == b"the user's weights"
+
+
+async def test_a_load_over_the_users_own_model_directory_fails_and_leaves_it(setup, tmp_path):
+    fake, agent, _worker = await setup()
+    user = _users_model(agent.config.repository)
+    # Before: the failed download's clean-up deleted <repository>/iris, the user's directory.
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", storage_uri="http://127.0.0.1:9/iris.tar.gz")
+    failed = await fake.event("iris", Event.LOAD_FAILED)
+    assert "was not fetched by the agent" in failed.message
+    _untouched(user)
+    # nor does another source replace it
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", version=2, storage_uri=str(model_source(tmp_path)))
+    await fake.event("iris", Event.LOAD_FAILED, version=2)
+    _untouched(user)
+
+
+async def test_a_storage_uri_in_the_repository_is_served_in_place_and_never_deleted(setup, http):
+    fake, agent, worker = await setup()
+    user = _users_model(agent.config.repository)
+    # Before: the LOAD swapped the source out of its own path and the UNLOAD deleted it.
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "iris", storage_uri=str(user))
+    await fake.event("iris", Event.LOADED)
+    assert await _infer_status(http, worker, "iris") == 200
+    fake.send(agent_pb2.ModelOperation.UNLOAD_MODEL, "iris")
+    await fake.event("iris", Event.UNLOADED)
+    assert await _infer_status(http, worker, "iris") == 404
+    _untouched(user)
+
+
+async def test_a_name_the_repository_cannot_hold_fails_with_a_reason(setup, tmp_path):
+    fake, agent, _worker = await setup()
+    # Before: the clean-up after the failed fetch raised on the name too, so no event was sent.
+    fake.send(agent_pb2.ModelOperation.LOAD_MODEL, ".hidden", storage_uri=str(model_source(tmp_path)))
+    failed = await fake.event(".hidden", Event.LOAD_FAILED)
+    assert "cannot be a repository directory" in failed.message
+    assert agent.state.get(".hidden") is None
+
+
+async def test_at_start_an_interrupted_fetchs_leftovers_are_deleted(setup, tmp_path):
+    repo = tmp_path / "repo"
+    for leftover in (".iris.staging-0123abcd", ".iris.old-89abcdef"):
+        (repo / leftover).mkdir()
+        (repo / leftover / "weights.bin").write_bytes(b"half")
+    user = _users_model(repo)
+    await setup()
+    assert sorted(p.name for p in repo.iterdir()) == ["iris"]
+    _untouched(user)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from support import metric_value
@@ -80,3 +81,38 @@ async def test_without_repository_mode_there_is_no_repository_api(sim_workers, h
     async with http.post(f"{worker.url}/v2/repository/index", json={}) as response:
         assert response.status in (404, 405)
     assert (await _post(http, f"{worker.url}/v2/models/anything/infer", OIP_BODY))[0] == 200
+
+
+async def _loaded(http, url):
+    async with http.get(f"{url}/sim/repository") as response:
+        return (await response.json())["loaded"]
+
+
+async def test_an_unload_during_a_load_waits_for_it_then_unloads(sim_workers, http):
+    (worker,) = await sim_workers(1, repository_api=True, load_delay=0.3, model_memory=100)
+    model = f"{worker.url}/v2/repository/models/m"
+    load = asyncio.create_task(_post(http, f"{model}/load"))
+    await asyncio.sleep(0.1)
+    # Before: 404 at once, then the load finished and the model stayed loaded, unasked.
+    assert (await _post(http, f"{model}/unload"))[0] == 200
+    assert (await load)[0] == 200
+    assert await _loaded(http, worker.url) == {}
+
+
+async def test_a_reload_serves_the_old_model_meanwhile_and_a_failed_one_keeps_it(sim_workers, http, tmp_path):
+    _model(tmp_path, "iris", memory_bytes=100)
+    (worker,) = await sim_workers(1, repository=tmp_path, load_delay=0.3, memory=150)
+    url, model = worker.url, f"{worker.url}/v2/repository/models/iris"
+    assert (await _post(http, f"{model}/load"))[0] == 200
+    reload = asyncio.create_task(_post(http, f"{model}/load"))
+    await asyncio.sleep(0.1)
+    # Before: the old model was dropped when the reload began, so inference answered 404.
+    assert (await _post(http, f"{url}/v2/models/iris/infer", OIP_BODY))[0] == 200
+    assert (await reload)[0] == 200  # in the memory of the model it replaces (150 holds one)
+    assert await _loaded(http, url) == {"iris": 100}
+
+    settings = {"name": "iris", "parameters": {"extra": {"memory_bytes": 100, "fail_load": True}}}
+    (tmp_path / "iris" / "model-settings.json").write_text(json.dumps(settings))
+    assert (await _post(http, f"{model}/load"))[0] == 500
+    assert (await _post(http, f"{url}/v2/models/iris/infer", OIP_BODY))[0] == 200  # the old one serves
+    assert await _loaded(http, url) == {"iris": 100}

@@ -8,6 +8,9 @@ ends or breaks the agent subscribes again after an exponential backoff with jitt
 runs: the scheduler may be down for a while. Each operation is stamped on receipt and handled in
 its own task (`operations.py`).
 
+At start, with a repository, the staging and swapped-out directories an interrupted fetch left
+behind are deleted (their names are the agent's own; see `artefacts.py` for what else it deletes).
+
 Differs from Seldon: the files of models found at start are left in place (they may be the
 user's, not ours); with `keep_existing` the models stay loaded too, though the agent does not
 report them (the scheduler did not place them).
@@ -50,11 +53,13 @@ class Agent:
             artefacts = Artefacts(
                 config.repository, max_bytes=config.max_artefact_bytes, timeout=config.fetch_timeout
             )
+        self._artefacts = artefacts
         self._ops = Operations(config, self.state, self._server, artefacts, self._send_event, self._rng)
         self._received = 0  # receive stamps (compat §7.6)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self.subscriptions = 0  # subscribe calls sent on a connected channel so far
+        self._opened_at: float | None = None  # when the current subscription's channel opened
 
     @property
     def pending_operations(self) -> int:
@@ -65,6 +70,9 @@ class Agent:
         if self._loop is not None:
             raise RuntimeError("agent already started")
         await self._server.wait_live(self.config.server_live_timeout)
+        if self._artefacts is not None:  # half-done fetches of an agent that was killed
+            for leftover in await asyncio.to_thread(self._artefacts.clean_leftovers):
+                log.info("removed %s: left in the repository by an interrupted fetch", leftover)
         if not self.config.keep_existing:
             await self._unload_existing()
         self._loop = asyncio.create_task(self._run(), name="agent-subscribe")
@@ -106,7 +114,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         backoff = Backoff(self.config.reconnect_backoff, self.config.reconnect_backoff_max, self._rng)
         while True:
-            opened = loop.time()
+            self._opened_at = None  # set by `_opened` once the channel is connected
             try:
                 stream = self._client.subscribe(self.subscribe_request(), on_open=self._opened)
                 async for operation in stream:
@@ -114,12 +122,17 @@ class Agent:
                 log.info("the scheduler ended the subscription; subscribing again")
             except ModelyardError as error:
                 log.warning("subscription to %s: %s", self.config.scheduler, error.message)
-            if loop.time() - opened >= _STABLE_AFTER:
+            except Exception:  # a bug must not end the agent's only link to the scheduler: retry
+                log.exception("subscription to %s failed unexpectedly; retrying", self.config.scheduler)
+            # Only a stream that was open for a while resets the backoff: counting from before the
+            # connect wait (up to connect_timeout) would reset it on every unreachable attempt.
+            if self._opened_at is not None and loop.time() - self._opened_at >= _STABLE_AFTER:
                 backoff.reset()
             await asyncio.sleep(backoff.next_delay())  # reconnect backoff
 
     def _opened(self) -> None:
         self.subscriptions += 1
+        self._opened_at = asyncio.get_running_loop().time()
 
     def _dispatch(self, operation: agent_pb2.ModelOperation) -> None:
         self._received += 1

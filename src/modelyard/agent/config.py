@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from modelyard.placement.manifest import parse_quantity
 
@@ -67,3 +67,15 @@ class AgentConfig(BaseModel):
         if isinstance(value, list | tuple):
             return tuple(s.strip() for s in value if isinstance(s, str) and s.strip())
         return value
+
+    @model_validator(mode="after")
+    def _backoffs(self) -> AgentConfig:
+        # Checked here, once, so a bad pair is a startup error rather than a ValueError from
+        # Backoff in the middle of a load or of the subscribe loop.
+        pairs = (("load_backoff", "load_backoff_max"), ("reconnect_backoff", "reconnect_backoff_max"))
+        for first, most in pairs:
+            if getattr(self, first) > getattr(self, most):
+                raise ValueError(
+                    f"{first} ({getattr(self, first):g}s) must not exceed {most} ({getattr(self, most):g}s)"
+                )
+        return self

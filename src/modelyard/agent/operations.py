@@ -83,14 +83,13 @@ class Operations:
                 await self._send(model, Event.LOAD_FAILED, too_large, 0)
                 return
             fetch = self._artefacts is not None and bool(model.storage_uri)
-            replaced = self._state.begin_load(
-                name, version, model.memory_bytes, self._now(), stamp, fetched=fetch
-            )
+            replaced = self._state.begin_load(name, version, model.memory_bytes, self._now(), stamp)
             try:
                 instances = await self._load_on_server(model, fetch)
             except Exception as error:  # whatever went wrong, the scheduler hears of it
-                self._state.forget(name)
-                await self._clean_up_failed(model, fetch, replaced is not None)
+                failed = self._state.forget(name)
+                ours = (failed is not None and failed.fetched) or (replaced is not None and replaced.fetched)
+                await self._clean_up_failed(model, replaced is not None, ours)
                 await self._send(model, Event.LOAD_FAILED, _describe(error), 0)
                 if replaced is not None:
                     old = agent_pb2.ModelVersion(name=name, version=replaced.version)
@@ -107,7 +106,10 @@ class Operations:
         model_dir = None
         if fetch:
             assert self._artefacts is not None
-            model_dir = await self._artefacts.fetch(model.name, model.storage_uri)
+            placed = await self._artefacts.fetch(model.name, model.storage_uri)
+            model_dir = placed.path
+            # Only now, once files the agent made were swapped in, are they the agent's to delete.
+            self._state.set_fetched(model.name, model.version, placed.owned)
         attempts = self._config.load_attempts
         delays = retry_delays(attempts, self._config.load_backoff, self._config.load_backoff_max, self._rng)
         for attempt in range(1, attempts + 1):
@@ -123,13 +125,15 @@ class Operations:
                 await asyncio.sleep(delays[attempt - 1])  # the backoff between load attempts
         return await asyncio.to_thread(instance_count, model_dir) if model_dir is not None else 0
 
-    async def _clean_up_failed(self, model: agent_pb2.ModelVersion, fetched: bool, replacing: bool) -> None:
+    async def _clean_up_failed(self, model: agent_pb2.ModelVersion, replacing: bool, ours: bool) -> None:
         if replacing:  # the server may still serve the old version under this name: take it down
             try:
                 await self._server.unload(model.name)
             except ModelyardError as error:
                 log.warning("unload of %s after a failed replace: %s", model.name, error.message)
-        if fetched and self._artefacts is not None:
+        # The files go only if this agent swapped them in (this fetch, or the replaced version's);
+        # `remove` checks the marker too, so a user's directory is never deleted.
+        if ours and self._artefacts is not None:
             await asyncio.to_thread(self._artefacts.remove, model.name)
 
     async def unload(self, model: agent_pb2.ModelVersion, stamp: int) -> None:

@@ -133,6 +133,10 @@ class LocalState:
         held.last_used = now
         held.instance_count = instance_count
 
+    def set_fetched(self, name: str, version: int, fetched: bool) -> None:
+        """The agent put this version's files in the repository (so an unload deletes them)."""
+        self._require(name, version).fetched = fetched
+
     def begin_unload(self, name: str, version: int) -> None:
         self._require(name, version).status = ModelStatus.UNLOADING
 

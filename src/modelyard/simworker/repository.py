@@ -2,7 +2,7 @@
 
     POST /v2/repository/index                  [{"name", "version", "state", "reason", "memory_bytes"}]
     POST /v2/repository/models/{name}/load     200 {} | 404 unknown | 500 failed (memory, on request)
-    POST /v2/repository/models/{name}/unload   200 {} | 404 not loaded
+    POST /v2/repository/models/{name}/unload   200 {} | 404 not loaded (waits for a load under way)
     GET  /sim/repository                       {"memory_bytes", "memory_used_bytes", "loaded": {name: bytes}}
 
 Only loaded models answer inference (OIP, OpenAI, KServe v1); others get 404 as from MLServer.
@@ -48,10 +48,13 @@ class SimRepository:
         self.loaded: dict[str, int] = {}  # name -> bytes
         self.loading: dict[str, int] = {}  # reserved while a load sleeps
         self.failed: dict[str, str] = {}  # name -> why its last load failed
+        self._load_done: dict[str, asyncio.Event] = {}  # set when the load under way ends
 
     @property
     def used(self) -> int:
-        return sum(self.loaded.values()) + sum(self.loading.values())
+        # A reload holds the old model while the new one loads: the name counts the larger of them.
+        names = set(self.loaded) | set(self.loading)
+        return sum(max(self.loaded.get(n, 0), self.loading.get(n, 0)) for n in names)
 
     def is_loaded(self, name: str) -> bool:
         return name in self.loaded
@@ -76,16 +79,16 @@ class SimRepository:
         return memory, fail
 
     async def load(self, name: str) -> None:
+        """Load (or reload) `name`. As MLServer's registry does, a reload loads the new model
+        before dropping the old one, which serves meanwhile; a reload that fails keeps the old."""
         memory, fail = self._settings(name)
         if name in self.loading:
             raise RepositoryRefusal(409, f"Model {name} is already loading")
-        previous = self.loaded.pop(name, 0)  # a load of a loaded model reloads it
         if fail:
             self.failed[name] = "simulated load failure (fail_load)"
             raise RepositoryRefusal(500, f"Model {name} failed to load: simulated load failure (fail_load)")
-        if self.capacity and self.used + memory > self.capacity:
-            if previous:
-                self.loaded[name] = previous
+        needed = memory - self.loaded.get(name, 0)  # a reload replaces the old model's memory
+        if self.capacity and self.used + needed > self.capacity:
             free = self.capacity - self.used
             raise RepositoryRefusal(
                 500,
@@ -93,6 +96,7 @@ class SimRepository:
                 f"{free} of {self.capacity} free",
             )
         self.loading[name] = memory
+        done = self._load_done[name] = asyncio.Event()
         try:
             if self.load_delay:
                 await asyncio.sleep(self.load_delay)  # the simulated load time
@@ -100,8 +104,17 @@ class SimRepository:
             self.failed.pop(name, None)
         finally:
             self.loading.pop(name, None)
+            del self._load_done[name]
+            done.set()
 
-    def unload(self, name: str) -> None:
+    async def unload(self, name: str) -> None:
+        """Unload `name`. An unload that arrives while `name` loads waits for that load to end,
+        then unloads: MLServer registers a model before loading it, so its unload finds the
+        loading model and the model ends up not served; waiting reaches that end state without
+        the race (a 404 now and the model loaded after would leave it served, unasked)."""
+        loading = self._load_done.get(name)
+        if loading is not None:
+            await loading.wait()
         if self.loaded.pop(name, None) is None:
             raise RepositoryRefusal(404, f"Model {name} not found")
 
@@ -158,7 +171,7 @@ async def _load(request: web.Request) -> web.StreamResponse:
 
 async def _unload(request: web.Request) -> web.StreamResponse:
     try:
-        request.app[REPOSITORY].unload(request.match_info["model"])
+        await request.app[REPOSITORY].unload(request.match_info["model"])
     except RepositoryRefusal as refusal:
         return _json({"error": refusal.message}, refusal.status)
     return _json({})

@@ -17,11 +17,12 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from modelyard.errors import ModelServerRefused, ModelyardError, UpstreamTimeout
-from modelyard.upstream.http1 import Http1Client
+from modelyard.upstream.http1 import Http1Client, UpstreamResponse
 from modelyard.upstream.repository import error_text
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 5
+_MAX_ERROR_BYTES = 64 * 1024  # enough for any error text; an error body is never the artefact
 
 
 class ArtefactTooLarge(ModelyardError):
@@ -58,11 +59,11 @@ async def download(
             response = await http.request(origin, "GET", path, (), None, left)
             location = response.header("Location")
             if response.status in _REDIRECTS and location:
-                await response.read()
+                response.close()  # its body is never wanted: closing drops the connection unread
                 url = urljoin(url, location)
                 continue
             if response.status != 200:
-                text = error_text(await response.read())
+                text = error_text(await _read_at_most(response, _MAX_ERROR_BYTES))
                 raise ModelServerRefused(
                     f"download of {url}: answered {response.status}: {text}",
                     server_status=response.status,
@@ -93,6 +94,19 @@ async def download(
             http.close()
 
 
+async def _read_at_most(response: UpstreamResponse, limit: int) -> bytes:
+    """The first `limit` bytes of the body; the rest is not read (the connection is closed)."""
+    body = bytearray()
+    try:
+        async for chunk in response.iter_chunks():
+            body += chunk[: limit - len(body)]
+            if len(body) >= limit:
+                break
+    finally:
+        response.close()
+    return bytes(body)
+
+
 def _replace_dir(part: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
@@ -106,9 +120,12 @@ def _fsspec() -> Any:
         return None
 
 
-async def fetch_with_fsspec(uri: str, dest: Path, *, deadline: float) -> Path:
+async def fetch_with_fsspec(uri: str, dest: Path, *, deadline: float, max_bytes: int | None = None) -> Path:
     """Copy the object or prefix `uri` (s3://, gs://, ...) to the directory `dest` with fsspec,
-    in a worker thread (fsspec's sync API blocks). Clear error when fsspec is not installed."""
+    in a worker thread (fsspec's sync API blocks). Clear error when fsspec is not installed.
+
+    `max_bytes` is checked against the sizes the store lists before anything is copied (fsspec's
+    `get` cannot stop a transfer midway): an object that grows during the copy is not caught."""
     fsspec = _fsspec()
     scheme = urlsplit(uri).scheme
     if fsspec is None:
@@ -120,7 +137,12 @@ async def fetch_with_fsspec(uri: str, dest: Path, *, deadline: float) -> Path:
 
     def copy() -> None:
         fs, path = fsspec.core.url_to_fs(uri)
-        if fs.isdir(path):
+        is_dir = fs.isdir(path)
+        if max_bytes is not None:
+            size = fs.du(path) if is_dir else fs.size(path)
+            if isinstance(size, int) and size > max_bytes:
+                raise ArtefactTooLarge(f"fetch of {uri}: {size} bytes is over the limit of {max_bytes}")
+        if is_dir:
             fs.get(path.rstrip("/") + "/", str(part), recursive=True)
         else:
             part.mkdir(parents=True)

@@ -22,7 +22,7 @@ def _model_dir(root, name="src", settings_name="something-else"):
 async def test_a_local_dir_lands_under_the_model_name_with_its_settings_renamed(tmp_path):
     src = _model_dir(tmp_path)
     artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
-    dest = await artefacts.fetch("iris", str(src))
+    dest = (await artefacts.fetch("iris", str(src))).path
     assert dest == tmp_path / "repo" / "iris"
     assert (dest / "model.joblib").read_bytes() == b"weights"
     assert json.loads((dest / "model-settings.json").read_text())["name"] == "iris"
@@ -30,19 +30,87 @@ async def test_a_local_dir_lands_under_the_model_name_with_its_settings_renamed(
     assert json.loads((src / "model-settings.json").read_text())["name"] == "something-else"
     assert instance_count(dest) == 3
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["iris"]  # no staging left
+    assert sorted(os.listdir(dest)) == [".modelyard-agent", "model-settings.json", "model.joblib"]
 
 
-async def test_file_uri_and_replacing_an_existing_model(tmp_path):
+async def test_file_uri_and_replacing_a_model_the_agent_fetched(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "old-file").write_text("v1")
     src = _model_dir(tmp_path)
     artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
-    stale = tmp_path / "repo" / "iris"
-    stale.mkdir(parents=True)
-    (stale / "old-file").write_text("v1")
-    dest = await artefacts.fetch("iris", src.as_uri())
-    assert not (dest / "old-file").exists()
+    first = await artefacts.fetch("iris", str(old))
+    assert first.owned and artefacts.owns("iris")
+    placed = await artefacts.fetch("iris", src.as_uri())
+    dest = placed.path
+    assert placed.owned and not (dest / "old-file").exists()
     assert (dest / "model.joblib").exists()
-    artefacts.remove("iris")
+    assert artefacts.remove("iris") is True
     assert not dest.exists()
+    assert (old / "old-file").exists() and (src / "model.joblib").exists()  # sources untouched
+
+
+def _user_model(repo, name="iris"):
+    user = repo / name
+    user.mkdir(parents=True)
+    (user / "model-settings.json").write_text(json.dumps({"name": "user-named"}))
+    (user / "weights.bin").write_bytes(b"the user's weights")
+    return user
+
+
+def _untouched(user):
+    assert sorted(os.listdir(user)) == ["model-settings.json", "weights.bin"]
+    assert (user / "weights.bin").read_bytes() == b"the user's weights"
+    assert json.loads((user / "model-settings.json").read_text()) == {"name": "user-named"}
+
+
+async def test_a_users_directory_in_the_repository_is_never_swapped_out_or_removed(tmp_path):
+    repo = tmp_path / "repo"
+    user = _user_model(repo)
+    artefacts = Artefacts(repo, max_bytes=1 << 20, timeout=10)
+    with pytest.raises(ArtefactError, match="exists and was not fetched by the agent"):
+        await artefacts.fetch("iris", str(_model_dir(tmp_path)))
+    assert artefacts.remove("iris") is False
+    _untouched(user)
+    assert sorted(os.listdir(repo)) == ["iris"]
+
+
+@pytest.mark.parametrize(
+    "uri", ["{repo}/iris", "file://{repo}/iris", "{repo}/iris/weights.bin", "{repo}/../repo/iris"]
+)
+async def test_a_storage_uri_in_the_models_own_directory_is_used_in_place(tmp_path, uri):
+    repo = tmp_path / "repo"
+    user = _user_model(repo)
+    artefacts = Artefacts(repo, max_bytes=1 << 20, timeout=10)
+    placed = await artefacts.fetch("iris", uri.format(repo=repo))
+    assert placed.path == user and placed.owned is False
+    assert artefacts.remove("iris") is False  # what an unload does: nothing to the user's files
+    _untouched(user)
+
+
+async def test_a_storage_uri_holding_the_repository_is_refused(tmp_path):
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    with pytest.raises(ArtefactError, match="holds the repository"):
+        await artefacts.fetch("iris", str(tmp_path))
+
+
+async def test_leftovers_of_an_interrupted_fetch_are_cleaned_and_nothing_else(tmp_path):
+    repo = tmp_path / "repo"
+    _user_model(repo)
+    for leftover in (".iris.staging-0123abcd", ".iris.old-deadbeef", ".dotted.name.staging-00000000"):
+        (repo / leftover).mkdir()
+        (repo / leftover / "f").write_text("x")
+    (repo / ".f.part-abcdef01").write_text("partial")
+    (repo / ".keep").mkdir()
+    (repo / ".iris.staging-notours").mkdir()
+    removed = Artefacts(repo, max_bytes=1, timeout=1).clean_leftovers()
+    assert len(removed) == 4
+    assert sorted(os.listdir(repo)) == [".iris.staging-notours", ".keep", "iris"]
+
+
+def test_a_name_the_repository_cannot_hold_is_never_removed(tmp_path):
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1, timeout=1)
+    assert artefacts.remove("../repo") is False and artefacts.owns(".hidden") is False
 
 
 async def test_a_tarball_with_one_top_directory_is_unpacked_into_the_model_dir(tmp_path):
@@ -50,8 +118,8 @@ async def test_a_tarball_with_one_top_directory_is_unpacked_into_the_model_dir(t
     archive = tmp_path / "model.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(src, arcname="packed")
-    dest = await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10).fetch("iris", str(archive))
-    assert sorted(os.listdir(dest)) == ["model-settings.json", "model.joblib"]
+    placed = await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10).fetch("iris", str(archive))
+    assert sorted(os.listdir(placed.path)) == [".modelyard-agent", "model-settings.json", "model.joblib"]
 
 
 async def test_missing_sources_and_bad_names_are_clear_errors(tmp_path):

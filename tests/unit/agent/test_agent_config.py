@@ -50,3 +50,13 @@ def test_config_errors_name_each_field():
         AgentConfig(scheduler="nohost", server_name="", inference_url="ftp://x", memory_bytes=-1)
     fields = {e["loc"][0] for e in info.value.errors()}
     assert fields == {"scheduler", "server_name", "inference_url", "memory_bytes"}
+
+
+@pytest.mark.parametrize(
+    ("first", "most"), [("load_backoff", "load_backoff_max"), ("reconnect_backoff", "reconnect_backoff_max")]
+)
+def test_a_first_backoff_above_its_maximum_is_one_clear_error(first, most):
+    # Before: accepted here, then Backoff raised ValueError inside the subscribe loop, which died
+    # silently and the agent never subscribed again.
+    with pytest.raises(ValidationError, match=f"{first} \\(20s\\) must not exceed {most} \\(10s\\)"):
+        AgentConfig(scheduler="h:1", server_name="s", inference_url="http://h:1", **{first: 20.0, most: 10.0})
