@@ -31,6 +31,8 @@
     ├── ModelNotPlaced                  503 (applied to the scheduler, not yet Available; Retry-After)
     ├── SchedulerUnavailable            503 (the scheduler or an agent stream could not be reached)
     ├── TooManyConnections              503 (listen.max_connections open; with Retry-After)
+    ├── StoreWriteFailed                500 (the scheduler could not write its database; the change
+    │                                        stays in memory and is written with the next one)
     └── StateUnavailable                503 (internal: the gateway falls back to local state)
 
 Each class carries its HTTP `status` and wire `error_type`; the OpenAI envelope uses
@@ -250,6 +252,14 @@ class TooManyConnections(ModelyardError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"Retry-After": "1"})
+
+
+class StoreWriteFailed(ModelyardError):
+    """The scheduler's database refused a write (locked, disk full, read-only). The change is kept in
+    memory, marked unwritten, and written with the next mutation or retry; what it would have sent
+    to agents and feed readers waits for that write."""
+
+    code = "store_write_failed"
 
 
 class StateUnavailable(ModelyardError):

@@ -9,7 +9,8 @@ failure). A caller placing many models updates the snapshot's reservations betwe
 What Seldon does, and so does this (in order):
 - A deleted model: every version with a live replica has its replicas that are not already on
   the way out set to UnloadRequested; then the latest version's remaining active replicas (not
-  unloading, not Draining) to UnloadEnvoyRequested. This never fails.
+  unloading, not Draining) to UnloadEnvoyRequested. This never fails. (Except UnloadFailed
+  replicas: see difference 8.)
 - Server filters, all must pass: the server has a replica; the model's `server` pin names it, or
   with no pin the server is shared; the server is not being deleted (expected_replicas 0;
   unknown passes); it offers the model's requirements. None left: NO_MATCHING_SERVERS.
@@ -53,6 +54,10 @@ Where this differs from Seldon, and why:
 7. replicas = 0 unloads the version where it is, never fails and never moves: Seldon still runs the
    server filters, so it reports ScheduleFailed when no server matches, and if the bound server no
    longer passes it "moves" an empty new version elsewhere and leaves the old replicas loaded.
+8. A deleted model's UnloadFailed replicas are left alone: Seldon requests their unload again on
+   every pass, which with a replica that keeps failing loops UNLOAD through the agent forever and
+   hides its reason (the version never shows ModelTerminateFailed). The caller retries them on its
+   own schedule (the scheduler: the retry timer, an agent's connect or disconnect).
 """
 
 from __future__ import annotations
@@ -287,13 +292,14 @@ def _delete(model: ModelView) -> Placement:
         if not _any(version, LIVE):
             continue
         for index, status in sorted(version.replicas.items()):
-            if status.state not in UNLOADING_OR_UNLOADED:
+            if status.state not in UNLOADING_OR_UNLOADED and status.state is not ReplicaState.UNLOAD_FAILED:
                 changes.append(ReplicaChange(version.version, index, ReplicaState.UNLOAD_REQUESTED))
                 if version is latest:
                     after[index] = ReplicaStatus(ReplicaState.UNLOAD_REQUESTED)
     # What is left of the latest version (no replica of it was live, so nothing went to
     # UnloadRequested above) is unloaded through the routes, as for a scale-down.
-    remaining = VersionView(latest.version, latest.spec, latest.server, after)
+    kept = {i: s for i, s in after.items() if s.state is not ReplicaState.UNLOAD_FAILED}
+    remaining = VersionView(latest.version, latest.spec, latest.server, kept)
     changes.extend(_unload_others(remaining, ()))
     return Placement(latest.server, latest.version, (), tuple(changes), memory=required_memory(latest))
 

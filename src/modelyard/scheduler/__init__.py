@@ -1,7 +1,8 @@
 """The scheduler: desired and actual placement state, the agents' gRPC service, the user API.
 
 state      SchedulerState: Seldon's store + scheduler + agent-server logic, synchronous
-reconcile  placing from a snapshot, settling after each mutation, persisting
+connections  agents connecting/disconnecting, the restart resync, the retry pass (its base class)
+reconcile  placing from a snapshot, settling after each mutation, persisting, then sending
 records    the in-memory models, versions, servers, and their store records
 feed       feed entries and FeedHub (the NDJSON feed's readers)
 agents     Agents: the AgentHandler (streams, events, drain)

@@ -47,12 +47,15 @@ def feed_entry(model: Model, servers: Mapping[str, Server]) -> FeedLine:
 
 class FeedHub:
     """Feed readers and the lines sent to them. `subscribe()` returns a queue that yields lines, then
-    None when the reader was dropped (too slow) or the hub closed."""
+    None when the reader was dropped (too slow) or the hub closed. A reader subscribing after
+    `close()` (it connected while the scheduler was stopping) gets None at once: nothing would
+    ever end it, and the HTTP server's shutdown would wait for it."""
 
     def __init__(self, queue_size: int = 1024) -> None:
         self._queue_size = queue_size
         self._readers: set[asyncio.Queue[FeedLine | None]] = set()
         self.dropped = 0
+        self._closed = False
 
     @property
     def readers(self) -> int:
@@ -61,6 +64,9 @@ class FeedHub:
     def subscribe(self) -> asyncio.Queue[FeedLine | None]:
         # One slot more than the lines, so that the None that ends a dropped reader always fits.
         queue: asyncio.Queue[FeedLine | None] = asyncio.Queue(self._queue_size + 1)
+        if self._closed:
+            queue.put_nowait(None)
+            return queue
         self._readers.add(queue)
         return queue
 
@@ -75,6 +81,7 @@ class FeedHub:
                 queue.put_nowait(line)
 
     def close(self) -> None:
+        self._closed = True
         for queue in list(self._readers):
             self._drop(queue)
 

@@ -1,6 +1,19 @@
 """The machinery under `SchedulerState`: placing a model from a snapshot of the state, and settling
 after every mutation (statuses, the feed, the "Envoy" promotions, the version cleaner, the
-operations sent to agents), then writing what changed to the store in one transaction.
+operations for agents), then writing what changed to the store in one transaction.
+
+Nothing leaves the process before its state is written: operations for agents and feed lines are
+queued while settling and sent only after the store committed them. When the write fails
+(StoreWriteFailed: the database is locked, the disk is full), the change stays in memory and stays
+marked unwritten, its operations and feed lines stay queued, and the error propagates (a REST call
+answers 500 with the store's message); the next mutation or retry pass writes it and sends them.
+So an agent never acts on, and a gateway never routes by, a state a restart would forget. Seldon
+keeps no store; its in-memory state is the only state.
+
+Retired versions are pruned: once a version that is not the latest holds nothing on any replica
+(Unloaded, LoadFailed, Unknown, or no entry), it is dropped, so a model that moves or is re-applied
+many times keeps a bounded history (Seldon keeps every version until the model is deleted). Its
+number is never reused (the store keeps each name's highest version, see `_marks`).
 
 There is no Envoy: publishing a model's feed entry is the route update, so right after it, Loaded
 replicas of the latest version become Available and UnloadEnvoyRequested ones UnloadRequested
@@ -15,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from modelyard.placement import (
+    INACTIVE,
     UNLOADING_OR_UNLOADED,
     ModelSpec,
     ModelState,
@@ -29,7 +43,6 @@ from modelyard.placement import (
     required_memory,
     schedule_failed,
 )
-from modelyard.placement.states import INACTIVE
 from modelyard.scheduler.feed import FeedLine, feed_entry
 from modelyard.scheduler.records import (
     Model,
@@ -45,6 +58,9 @@ _S = ReplicaState
 _MAX_ROUNDS = 16  # each round only moves replicas forward; a handful always suffices
 _RESERVING = frozenset({_S.LOAD_REQUESTED, _S.LOADING})
 _PROMOTE = frozenset({_S.LOADED, _S.LOADED_UNAVAILABLE})
+# Holds nothing and waits for nothing. Unlike placement's INACTIVE, not UnloadFailed: a replica
+# whose unload failed may still hold the model, so its version is neither forgotten nor pruned.
+_GONE = frozenset({_S.UNLOADED, _S.UNKNOWN, _S.LOAD_FAILED})
 
 
 class OperationKind(enum.StrEnum):
@@ -69,6 +85,16 @@ Sender = Callable[[Operation], "str | None"]
 Publisher = Callable[[FeedLine], None]
 
 
+@dataclass(slots=True, frozen=True)
+class _Queued:
+    """An operation waiting for its state to be written: `sent` is the state its replica was set to
+    (Loading/Unloading), `failed` the state a send failure sets."""
+
+    operation: Operation
+    sent: ReplicaState
+    failed: ReplicaState
+
+
 class Reconciler:
     def __init__(self, store: Store, send: Sender, publish: Publisher) -> None:
         self.models: dict[str, Model] = {}
@@ -83,6 +109,10 @@ class Reconciler:
         self._forgotten: set[str] = set()
         self._dirty_replicas: set[tuple[str, int]] = set()
         self._forgotten_replicas: set[tuple[str, int]] = set()
+        # name -> highest version it had, for names forgotten (a live model's is its latest)
+        self._marks: dict[str, int] = {}
+        self._outbox: dict[tuple[str, str, int, str, int], _Queued] = {}  # sent after the write
+        self._lines: list[FeedLine] = []  # published after the write
 
     # --- small mutations ---------------------------------------------------------------------
 
@@ -200,6 +230,8 @@ class Reconciler:
                 self._sync(model, now)
                 if model.deleted and _terminated(model):
                     self._forget(model)
+                else:
+                    self._prune(model)
         for name in self._dirty:
             if (model := self.models.get(name)) is not None:
                 self._publish(model)
@@ -223,7 +255,7 @@ class Reconciler:
         entry = feed_entry(model, self.servers)
         if self._published.get(model.name) != entry:
             self._published[model.name] = entry
-            self._publish_line({"type": "model", **entry})
+            self._lines.append({"type": "model", **entry})
 
     def _promote(self, model: Model, now: float) -> None:
         for version in model.versions:
@@ -249,8 +281,9 @@ class Reconciler:
                     )
 
     def _sync(self, model: Model, now: float) -> None:
-        """Send LOAD for LoadRequested and UNLOAD for UnloadRequested replicas of every version, each
-        failure recorded on the version it was for (Seldon records an unload failure on the latest)."""
+        """Queue LOAD for LoadRequested and UNLOAD for UnloadRequested replicas of every version (sent
+        once written, `_flush`), each failure recorded on the version it was for (Seldon records an
+        unload failure on the latest)."""
         for version in model.versions:
             server = self.servers.get(version.server) if version.server is not None else None
             for index, status in list(version.replicas.items()):
@@ -264,26 +297,54 @@ class Reconciler:
                 if replica is None or not replica.connected:
                     if not self.ready:
                         continue  # its agent may still re-subscribe
-                    error: str | None = "the server replica is not connected"
+                    new = ReplicaStatus(failed, "the server replica is not connected", now)
                 else:
-                    error = self._send(
-                        Operation(kind, replica.server, index, model.name, version.version, version.spec)
+                    op = Operation(kind, replica.server, index, model.name, version.version, version.spec)
+                    self._outbox[(kind.value, op.server, index, op.model, op.version)] = _Queued(
+                        op, sent, failed
                     )
-                new = ReplicaStatus(failed, error, now) if error else ReplicaStatus(sent, "", now)
+                    new = ReplicaStatus(sent, "", now)
                 self._set_replica(model, version.version, index, new)
+
+    def _prune(self, model: Model) -> None:
+        """Drop retired versions that hold nothing (see the module docstring)."""
+        keep = [v for v in model.versions[:-1] if not all(s.state in _GONE for s in v.replicas.values())]
+        if len(keep) < len(model.versions) - 1:
+            model.versions[:-1] = keep
+            self._dirty.add(model.name)
 
     def _forget(self, model: Model) -> None:
         del self.models[model.name]
         self._published.pop(model.name, None)
         self._dirty.discard(model.name)
         self._forgotten.add(model.name)
-        self._publish_line({"type": "removed", "name": model.name})
+        self._marks[model.name] = max(self._marks.get(model.name, 0), model.latest.version)
+        self._lines.append({"type": "removed", "name": model.name})
+
+    def _next_version(self, name: str) -> int:
+        """The number a new version of `name` gets: never one it had before, even if forgotten."""
+        model = self.models.get(name)
+        return max(self._marks.get(name, 0), model.latest.version if model is not None else 0) + 1
 
     # --- persisting ------------------------------------------------------------------------------
 
     def _commit(self, now: float) -> None:
-        """Settle, then write every model and server replica this mutation changed, in one batch."""
-        self._settle(now)
+        """Settle, write every model and server replica changed since the last successful write in
+        one batch, then publish the feed lines and send the operations that write made durable. A
+        send that fails changes a replica's state, so that is settled and written in turn.
+
+        A failed write raises StoreWriteFailed and keeps everything unwritten, queued and unsent for
+        the next commit (see the module docstring)."""
+        for _ in range(_MAX_ROUNDS):
+            self._settle(now)
+            self._write()
+            lines, self._lines = self._lines, []
+            for line in lines:
+                self._publish_line(line)
+            if not self._flush(now):
+                return
+
+    def _write(self) -> None:
         batch = StoreWrite(
             models=[model_to_stored(self.models[n]) for n in sorted(self._dirty) if n in self.models],
             forget_models=sorted(self._forgotten - set(self.models)),
@@ -294,9 +355,28 @@ class Reconciler:
             ],
             forget_server_replicas=sorted(self._forgotten_replicas),
         )
+        self._store.write(batch)  # raises with the sets untouched: they are written next time
         self._dirty, self._forgotten = set(), set()
         self._dirty_replicas, self._forgotten_replicas = set(), set()
-        self._store.write(batch)
+
+    def _flush(self, now: float) -> bool:
+        """Send the queued operations whose replica is still in the state they were queued for (one
+        queued before a failed write may have been overtaken since); True when a send failed."""
+        queued, self._outbox = self._outbox, {}
+        failed = False
+        for item in queued.values():
+            op = item.operation
+            model = self.models.get(op.model)
+            version = model.version(op.version) if model is not None else None
+            if model is None or version is None or version.server != op.server:
+                continue
+            status = version.replicas.get(op.index)
+            if status is None or status.state is not item.sent:
+                continue
+            if (error := self._send(op)) is not None:
+                self._set_replica(model, op.version, op.index, ReplicaStatus(item.failed, error, now))
+                failed = True
+        return failed
 
 
 def _as_placement(result: Placement | PlacementFailure) -> Placement:
@@ -305,4 +385,4 @@ def _as_placement(result: Placement | PlacementFailure) -> Placement:
 
 
 def _terminated(model: Model) -> bool:
-    return all(s.state in INACTIVE for v in model.versions for s in v.replicas.values())
+    return all(s.state in _GONE for v in model.versions for s in v.replicas.values())

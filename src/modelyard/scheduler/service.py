@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from modelyard.config import ListenConfig
+from modelyard.errors import StoreWriteFailed
 from modelyard.rpc import AgentServer
 from modelyard.scheduler.agents import Agents
 from modelyard.scheduler.api import create_app
@@ -38,7 +39,13 @@ class SchedulerService:
         self.agents = Agents(
             self.changes, clock, queue_size=config.agent_queue_size, drain_timeout=config.drain_timeout
         )
-        self.state = SchedulerState.restore(self.store, self.agents.send, self._publish)
+        try:  # a database it cannot read is a ConfigError naming it (one line from the CLI)
+            self.state = SchedulerState.restore(
+                self.store, self.agents.send, self._publish, retry_interval=config.retry_interval
+            )
+        except BaseException:
+            self.store.close()
+            raise
         self.agents.state = self.state
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -54,8 +61,10 @@ class SchedulerService:
         while True:
             await asyncio.sleep(self.config.retry_interval)
             try:
-                self.state.retry(self.clock())
-            except Exception:  # a store error must not end the retries for good
+                self.state.retry(self.clock())  # also writes what a failed write left unwritten
+            except StoreWriteFailed as error:
+                log.error("retrying failed models: %s (kept in memory; written on the next try)", error)
+            except Exception:  # nothing must end the retries for good
                 log.exception("retrying failed models")
             self.changes.pulse()
 
@@ -93,7 +102,8 @@ class RunningScheduler:
         return self.service.state
 
     async def stop(self) -> None:
-        """Stop the timers, end the feeds and agent streams, close the listeners and the store."""
+        """Stop the timers, end the feeds and agent streams, close the listeners and the store. A feed
+        reader connecting after the feeds ended is ended at once (FeedHub.close)."""
         await self.service.stop_timers()
         self.service.feed.close()
         self.service.agents.close_all()

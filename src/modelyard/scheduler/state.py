@@ -3,41 +3,37 @@ methods. Nothing here awaits or reads a clock (`now` comes in), so unit tests dr
 
 Every public method is one mutation: it changes the state, places what needs placing, settles
 (statuses, feed, promotions, cleaner, operations to agents) and writes what changed to the store
-in one transaction. Where it differs from Seldon, and why:
+in one transaction, before anything is sent (reconcile.py). Agents connecting, disconnecting and
+the restart resync are in connections.py. Where it differs from Seldon, and why:
 - State survives a restart (`restore`): the feed serves the restored endpoints at once, and nothing
-  is placed until every restored replica has re-subscribed or `finish_resync` is called (after
-  --resync-timeout); replicas still missing then are removed as disconnected.
-- A re-subscribing agent's report is reconciled with what is recorded on its replica: a version it
-  holds that is recorded Loaded/Available stays so (nothing is reloaded); one it does not hold is
-  removed (or re-sent, when its load was in flight). A version the scheduler does not know, or that
-  is bound elsewhere, is unloaded: with a persistent store, an unknown model is stale, where Seldon
-  (which forgets everything on restart) adopts it.
-- A deleted model whose latest version is inactive but whose older versions still unload is
-  re-created as a new version after them (Seldon starts again at version 1, and the old versions'
-  late events would then match the new record's).
+  is placed until the restored replicas have re-subscribed (connections.py).
+- A model's version numbers are never reused: a deleted model whose latest version is inactive but
+  whose older versions still unload is re-created as a new version after them, and a model created
+  again after it was forgotten continues after the highest version it had (kept by the store).
+  Seldon starts again at version 1, so an old version's late events, or an agent still holding the
+  old version 1, would match the new record's.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
 
-from modelyard.errors import Conflict, ModelBeingDeleted, ModelNotFound, NotFound
+from pydantic import ValidationError
+
+from modelyard.errors import ConfigError, Conflict, ModelBeingDeleted, ModelNotFound, NotFound
 from modelyard.placement import (
     HOSTING,
     INACTIVE,
-    LIVE,
     ModelSpec,
     ModelState,
     ReplicaState,
     ReplicaStatus,
     SpecChange,
-    should_retry,
     spec_change,
 )
+from modelyard.scheduler.connections import REMOVED_WITH_REPLICA, Connections, LoadedVersion, ReplicaConfig
 from modelyard.scheduler.feed import feed_entry
-from modelyard.scheduler.reconcile import Operation, OperationKind, Publisher, Reconciler, Sender
+from modelyard.scheduler.reconcile import Publisher, Sender
 from modelyard.scheduler.records import (
     Model,
     Server,
@@ -48,9 +44,16 @@ from modelyard.scheduler.records import (
 )
 from modelyard.store import Store
 
+__all__ = [
+    "REMOVED_WITH_REPLICA",
+    "AgentEventKind",
+    "LoadedVersion",
+    "ReplicaConfig",
+    "SchedulerState",
+]
+
 _S = ReplicaState
 _PROMOTED = frozenset({_S.AVAILABLE, _S.LOADED_UNAVAILABLE})
-REMOVED_WITH_REPLICA = "model is removed when server replica was removed"
 
 
 class AgentEventKind(enum.StrEnum):
@@ -69,42 +72,25 @@ _EVENT_TRANSITIONS = {
 }
 
 
-@dataclass(slots=True, frozen=True)
-class ReplicaConfig:
-    """A replica as its agent describes it when it subscribes."""
-
-    server: str
-    index: int
-    inference_url: str = ""
-    memory: int = 0
-    capabilities: tuple[str, ...] = ()
-    over_commit_percentage: int = 0
-    shared: bool = True
-
-
-@dataclass(slots=True, frozen=True)
-class LoadedVersion:
-    """A model version an agent reports it holds."""
-
-    model: str
-    version: int
-    instance_count: int | None = None
-
-
-class SchedulerState(Reconciler):
+class SchedulerState(Connections):
     """The scheduler's models, versions, replica states and servers, and every operation on them."""
 
-    def __init__(self, store: Store, send: Sender, publish: Publisher) -> None:
-        super().__init__(store, send, publish)
-        self._awaiting: set[tuple[str, int]] = set()
-
     @classmethod
-    def restore(cls, store: Store, send: Sender, publish: Publisher) -> SchedulerState:
-        """The state the store holds; not ready until its replicas re-subscribe (`awaiting`)."""
-        state = cls(store, send, publish)
+    def restore(
+        cls, store: Store, send: Sender, publish: Publisher, *, retry_interval: float = 10.0
+    ) -> SchedulerState:
+        """The state the store holds; not ready until its replicas re-subscribe (`awaiting`). A stored
+        record this code cannot read raises ConfigError naming the database and the model."""
+        state = cls(store, send, publish, retry_interval=retry_interval)
         stored = store.load()
         for record in stored.models:
-            state.models[record.name] = model_from_stored(record)
+            try:
+                state.models[record.name] = model_from_stored(record)
+            except ValueError as exc:  # pydantic's ValidationError is one too
+                raise ConfigError(
+                    f"--db {store.path}", [f"cannot read stored model {record.name!r}: {_one_line(exc)}"]
+                ) from None
+        state._marks = dict(stored.version_marks)
         for replica in stored.server_replicas:
             server = state.servers.setdefault(replica.server, Server(replica.server, replica.shared))
             server.replicas[replica.index] = replica_from_stored(replica)
@@ -113,10 +99,6 @@ class SchedulerState(Reconciler):
         for model in state.models.values():
             state._published[model.name] = {}  # so that the first settle publishes it
         return state
-
-    @property
-    def awaiting(self) -> frozenset[tuple[str, int]]:
-        return frozenset(self._awaiting)
 
     def feed_snapshot(self) -> list[dict[str, object]]:
         """Every model's current feed entry (as last published), by name."""
@@ -134,8 +116,9 @@ class SchedulerState(Reconciler):
         """Create, re-version, scale or leave the model; returns it and `created`, `new_version`,
         `scaling` or `unchanged`. A deleted model still unloading its latest version: 409."""
         model = self.models.get(spec.name)
+        self._backoff.pop(spec.name, None)  # applied again: a failed load is retried at once
         if model is None:
-            model = Model(spec.name, spec, versions=[Version(1, spec)])
+            model = Model(spec.name, spec, versions=[Version(self._next_version(spec.name), spec)])
             self.models[spec.name] = model
             self._touch(model, 1)
             change = "created"
@@ -145,14 +128,14 @@ class SchedulerState(Reconciler):
             model.deleted = False
             model.spec = spec
             self._touch(model, model.latest.version)  # its status is now that of a superseded version
-            model.versions.append(Version(model.latest.version + 1, spec))
+            model.versions.append(Version(self._next_version(spec.name), spec))
             self._touch(model, model.latest.version)
             change = "created"
         else:
             change = spec_change(model.latest.spec, spec).value
             if change == SpecChange.NEW_VERSION:
                 self._touch(model, model.latest.version)
-                model.versions.append(Version(model.latest.version + 1, spec))
+                model.versions.append(Version(self._next_version(spec.name), spec))
             elif change == SpecChange.SCALING:
                 model.latest.spec = spec
             model.spec = spec
@@ -169,125 +152,7 @@ class SchedulerState(Reconciler):
         self._commit(now)
         return model
 
-    # --- agents ----------------------------------------------------------------------------------
-
-    def connect(
-        self, config: ReplicaConfig, loaded: Sequence[LoadedVersion], available_memory: int, now: float
-    ) -> None:
-        """An agent subscribed: (re)register its replica and reconcile what it reports holding."""
-        server = self.servers.setdefault(config.server, Server(config.server, config.shared))
-        server.shared = config.shared
-        replica = ServerReplica(
-            config.server,
-            config.index,
-            config.inference_url,
-            config.memory,
-            tuple(c.strip() for c in config.capabilities),
-            config.over_commit_percentage,
-            available_memory,
-            connected=True,
-        )
-        server.replicas[config.index] = replica
-        self._replica_dirty(replica)
-        reported = {(v.model, v.version): v for v in loaded}
-        lost: list[Model] = []
-        for model in list(self.models.values()):
-            for version in model.versions:
-                if version.server == config.server and config.index in version.replicas:
-                    held = reported.pop((model.name, version.version), None)
-                    if self._reconcile_replica(model, version, config.index, held, now):
-                        lost.append(model)
-        for held in reported.values():
-            self._adopt_or_unload(config, held, now)
-        self._awaiting.discard(replica.key)
-        if not self.ready and not self._awaiting:
-            self.ready = True
-            self._place_all(now)
-        else:
-            for model in lost:
-                self._place(model, now)
-            self._retry(now)
-        self._commit(now)
-
-    def _reconcile_replica(
-        self, model: Model, version: Version, index: int, held: LoadedVersion | None, now: float
-    ) -> bool:
-        """Make the recorded state agree with the agent's report; True when the model must move."""
-        state = version.replicas[index].state
-        if held is not None:
-            if held.instance_count and version.instance_count is None:
-                version.instance_count = held.instance_count
-            if state in (_S.LOAD_REQUESTED, _S.LOADING, _S.LOAD_FAILED, _S.UNKNOWN, _S.DRAINING):
-                new = _S.LOADED  # Seldon's rule 18: what the agent holds is loaded
-            elif state in (_S.UNLOADING, _S.UNLOADED, _S.UNLOAD_FAILED):
-                new = _S.UNLOAD_REQUESTED  # still there: unload it again
-            else:
-                return False  # loaded or available stays; an unload on its way goes on
-        elif state is _S.LOADING:
-            new = _S.LOAD_REQUESTED  # the load may have been lost with the old stream: send it again
-        elif state in (_S.UNLOAD_ENVOY_REQUESTED, _S.UNLOAD_REQUESTED, _S.UNLOADING):
-            new = _S.UNLOADED
-        elif state in LIVE:
-            return self._lose_replica(model, version, index, now)
-        else:
-            return False
-        self._set_replica(model, version.version, index, ReplicaStatus(new, "", now))
-        return False
-
-    def _adopt_or_unload(self, config: ReplicaConfig, held: LoadedVersion, now: float) -> None:
-        model = self.models.get(held.model)
-        version = model.version(held.version) if model is not None else None
-        if (
-            model is not None
-            and version is not None
-            and not model.deleted
-            and version.server in (None, config.server)
-        ):
-            version.server = config.server
-            if held.instance_count and version.instance_count is None:
-                version.instance_count = held.instance_count
-            self._set_replica(model, version.version, config.index, ReplicaStatus(_S.LOADED, "", now))
-            return
-        spec = version.spec if version is not None else ModelSpec(name=held.model, storage_uri="unknown:")
-        self._send(
-            Operation(OperationKind.UNLOAD, config.server, config.index, held.model, held.version, spec)
-        )
-
-    def disconnect(self, server_name: str, index: int, now: float) -> None:
-        """An agent's stream ended: its replica's versions go (rules 16, 17), its models move."""
-        server = self.servers.get(server_name)
-        replica = server.replicas.pop(index, None) if server is not None else None
-        if server is None or replica is None:
-            return
-        self._forget_replica(server, replica)
-        moved: list[Model] = []
-        for model in list(self.models.values()):
-            for version in model.versions:
-                on_replica = version.server == server_name and index in version.replicas
-                if on_replica and self._lose_replica(model, version, index, now):
-                    moved.append(model)
-        for model in moved:
-            self._place(model, now)
-        self._retry(now)
-        self._commit(now)
-
-    def _forget_replica(self, server: Server, replica: ServerReplica) -> None:
-        self._dirty_replicas.discard(replica.key)
-        self._forgotten_replicas.add(replica.key)
-        self._awaiting.discard(replica.key)
-        if not server.replicas:
-            del self.servers[server.name]  # as Seldon: the last replica takes the server with it
-
-    def _lose_replica(self, model: Model, version: Version, index: int, now: float) -> bool:
-        """The replica no longer holds `version`; True when the model must be placed again."""
-        if model.deleted or version is not model.latest:
-            self._set_replica(
-                model, version.version, index, ReplicaStatus(_S.UNLOADED, REMOVED_WITH_REPLICA, now)
-            )
-            return False
-        del version.replicas[index]
-        self._touch(model, version.version)
-        return True
+    # --- agents ---------------------------------------------------------------------------------
 
     def event(
         self,
@@ -364,33 +229,10 @@ class SchedulerState(Reconciler):
             raise NotFound(f"server replica {server}-{index} is not subscribed")
         return replica
 
-    # --- retries and the start-up resync ---------------------------------------------------------
 
-    def retry(self, now: float) -> None:
-        """Place again every model Seldon's retry pass would (should_retry)."""
-        self._retry(now)
-        self._commit(now)
-
-    def _retry(self, now: float) -> None:
-        for model in list(self.models.values()):
-            if not model.deleted and should_retry(model.latest.status, model.latest.spec):
-                self._place(model, now)
-
-    def finish_resync(self, now: float) -> None:
-        """The resync is over: replicas that did not re-subscribe are removed as disconnected, and
-        every model is placed."""
-        if self.ready:
-            return
-        self.ready = True
-        for server, index in sorted(self._awaiting):
-            self.disconnect(server, index, now)
-        self._awaiting.clear()
-        self._place_all(now)
-        self._commit(now)
-
-    def _place_all(self, now: float) -> None:
-        for model in list(self.models.values()):
-            if model.deleted:
-                self._touch(model, model.latest.version)
-            else:
-                self._place(model, now)
+def _one_line(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        return f"{where}: {problem['msg']}" if where else problem["msg"]
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

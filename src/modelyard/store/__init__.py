@@ -2,7 +2,7 @@
 
 records  StoredModel, StoredVersion, StoredReplica, StoredStatus, StoredServerReplica,
          StoredState (what load() returns), StoreWrite (one transaction's batch)
-sqlite   Store(path): load(), write(batch), close()
+sqlite   Store(path): load(), write(batch), close(); SCHEMA_VERSION (PRAGMA user_version)
 """
 
 from modelyard.store.records import (
@@ -14,10 +14,11 @@ from modelyard.store.records import (
     StoredVersion,
     StoreWrite,
 )
-from modelyard.store.sqlite import MEMORY, Store
+from modelyard.store.sqlite import MEMORY, SCHEMA_VERSION, Store
 
 __all__ = [
     "MEMORY",
+    "SCHEMA_VERSION",
     "Store",
     "StoreWrite",
     "StoredModel",

@@ -68,10 +68,12 @@ class StoredServerReplica:
 
 @dataclass(slots=True, frozen=True)
 class StoredState:
-    """Everything `Store.load()` returns for a start-up: models by name order, replicas by key."""
+    """Everything `Store.load()` returns for a start-up: models by name order, replicas by key, and
+    (name, version) marks: the highest version each name has had, forgotten models' included."""
 
     models: tuple[StoredModel, ...] = ()
     server_replicas: tuple[StoredServerReplica, ...] = ()
+    version_marks: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)

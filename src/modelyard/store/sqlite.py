@@ -3,7 +3,16 @@
 A scheduler mutation touches a handful of small rows, and SQLite commits those in well under a
 millisecond in WAL mode, so writes run on the event loop: a thread hop would cost more than the
 write. A model is written whole (its row, versions and replicas replaced in one transaction),
-which keeps the write path one statement shape and makes a torn model impossible.
+which keeps the write path one statement shape and makes a torn model impossible; the scheduler
+prunes a model's retired versions, so "whole" stays a handful of rows.
+
+Only the scheduler process writes the file, so a lock is never worth waiting for: the busy timeout
+is short (a write that cannot get the lock fails fast with StoreWriteFailed instead of blocking the
+event loop for SQLite's default 5 s).
+
+The schema is versioned with `PRAGMA user_version` (`SCHEMA_VERSION`). A database of version 0
+with the original tables (before versioning) is upgraded in place; a newer version, or tables that
+are not this schema's, are refused with a ConfigError naming the file.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from modelyard.errors import ConfigError
+from modelyard.errors import ConfigError, StoreWriteFailed
 from modelyard.store.records import (
     StoredModel,
     StoredReplica,
@@ -28,23 +37,31 @@ from modelyard.store.records import (
 )
 
 MEMORY = ":memory:"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT = 1.0  # seconds; see the module docstring
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS models (
-    name TEXT PRIMARY KEY, deleted INTEGER NOT NULL, spec TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS versions (
-    model TEXT NOT NULL, version INTEGER NOT NULL, spec TEXT NOT NULL, server TEXT,
-    instance_count INTEGER, state TEXT NOT NULL, reason TEXT NOT NULL, available INTEGER NOT NULL,
-    unavailable INTEGER NOT NULL, draining INTEGER NOT NULL, timestamp REAL,
-    PRIMARY KEY (model, version));
-CREATE TABLE IF NOT EXISTS replicas (
-    model TEXT NOT NULL, version INTEGER NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL,
-    reason TEXT NOT NULL, timestamp REAL NOT NULL, PRIMARY KEY (model, version, idx));
-CREATE TABLE IF NOT EXISTS server_replicas (
-    server TEXT NOT NULL, idx INTEGER NOT NULL, inference_url TEXT NOT NULL, memory INTEGER NOT NULL,
-    capabilities TEXT NOT NULL, over_commit_percentage INTEGER NOT NULL, shared INTEGER NOT NULL,
-    PRIMARY KEY (server, idx));
-"""
+_TABLES = {
+    "models": "name TEXT PRIMARY KEY, deleted INTEGER NOT NULL, spec TEXT NOT NULL",
+    "versions": (
+        "model TEXT NOT NULL, version INTEGER NOT NULL, spec TEXT NOT NULL, server TEXT,"
+        " instance_count INTEGER, state TEXT NOT NULL, reason TEXT NOT NULL, available INTEGER NOT NULL,"
+        " unavailable INTEGER NOT NULL, draining INTEGER NOT NULL, timestamp REAL,"
+        " PRIMARY KEY (model, version)"
+    ),
+    "replicas": (
+        "model TEXT NOT NULL, version INTEGER NOT NULL, idx INTEGER NOT NULL, state TEXT NOT NULL,"
+        " reason TEXT NOT NULL, timestamp REAL NOT NULL, PRIMARY KEY (model, version, idx)"
+    ),
+    "server_replicas": (
+        "server TEXT NOT NULL, idx INTEGER NOT NULL, inference_url TEXT NOT NULL, memory INTEGER NOT NULL,"
+        " capabilities TEXT NOT NULL, over_commit_percentage INTEGER NOT NULL, shared INTEGER NOT NULL,"
+        " PRIMARY KEY (server, idx)"
+    ),
+    # Schema 1: the highest version number each model name has had, kept when the model is
+    # forgotten, so that a model created again never reuses a version an agent may still hold.
+    "version_marks": "name TEXT PRIMARY KEY, version INTEGER NOT NULL",
+}
+_V0_TABLES = ("models", "versions", "replicas", "server_replicas")
 
 
 class Store:
@@ -55,25 +72,73 @@ class Store:
     def __init__(self, path: str | Path = MEMORY) -> None:
         self.path = str(path)
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT
+            )
             try:
                 if self.path != MEMORY:
                     self._db.execute("PRAGMA journal_mode=WAL")
                     self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable across a process crash
-                self._db.executescript(_SCHEMA)
+                self._migrate()
             except BaseException:
                 self._db.close()
                 raise
         except sqlite3.Error as exc:
-            raise ConfigError(
-                f"--db {self.path}", [f"cannot use it as the scheduler database: {exc}"]
-            ) from None
+            raise self._error(f"cannot use it as the scheduler database: {exc}") from None
+
+    def _error(self, problem: str) -> ConfigError:
+        return ConfigError(f"--db {self.path}", [problem])
+
+    def _migrate(self) -> None:
+        """Create the schema, upgrade a version-0 database, or refuse one this code cannot read."""
+        db = self._db
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise self._error(
+                f"its schema version {version} is newer than this modelyard reads ({SCHEMA_VERSION});"
+                " run a newer modelyard, or use another --db"
+            )
+        found = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table in sorted(found & set(_TABLES)):
+            self._check_columns(table)
+        needed = _TABLES if version == SCHEMA_VERSION else _V0_TABLES if found else ()
+        if missing := [t for t in needed if t not in found]:
+            raise self._error(
+                f"not a modelyard scheduler database (schema version {version}, no table"
+                f" {', '.join(missing)})"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        # Version 0 (or a new file): create what is missing; a version-0 database's marks are its
+        # models' highest versions (the names it forgot are not known any more).
+        tables = "".join(f"CREATE TABLE IF NOT EXISTS {t} ({c});\n" for t, c in _TABLES.items())
+        db.executescript(
+            f"BEGIN IMMEDIATE;\n{tables}"
+            "INSERT OR IGNORE INTO version_marks SELECT model, MAX(version) FROM versions GROUP BY model;\n"
+            f"PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"
+        )
+
+    def _check_columns(self, table: str) -> None:
+        want = [column.split()[0] for column in _TABLES[table].split(", PRIMARY KEY")[0].split(",")]
+        have = [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
+        if have != want:
+            raise self._error(
+                f"not a modelyard scheduler database of a known schema: table {table} has columns"
+                f" {', '.join(have)}; expected {', '.join(want)}"
+            )
 
     def close(self) -> None:
         self._db.close()
 
     def load(self) -> StoredState:
-        """Every model (by name) with its versions and replicas, and every known server replica."""
+        """Every model (by name) with its versions and replicas, every known server replica, and every
+        name's version mark. A row it cannot read raises ConfigError naming the file."""
+        try:
+            return self._load()
+        except (sqlite3.Error, ValueError) as exc:  # orjson's JSONDecodeError is a ValueError
+            raise self._error(f"cannot read the stored state: {exc}") from None
+
+    def _load(self) -> StoredState:
         db = self._db
         replicas: dict[tuple[str, int], list[StoredReplica]] = {}
         for model, version, idx, state, reason, ts in db.execute(
@@ -107,12 +172,21 @@ class Store:
                 " FROM server_replicas ORDER BY server, idx"
             )
         )
-        return StoredState(models, servers)
+        marks = tuple(db.execute("SELECT name, version FROM version_marks ORDER BY name"))
+        return StoredState(models, servers, marks)
 
     def write(self, batch: StoreWrite) -> None:
-        """Apply `batch` in one transaction (nothing of it is stored if any part fails)."""
+        """Apply `batch` in one transaction (nothing of it is stored if any part fails). Writing a
+        model raises its name's version mark to its highest version. A database error (locked, disk
+        full, read-only) raises StoreWriteFailed."""
         if not batch:
             return
+        try:
+            self._write(batch)
+        except sqlite3.Error as exc:
+            raise StoreWriteFailed(f"cannot write the scheduler database {self.path}: {exc}") from None
+
+    def _write(self, batch: StoreWrite) -> None:
         with closing(self._db.cursor()) as cur:
             cur.execute("BEGIN IMMEDIATE")
             try:
@@ -127,10 +201,11 @@ class Store:
                     "INSERT OR REPLACE INTO server_replicas VALUES (?, ?, ?, ?, ?, ?, ?)",
                     list(_server_rows(batch.server_replicas)),
                 )
+                cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                if self._db.in_transaction:  # a failed COMMIT leaves it open: the next write needs it closed
+                    cur.execute("ROLLBACK")
                 raise
-            cur.execute("COMMIT")
 
 
 def _forget_model(cur: sqlite3.Cursor, name: str) -> None:
@@ -140,6 +215,12 @@ def _forget_model(cur: sqlite3.Cursor, name: str) -> None:
 
 def _insert_model(cur: sqlite3.Cursor, model: StoredModel) -> None:
     cur.execute("INSERT INTO models VALUES (?, ?, ?)", (model.name, int(model.deleted), _json(model.spec)))
+    if model.versions:
+        cur.execute(
+            "INSERT INTO version_marks VALUES (?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET version = MAX(version, excluded.version)",
+            (model.name, max(v.version for v in model.versions)),
+        )
     for v in model.versions:
         s = v.status
         cur.execute(

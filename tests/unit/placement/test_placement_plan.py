@@ -535,6 +535,9 @@ def test_deleting_unloads_every_version_that_still_serves() -> None:
             {0: S.LOAD_REQUESTED, 1: S.LOADING, 2: S.LOAD_FAILED, 3: S.UNLOADING},
             [(0, UER), (1, UER), (2, UER)],
         ),
+        # a failed unload is left alone (difference 8): the caller retries it on its own schedule
+        ({0: S.AVAILABLE, 1: S.UNLOAD_FAILED}, [(0, UR)]),
+        ({0: S.UNLOAD_FAILED, 1: S.UNLOADED}, []),
         ({}, []),
     ],
 )

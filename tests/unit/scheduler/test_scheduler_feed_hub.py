@@ -20,3 +20,10 @@ async def test_close_ends_every_reader() -> None:
     reader = hub.subscribe()
     hub.close()
     assert reader.get_nowait() is None and hub.readers == 0
+
+
+async def test_a_reader_subscribing_after_close_ends_at_once() -> None:
+    hub = FeedHub()
+    hub.close()
+    late = hub.subscribe()  # connected while the scheduler was stopping
+    assert late.get_nowait() is None and hub.readers == 0

@@ -9,7 +9,6 @@ from scheduler_harness import Harness, spec
 
 from modelyard.errors import Conflict, ModelBeingDeleted, ModelNotFound, NotFound
 from modelyard.scheduler import AgentEventKind, LoadedVersion
-from modelyard.scheduler.state import REMOVED_WITH_REPLICA
 from modelyard.store import Store
 
 
@@ -90,7 +89,7 @@ def test_delete_then_409_while_unloading_then_forgotten_and_created_again() -> N
     with pytest.raises(ModelNotFound):
         h.state.model("iris")
     _, change = h.state.apply(spec(), 5.0)
-    assert change == "created" and h.state.model("iris").latest.version == 1
+    assert change == "created" and h.state.model("iris").latest.version == 2  # never reused
 
 
 def test_a_model_never_placed_is_forgotten_at_once_on_delete() -> None:
@@ -157,13 +156,17 @@ def test_agent_loss_moving_to_another_server_makes_a_new_version() -> None:
     assert "a" not in h.state.servers  # the last replica takes the server with it
 
 
-def test_agent_loss_of_an_old_version_marks_it_unloaded() -> None:
+def test_agent_loss_of_an_old_version_unloads_and_prunes_it() -> None:
     h = Harness()
     h.connect(index=0)
     placed(h)
     h.state.apply(spec(memory=1), 2.0)  # v2 placed on replica 0 as well (most free memory)
+    h.connect(index=1)
     h.state.disconnect("mlserver", 0, 3.0)
-    assert h.state.model("iris").version(1).replicas[0].reason == REMOVED_WITH_REPLICA  # type: ignore[union-attr]
+    # v1 was Unloaded (REMOVED_WITH_REPLICA) and, a retired version holding nothing, pruned
+    assert [v.version for v in h.state.model("iris").versions] == [2]
+    assert [v.version for v in h.store.load().models[0].versions] == [2]
+    assert h.replicas("iris") == {1: "Loading"}
 
 
 def test_retry_timer_places_a_schedule_failed_model_once_memory_frees() -> None:
