@@ -395,6 +395,10 @@ async def _put_all(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def _available(state: SchedulerState) -> int:
+    return sum(m.latest.status.state is ModelState.AVAILABLE for m in state.models.values())
+
+
 async def _wait_connected(session: aiohttp.ClientSession, url: str, replicas: int) -> None:
     while True:
         async with session.get(f"{url}/v1/servers") as response:
@@ -433,8 +437,9 @@ async def _scheduler_run(
                 await asyncio.sleep(args.progress_interval)
                 console.print(
                     f"[dim]  {db}: {time.perf_counter() - started:6.1f}s  PUT {len(latencies)}/"
-                    f"{len(models)}  available {len(watch.serving)}/{len(models)}  "
-                    f"decisions {len(timings.decide)}[/dim]"
+                    f"{len(models)}  available {len(watch.serving)}/{len(models)} (feed), "
+                    f"{_available(running.state)} (state)  decisions {len(timings.decide)}  "
+                    f"agent operations {sum(a.operations for a in agents)}[/dim]"
                 )
 
         reporter = asyncio.create_task(progress())
