@@ -36,6 +36,7 @@ from modelyard.scheduler.records import Model, Server, ServerReplica, Version
 from modelyard.store import Store
 
 _S = ReplicaState
+_IN_FLIGHT = frozenset({_S.LOAD_REQUESTED, _S.LOADING})
 REMOVED_WITH_REPLICA = "model is removed when server replica was removed"
 MAX_BACKOFF = 600.0  # seconds between retries of a model whose load keeps failing
 
@@ -220,6 +221,12 @@ class Connections(Reconciler):
                         )
             if model.deleted or not should_retry(model.latest.status, model.latest.spec):
                 self._backoff.pop(model.name, None)
+                continue
+            if any(status.state in _IN_FLIGHT for status in model.latest.replicas.values()):
+                # Its loads are on their way: placing it again changes nothing (they count as
+                # hosting it) and, over thousands of models loading at once, a pass would hold
+                # the event loop for seconds while their agents' answers wait (Seldon retries these
+                # only on connect and disconnect, so it never meets this).
                 continue
             if model.latest.status.state is ModelState.FAILED:
                 retries, not_before = self._backoff.get(model.name, (0, 0.0))

@@ -112,6 +112,12 @@ class Reconciler:
         # name -> highest version it had, for names forgotten (a live model's is its latest)
         self._marks: dict[str, int] = {}
         self._outbox: dict[tuple[str, str, int, str, int], _Queued] = {}  # sent after the write
+        # Memory reserved per replica (server, index) by loads in flight, kept per model and summed,
+        # and refreshed only for models changed since the last placement: summing every model on
+        # every decision made placing N models O(N^2) (benchmarks/placement.py).
+        self._reserved: dict[tuple[str, int], int] = {}
+        self._reserved_by_model: dict[str, dict[tuple[str, int], int]] = {}
+        self._reservations_stale: set[str] = set()
         self._lines: list[FeedLine] = []  # published after the write
 
     # --- small mutations ---------------------------------------------------------------------
@@ -119,6 +125,7 @@ class Reconciler:
     def _touch(self, model: Model, version: int) -> None:
         self._touched.setdefault(model.name, set()).add(version)
         self._dirty.add(model.name)
+        self._reservations_stale.add(model.name)
 
     def _set_replica(self, model: Model, version: int, index: int, status: ReplicaStatus) -> None:
         target = model.version(version)
@@ -133,18 +140,36 @@ class Reconciler:
 
     # --- placement -----------------------------------------------------------------------------
 
+    def _refresh_reservations(self) -> dict[tuple[str, int], int]:
+        for name in self._reservations_stale:
+            for key, need in self._reserved_by_model.pop(name, {}).items():
+                left = self._reserved[key] - need
+                if left:
+                    self._reserved[key] = left
+                else:
+                    del self._reserved[key]
+            model = self.models.get(name)
+            if model is None:
+                continue
+            mine = _reservations(model)
+            if mine:
+                self._reserved_by_model[name] = mine
+                for key, need in mine.items():
+                    self._reserved[key] = self._reserved.get(key, 0) + need
+        self._reservations_stale.clear()
+        return self._reserved
+
+    def reservations_recomputed(self) -> dict[tuple[str, int], int]:
+        """Every model's reservations summed from scratch (tests compare it with the running sum)."""
+        total: dict[tuple[str, int], int] = {}
+        for model in self.models.values():
+            for key, need in _reservations(model).items():
+                total[key] = total.get(key, 0) + need
+        return total
+
     def server_views(self) -> list[ServerView]:
         """Connected replicas with their reservations, summed from LoadRequested/Loading states."""
-        reserved: dict[tuple[str, int], int] = {}
-        for model in self.models.values():
-            for version in model.versions:
-                if version.server is None:
-                    continue
-                need = required_memory(version.view())
-                for index, status in version.replicas.items():
-                    if status.state in _RESERVING:
-                        key = (version.server, index)
-                        reserved[key] = reserved.get(key, 0) + need
+        reserved = self._refresh_reservations()
         return [
             ServerView(
                 server.name,
@@ -182,6 +207,7 @@ class Reconciler:
                 if not latest.replicas:
                     latest.server = None
             self._dirty.add(model.name)
+            self._reservations_stale.add(model.name)
             return
         self._apply(model, result, now)
 
@@ -312,9 +338,11 @@ class Reconciler:
         if len(keep) < len(model.versions) - 1:
             model.versions[:-1] = keep
             self._dirty.add(model.name)
+            self._reservations_stale.add(model.name)
 
     def _forget(self, model: Model) -> None:
         del self.models[model.name]
+        self._reservations_stale.add(model.name)
         self._published.pop(model.name, None)
         self._dirty.discard(model.name)
         self._forgotten.add(model.name)
@@ -386,3 +414,18 @@ def _as_placement(result: Placement | PlacementFailure) -> Placement:
 
 def _terminated(model: Model) -> bool:
     return all(s.state in _GONE for v in model.versions for s in v.replicas.values())
+
+
+def _reservations(model: Model) -> dict[tuple[str, int], int]:
+    """What the model's loads in flight reserve on each replica (server, index)."""
+    mine: dict[tuple[str, int], int] = {}
+    for version in model.versions:
+        if version.server is None:
+            continue
+        reserving = [index for index, status in version.replicas.items() if status.state in _RESERVING]
+        if reserving:
+            need = required_memory(version.view())
+            for index in reserving:
+                key = (version.server, index)
+                mine[key] = mine.get(key, 0) + need
+    return mine

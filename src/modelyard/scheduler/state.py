@@ -91,6 +91,7 @@ class SchedulerState(Connections):
                     f"--db {store.path}", [f"cannot read stored model {record.name!r}: {_one_line(exc)}"]
                 ) from None
         state._marks = dict(stored.version_marks)
+        state._reservations_stale.update(state.models)
         for replica in stored.server_replicas:
             server = state.servers.setdefault(replica.server, Server(replica.server, replica.shared))
             server.replicas[replica.index] = replica_from_stored(replica)

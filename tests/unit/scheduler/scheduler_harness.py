@@ -21,6 +21,16 @@ class Harness:
         self.lines: list[dict[str, Any]] = []
         self.send_error: str | None = None
         self.state = SchedulerState.restore(self.store, self._send, self.lines.append)
+        self.state.server_views = self._checked_views  # type: ignore[method-assign]
+
+    def _checked_views(self) -> Any:
+        """Every placement in these tests checks the scheduler's running reservations against a sum
+        over every model, so an update path that forgets to refresh them fails a test."""
+        views = SchedulerState.server_views(self.state)
+        running = {(s.name, r.index): r.reserved_memory for s in views for r in s.replicas}
+        recomputed = self.state.reservations_recomputed()
+        assert running == {key: recomputed.get(key, 0) for key in running}
+        return views
 
     def _send(self, operation: Operation) -> str | None:
         if self.send_error is not None:
