@@ -97,6 +97,13 @@ async def test_embedded_demo_serves_chat_and_oip():
                 url = match.group(1)
                 break
         assert url, "the demo did not print its URL"
+        banner = ""
+        while "Ctrl-C stops everything." not in banner:
+            banner += (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        # --port 0: the demo's scheduler took free ports too, and the banner says where
+        scheduler = re.search(r"placement: scheduler (http://\S+)", banner)
+        assert scheduler and not scheduler.group(1).endswith(":9004"), banner
+        assert f"MODELYARD_SCHEDULER={scheduler.group(1)} " in banner
         chat = orjson.dumps({"model": "demo-llm", "messages": [{"role": "user", "content": "Hello!"}]})
         infer = orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]})
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
@@ -109,6 +116,9 @@ async def test_embedded_demo_serves_chat_and_oip():
             ):
                 async with http.post(url + path, data=body) as response:
                     assert response.status == 200, path
+            async with http.get(scheduler.group(1) + "/v1/servers") as response:
+                servers = (await response.json())["servers"]
+            assert [len(s["replicas"]) for s in servers] == [2]
     finally:
         process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(process.wait(), 30)

@@ -1,9 +1,11 @@
-"""The embedded demo: three simulated workers of different speeds behind one gateway."""
+"""The embedded demo: three simulated workers of different speeds behind one gateway, and a
+scheduler placing models on two more (cli/demo_placement.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from modelyard.cli.demo_placement import DemoPlacement, placement_banner
 from modelyard.config import GatewayConfig, validate_config
 from modelyard.simworker import SimWorker, SimWorkerConfig
 
@@ -75,8 +77,11 @@ async def start_demo_workers(host: str = "127.0.0.1") -> list[tuple[str, SimWork
     return workers
 
 
-def demo_config(workers: list[tuple[str, SimWorker]], base: dict[str, Any]) -> GatewayConfig:
-    """The demo's models over the started workers, merged over `base` (listen, state, admin...)."""
+def demo_config(
+    workers: list[tuple[str, SimWorker]], base: dict[str, Any], placement: DemoPlacement | None = None
+) -> GatewayConfig:
+    """The demo's models over the started workers, merged over `base` (listen, state, admin...);
+    with `placement`, the gateway also follows its scheduler."""
     endpoints = [
         {"name": f"sim-{name}", "url": worker.url, "cost_per_1k_tokens": cost}
         for (name, worker), cost in zip(workers, (0.6, 0.3, 0.1), strict=True)
@@ -99,10 +104,14 @@ def demo_config(workers: list[tuple[str, SimWorker]], base: dict[str, Any]) -> G
         },
     ]
     data["graphs"] = DEMO_GRAPHS
+    if placement is not None:
+        data["placement"] = {**data.get("placement", {}), "scheduler": placement.url}
     return validate_config(data, "<embedded demo>")
 
 
-def demo_banner(url: str, workers: list[tuple[str, SimWorker]]) -> str:
+def demo_banner(
+    url: str, workers: list[tuple[str, SimWorker]], placement: DemoPlacement | None = None
+) -> str:
     lines = [
         f"modelyard gateway (embedded demo) listening on {url}",
         "simulated workers: " + ", ".join(f"sim-{name} {w.url}" for name, w in workers),
@@ -118,6 +127,7 @@ def demo_banner(url: str, workers: list[tuple[str, SimWorker]]) -> str:
         f"  curl -s {url}/v1/graphs/demo-pipeline -H 'X-Modelyard-Trace: 1' -D - \\",
         "    -d '{\"instances\": [[1, 2]]}'",
         f"  curl -s {url}/metrics | grep modelyard_requests_total",
+        *(placement_banner(placement, url) if placement is not None else []),
         "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from rich.markup import escape
 from modelyard import __version__
 from modelyard.cli.agent import agent
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
+from modelyard.cli.demo_placement import AGENT_PORT, SCHEDULER_PORT, start_demo_placement
 from modelyard.cli.graph import app as graph_app
 from modelyard.cli.model import model_app, server_app
 from modelyard.cli.scheduler import scheduler
@@ -24,6 +25,7 @@ from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import GATEWAY, start_gateway
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.serving import run, serve_until_signal
+from modelyard.simworker import SimWorker
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="modelyard: route, compose and place models."
@@ -85,7 +87,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the gateway. With no -c FILE and no --scheduler, start the embedded demo: three simulated
-    workers and two models."""
+    workers and two models, and a scheduler (127.0.0.1:9004) placing models on two more."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = _cli_overrides(host, port, scheduler)
     try:
@@ -93,7 +95,9 @@ def serve(
             base = merged_data(None, overrides=overrides)
             if print_config:
                 typer.echo(
-                    yaml.safe_dump(base, sort_keys=False) + "# models: built at start from the demo workers"
+                    yaml.safe_dump(base, sort_keys=False)
+                    + "# models: built at start from the demo workers\n"
+                    + f"# placement: follows the demo's scheduler on 127.0.0.1:{SCHEDULER_PORT}"
                 )
                 return
             run(_serve_demo(base))
@@ -122,18 +126,25 @@ async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
 
 
 async def _serve_demo(base: dict[str, Any]) -> None:
-    workers = await start_demo_workers()
+    # With --port 0 (tests, a second demo) the scheduler takes free ports too; its banner says which.
+    any_port = base.get("listen", {}).get("port") == 0
+    placement = await start_demo_placement(
+        port=0 if any_port else SCHEDULER_PORT, agent_port=0 if any_port else AGENT_PORT
+    )
+    workers: list[tuple[str, SimWorker]] = []
 
     async def stop_workers() -> None:
+        await placement.stop()  # agents, then the scheduler, then its workers
         for _name, worker in workers:
             await worker.stop()
 
     try:
-        gateway = await start_gateway(demo_config(workers, base))
+        workers = await start_demo_workers()
+        gateway = await start_gateway(demo_config(workers, base, placement))
     except BaseException:
         await stop_workers()
         raise
-    typer.echo(demo_banner(gateway.url, workers))
+    typer.echo(demo_banner(gateway.url, workers, placement))
 
     async def stop() -> None:
         await gateway.stop()

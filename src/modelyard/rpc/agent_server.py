@@ -100,11 +100,16 @@ class AgentServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("AgentServer already started")
-        server = aio.server()
+        # gRPC sets SO_REUSEPORT by default: a second scheduler on a port in use would share it and
+        # take half the agents, silently. Off, a port in use fails here like any other listener.
+        server = aio.server(options=[("grpc.so_reuseport", 0)])
         agent_pb2_grpc.add_AgentServiceServicer_to_server(_Servicer(self._handler), server)
-        bound = server.add_insecure_port(self.address)
+        try:
+            bound = server.add_insecure_port(self.address)
+        except RuntimeError:  # grpc's "Failed to bind to address"
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot listen on {self.address} for agents")
+            raise OSError(f"{self.address} (agents): address in use or not available")
         self.port = bound
         await server.start()
         self._server = server
