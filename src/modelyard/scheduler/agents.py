@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from modelyard.errors import BadRequest
 from modelyard.rpc.agent_v1 import agent_pb2
 from modelyard.scheduler.changes import Changes
-from modelyard.scheduler.reconcile import Operation, OperationKind
+from modelyard.scheduler.operations import Operation, OperationKind
 from modelyard.scheduler.state import AgentEventKind, LoadedVersion, ReplicaConfig, SchedulerState
 
 log = logging.getLogger("modelyard.scheduler")

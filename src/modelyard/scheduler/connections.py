@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from modelyard.placement import LIVE, ModelSpec, ModelState, ReplicaState, ReplicaStatus, should_retry
-from modelyard.scheduler.reconcile import Operation, OperationKind, Publisher, Reconciler, Sender
+from modelyard.scheduler.operations import Operation, OperationKind, Publisher, Sender
+from modelyard.scheduler.reconcile import Reconciler
 from modelyard.scheduler.records import Model, Server, ServerReplica, Version
 from modelyard.store import Store
 

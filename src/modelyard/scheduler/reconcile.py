@@ -23,14 +23,9 @@ down just before a new version was applied is not left waiting forever).
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from modelyard.placement import (
     INACTIVE,
     UNLOADING_OR_UNLOADED,
-    ModelSpec,
     ModelState,
     Placement,
     PlacementFailure,
@@ -40,10 +35,10 @@ from modelyard.placement import (
     ServerView,
     derive_status,
     plan,
-    required_memory,
     schedule_failed,
 )
 from modelyard.scheduler.feed import FeedLine, feed_entry
+from modelyard.scheduler.operations import Operation, OperationKind, Publisher, Queued, Sender
 from modelyard.scheduler.records import (
     Model,
     Server,
@@ -52,47 +47,15 @@ from modelyard.scheduler.records import (
     model_to_stored,
     replica_to_stored,
 )
+from modelyard.scheduler.reservations import Reservations, recount
 from modelyard.store import Store, StoreWrite
 
 _S = ReplicaState
 _MAX_ROUNDS = 16  # each round only moves replicas forward; a handful always suffices
-_RESERVING = frozenset({_S.LOAD_REQUESTED, _S.LOADING})
 _PROMOTE = frozenset({_S.LOADED, _S.LOADED_UNAVAILABLE})
 # Holds nothing and waits for nothing. Unlike placement's INACTIVE, not UnloadFailed: a replica
 # whose unload failed may still hold the model, so its version is neither forgotten nor pruned.
 _GONE = frozenset({_S.UNLOADED, _S.UNKNOWN, _S.LOAD_FAILED})
-
-
-class OperationKind(enum.StrEnum):
-    LOAD = "load"
-    UNLOAD = "unload"
-
-
-@dataclass(slots=True, frozen=True)
-class Operation:
-    """Load or unload one model version on one server replica."""
-
-    kind: OperationKind
-    server: str
-    index: int
-    model: str
-    version: int
-    spec: ModelSpec
-
-
-Sender = Callable[[Operation], "str | None"]
-"""Queues an operation on the replica's agent stream; returns why it could not, or None."""
-Publisher = Callable[[FeedLine], None]
-
-
-@dataclass(slots=True, frozen=True)
-class _Queued:
-    """An operation waiting for its state to be written: `sent` is the state its replica was set to
-    (Loading/Unloading), `failed` the state a send failure sets."""
-
-    operation: Operation
-    sent: ReplicaState
-    failed: ReplicaState
 
 
 class Reconciler:
@@ -111,13 +74,8 @@ class Reconciler:
         self._forgotten_replicas: set[tuple[str, int]] = set()
         # name -> highest version it had, for names forgotten (a live model's is its latest)
         self._marks: dict[str, int] = {}
-        self._outbox: dict[tuple[str, str, int, str, int], _Queued] = {}  # sent after the write
-        # Memory reserved per replica (server, index) by loads in flight, kept per model and summed,
-        # and refreshed only for models changed since the last placement: summing every model on
-        # every decision made placing N models O(N^2) (benchmarks/placement.py).
-        self._reserved: dict[tuple[str, int], int] = {}
-        self._reserved_by_model: dict[str, dict[tuple[str, int], int]] = {}
-        self._reservations_stale: set[str] = set()
+        self._outbox: dict[tuple[str, str, int, str, int], Queued] = {}  # sent after the write
+        self._reservations = Reservations()
         self._lines: list[FeedLine] = []  # published after the write
 
     # --- small mutations ---------------------------------------------------------------------
@@ -125,7 +83,7 @@ class Reconciler:
     def _touch(self, model: Model, version: int) -> None:
         self._touched.setdefault(model.name, set()).add(version)
         self._dirty.add(model.name)
-        self._reservations_stale.add(model.name)
+        self._reservations.mark(model.name)
 
     def _set_replica(self, model: Model, version: int, index: int, status: ReplicaStatus) -> None:
         target = model.version(version)
@@ -140,36 +98,13 @@ class Reconciler:
 
     # --- placement -----------------------------------------------------------------------------
 
-    def _refresh_reservations(self) -> dict[tuple[str, int], int]:
-        for name in self._reservations_stale:
-            for key, need in self._reserved_by_model.pop(name, {}).items():
-                left = self._reserved[key] - need
-                if left:
-                    self._reserved[key] = left
-                else:
-                    del self._reserved[key]
-            model = self.models.get(name)
-            if model is None:
-                continue
-            mine = _reservations(model)
-            if mine:
-                self._reserved_by_model[name] = mine
-                for key, need in mine.items():
-                    self._reserved[key] = self._reserved.get(key, 0) + need
-        self._reservations_stale.clear()
-        return self._reserved
-
     def reservations_recomputed(self) -> dict[tuple[str, int], int]:
         """Every model's reservations summed from scratch (tests compare it with the running sum)."""
-        total: dict[tuple[str, int], int] = {}
-        for model in self.models.values():
-            for key, need in _reservations(model).items():
-                total[key] = total.get(key, 0) + need
-        return total
+        return recount(self.models.values())
 
     def server_views(self) -> list[ServerView]:
         """Connected replicas with their reservations, summed from LoadRequested/Loading states."""
-        reserved = self._refresh_reservations()
+        reserved = self._reservations.refresh(self.models)
         return [
             ServerView(
                 server.name,
@@ -207,7 +142,7 @@ class Reconciler:
                 if not latest.replicas:
                     latest.server = None
             self._dirty.add(model.name)
-            self._reservations_stale.add(model.name)
+            self._reservations.mark(model.name)
             return
         self._apply(model, result, now)
 
@@ -326,7 +261,7 @@ class Reconciler:
                     new = ReplicaStatus(failed, "the server replica is not connected", now)
                 else:
                     op = Operation(kind, replica.server, index, model.name, version.version, version.spec)
-                    self._outbox[(kind.value, op.server, index, op.model, op.version)] = _Queued(
+                    self._outbox[(kind.value, op.server, index, op.model, op.version)] = Queued(
                         op, sent, failed
                     )
                     new = ReplicaStatus(sent, "", now)
@@ -338,11 +273,11 @@ class Reconciler:
         if len(keep) < len(model.versions) - 1:
             model.versions[:-1] = keep
             self._dirty.add(model.name)
-            self._reservations_stale.add(model.name)
+            self._reservations.mark(model.name)
 
     def _forget(self, model: Model) -> None:
         del self.models[model.name]
-        self._reservations_stale.add(model.name)
+        self._reservations.mark(model.name)
         self._published.pop(model.name, None)
         self._dirty.discard(model.name)
         self._forgotten.add(model.name)
@@ -414,18 +349,3 @@ def _as_placement(result: Placement | PlacementFailure) -> Placement:
 
 def _terminated(model: Model) -> bool:
     return all(s.state in _GONE for v in model.versions for s in v.replicas.values())
-
-
-def _reservations(model: Model) -> dict[tuple[str, int], int]:
-    """What the model's loads in flight reserve on each replica (server, index)."""
-    mine: dict[tuple[str, int], int] = {}
-    for version in model.versions:
-        if version.server is None:
-            continue
-        reserving = [index for index, status in version.replicas.items() if status.state in _RESERVING]
-        if reserving:
-            need = required_memory(version.view())
-            for index in reserving:
-                key = (version.server, index)
-                mine[key] = mine.get(key, 0) + need
-    return mine

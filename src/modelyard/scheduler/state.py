@@ -33,7 +33,7 @@ from modelyard.placement import (
 )
 from modelyard.scheduler.connections import REMOVED_WITH_REPLICA, Connections, LoadedVersion, ReplicaConfig
 from modelyard.scheduler.feed import feed_entry
-from modelyard.scheduler.reconcile import Publisher, Sender
+from modelyard.scheduler.operations import Publisher, Sender
 from modelyard.scheduler.records import (
     Model,
     Server,
@@ -91,7 +91,8 @@ class SchedulerState(Connections):
                     f"--db {store.path}", [f"cannot read stored model {record.name!r}: {_one_line(exc)}"]
                 ) from None
         state._marks = dict(stored.version_marks)
-        state._reservations_stale.update(state.models)
+        for name in state.models:
+            state._reservations.mark(name)
         for replica in stored.server_replicas:
             server = state.servers.setdefault(replica.server, Server(replica.server, replica.shared))
             server.replicas[replica.index] = replica_from_stored(replica)
