@@ -97,6 +97,26 @@ def test_apply_sends_every_seldon_model_of_a_file(scheduler, tmp_path):
     assert result.stdout.splitlines() == ["iris: unchanged (version 1)"]
 
 
+def test_apply_and_delete_answer_json_for_scripts(scheduler, tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text(SELDON_MODELS)
+    result = cli(scheduler, "model", "apply", "-f", str(path), "-o", "json")
+    assert result.exit_code == 0, result.output
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(a["name"], a["change"]) for a in answers] == [("iris", "created"), ("tfsimple1", "created")]
+    result = cli(scheduler, "model", "delete", "iris", "-o", "json")
+    assert (result.exit_code, json.loads(result.stdout)["state"]) == (0, "ModelTerminating")
+
+
+def test_tables_piped_keep_one_row_per_line(scheduler):
+    names = [f"a-model-with-a-rather-long-name-{i}" for i in range(6)]
+    scheduler.servers = [{**SERVERS[0], "replicas": [{**SERVERS[0]["replicas"][0], "loaded_models": names}]}]
+    lines = CliRunner().invoke(app, ["server", "list"], env={"MODELYARD_SCHEDULER": scheduler.url}).stdout
+    rows = lines.splitlines()
+    assert len(rows) == 2 and all(name in rows[1] for name in names), lines
+    assert all(row == row.rstrip() for row in rows)
+
+
 def test_apply_with_a_bad_document_sends_nothing(scheduler, tmp_path):
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(SELDON_MODELS)

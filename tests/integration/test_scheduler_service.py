@@ -213,6 +213,7 @@ async def test_restart_restores_state_and_reloads_nothing(
             "spec.minReplicas",
         ),
         ("{not json", 400, "invalid_request_error", "JSON or YAML"),
+        (("{not json", "application/json"), 400, "invalid_json", "not valid JSON: "),
         ("x" * (1024 * 1024 + 1), 413, "request_too_large", "larger"),
     ],
 )
@@ -220,7 +221,10 @@ async def test_bad_puts(
     scheduler: Any, http: aiohttp.ClientSession, body: Any, status: int, code: str, says: str
 ) -> None:
     sched = await scheduler(db=":memory:")
-    kwargs = {"data": body} if isinstance(body, str) else {"json": body}
+    if isinstance(body, tuple):
+        kwargs: dict[str, Any] = {"data": body[0], "headers": {"Content-Type": body[1]}}
+    else:
+        kwargs = {"data": body} if isinstance(body, str) else {"json": body}
     async with http.put(f"{sched.url}/v1/models/iris", **kwargs) as response:
         assert response.status == status
         error = (await response.json())["error"]

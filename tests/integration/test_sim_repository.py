@@ -57,7 +57,14 @@ async def test_load_serve_unload_with_memory_from_model_settings(sim_workers, ht
     assert (await _post(http, f"{url}/v2/models/iris/infer", OIP_BODY))[0] == 404
     assert (await _post(http, f"{url}/v2/repository/models/iris/unload"))[0] == 404
     async with http.get(f"{url}/sim/repository") as response:
-        assert await response.json() == {"memory_bytes": 1000, "memory_used_bytes": 0, "loaded": {}}
+        assert await response.json() == {
+            "memory_bytes": 1000,
+            "memory_used_bytes": 0,
+            "loaded": {},
+            "loads": {"iris": 1},  # failed loads are not counted
+            "unloads": {"iris": 1},
+        }
+    assert await metric_value(http, url, "modelyard_sim_model_loads_total", model="iris") == 1
 
 
 async def test_openai_and_model_list_see_only_loaded_models_without_a_dir(sim_workers, http):

@@ -99,6 +99,7 @@ class Operations:
             if self.draining:  # as Seldon: a load that ends while draining must not attract traffic
                 await self._send(model, Event.LOAD_FAILED, "server replica is draining", 0)
                 return
+            log.info("loaded %s v%d", name, version)
             await self._send(model, Event.LOADED, "", instances)
 
     async def _load_on_server(self, model: agent_pb2.ModelVersion, fetch: bool) -> int:
@@ -160,6 +161,7 @@ class Operations:
             self._state.forget(name)
             if held.fetched and self._artefacts is not None:
                 await asyncio.to_thread(self._artefacts.remove, name)
+            log.info("unloaded %s v%d", name, version)
             await self._send(model, Event.UNLOADED, "", 0)
 
 

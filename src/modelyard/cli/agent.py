@@ -25,10 +25,14 @@ def agent(
     scheduler: Annotated[str, typer.Option(help="The scheduler's agent port, HOST:PORT.")],
     server: Annotated[str, typer.Option(help="Name of the server (group of replicas) this replica is in.")],
     inference_url: Annotated[str, typer.Option(help="The inference server, http://HOST:PORT.")],
-    replica: Annotated[int, typer.Option(help="This replica's index in its server.")] = 0,
     memory: Annotated[
-        str, typer.Option(help="Memory for models: bytes or a quantity such as 1Gi or 500M.")
-    ] = "1000000",
+        str,
+        typer.Option(
+            help="Memory this replica offers for models: bytes or a quantity such as 1Gi or 500M "
+            "(placement reserves each model's memory against it)."
+        ),
+    ],
+    replica: Annotated[int, typer.Option(help="This replica's index in its server.")] = 0,
     capabilities: Annotated[
         str, typer.Option(help="Comma-separated capabilities, matched against model requirements.")
     ] = "",

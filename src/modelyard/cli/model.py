@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import orjson
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 
 from modelyard.cli.placement_views import TERMINATED, applied_line, model_status, models_table, servers_table
@@ -31,7 +31,9 @@ from modelyard.upstream.scheduler_client import DEFAULT_SCHEDULER, SchedulerClie
 
 model_app = typer.Typer(no_args_is_help=True, help="Models placed by the scheduler.")
 server_app = typer.Typer(no_args_is_help=True, help="Inference servers registered with the scheduler.")
-out = Console(highlight=False)
+# Piped into grep or a file, tables keep one row per line (kubectl does the same): rich would
+# otherwise wrap them at 80 columns.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 400)
 err = Console(stderr=True, highlight=False)
 T = TypeVar("T")
 
@@ -80,16 +82,25 @@ def _print_json(data: object, *, compact: bool = False) -> None:
     sys.stdout.flush()
 
 
+def _print_table(renderable: RenderableType) -> None:
+    """A table without the padding rich leaves at the end of each line."""
+    with out.capture() as captured:
+        out.print(renderable)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    sys.stdout.flush()
+
+
 @model_app.command("apply")
 def apply(
     files: Annotated[
         list[str],
         typer.Option("-f", "--filename", help="YAML or JSON file of models (repeatable; - = stdin)."),
     ],
+    output: OutputOption = Output.table,
     scheduler: SchedulerOption = DEFAULT_SCHEDULER,
 ) -> None:
     """Validate every model in the files (plain specs or Seldon Model resources); send them only when
-    all are valid, then print what each became."""
+    all are valid, then print what each became (-o json: each answer, one per line)."""
     specs = _read_specs(files)
     if specs is None:
         raise typer.Exit(1)
@@ -98,7 +109,11 @@ def apply(
         ok = True
         for spec in specs:
             try:
-                out.print(escape(applied_line(await client.apply(spec_to_plain(spec), spec.name))))
+                answer = await client.apply(spec_to_plain(spec), spec.name)
+                if output is Output.json:
+                    _print_json(answer, compact=True)
+                else:
+                    out.print(escape(applied_line(answer)))
             except SchedulerUnavailable:
                 raise
             except ModelyardError as exc:  # one refused model: the others are still applied
@@ -157,7 +172,7 @@ def list_models(
     if output is Output.json:
         _print_json({"models": models})
     else:
-        out.print(models_table(models, show_all=show_all))
+        _print_table(models_table(models, show_all=show_all))
 
 
 # What --until may name: the states derive_status and schedule_failed produce.
@@ -186,7 +201,7 @@ def status(
         if output is Output.json:
             _print_json(model, compact=watch)  # --watch -o json: NDJSON, one line per change
         else:
-            out.print(model_status(model))
+            _print_table(model_status(model))
 
     if until is not None:
         if not watch:
@@ -236,11 +251,16 @@ async def _watch(
 
 @model_app.command("delete")
 def delete(
-    name: Annotated[str, typer.Argument(help="The model.")], scheduler: SchedulerOption = DEFAULT_SCHEDULER
+    name: Annotated[str, typer.Argument(help="The model.")],
+    output: OutputOption = Output.table,
+    scheduler: SchedulerOption = DEFAULT_SCHEDULER,
 ) -> None:
     """Delete a model: its replicas unload, then the scheduler forgets it."""
     model = _call(scheduler, lambda client: client.delete(name))
-    out.print(escape(f"{name}: deleted ({model.get('state')})"))
+    if output is Output.json:
+        _print_json(model)
+    else:
+        out.print(escape(f"{name}: deleted ({model.get('state')})"))
 
 
 @server_app.command("list")
@@ -250,4 +270,4 @@ def list_servers(output: OutputOption = Output.table, scheduler: SchedulerOption
     if output is Output.json:
         _print_json({"servers": servers})
     else:
-        out.print(servers_table(servers))
+        _print_table(servers_table(servers))

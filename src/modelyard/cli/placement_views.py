@@ -75,10 +75,9 @@ def model_status(model: Mapping[str, Any]) -> Group:
 
 def servers_table(servers: Iterable[Mapping[str, Any]]) -> Table:
     table = Table(box=None, pad_edge=False)
-    for column in ("SERVER", "REPLICA", "URL", "MEMORY tot/avail/resv"):
+    for column in ("SERVER", "REPLICA", "URL", "MEMORY tot/avail/resv", "CAPABILITIES"):
         table.add_column(column, no_wrap=True)
-    for column in ("CAPABILITIES", "MODELS"):
-        table.add_column(column, overflow="fold")
+    table.add_column("MODELS")  # wraps between names, never inside one
     for server in sorted(servers, key=lambda s: str(s.get("name"))):
         for replica in sorted(server.get("replicas") or [], key=lambda r: int(r.get("index", 0))):
             flags = [f for f in ("draining",) if replica.get(f)] + (

@@ -108,7 +108,7 @@ class Gateway:
             not_placed = self.placed.not_placed(name or "")
             if not_placed is not None:
                 raise not_placed
-            raise ModelNotFound(name, self.clusters)
+            raise ModelNotFound(name, {*self.clusters, *self.placed.models})
         return cluster
 
     def set_strategy(self, cluster: Cluster, name: object) -> None:

@@ -95,21 +95,28 @@ class PlacedModels:
                 self._parked[name] = installed
             return
         cluster = installed or self._parked.pop(name, None)
+        where = ", ".join(f"{e.name} {e.url}" for e in endpoints)
         if cluster is None:
             cluster = gateway.new_cluster(self._model_config(name, endpoints))
-            log.info("model %s placed: %s", name, ", ".join(e.name for e in endpoints))
+            log.info("model %s placed: %s", name, where)
         else:
+            before = {(e.name, e.url) for e in cluster.endpoints}
             cluster.replace_endpoints(endpoints)
+            if before != {(e.name, e.url) for e in endpoints}:
+                log.info("model %s %s: %s", name, "placed again" if installed is None else "now at", where)
         if installed is None:
             gateway.install(cluster)
 
     def _forget(self, name: str) -> None:
         if self.models.pop(name, None) is None:
             return
-        self._parked.pop(name, None)
+        parked = self._parked.pop(name, None)
         cluster = self._gateway.clusters.get(name)
-        if cluster is not None and name not in self._configured:
-            log.info("model %s was removed by the scheduler", name)
+        if name in self._configured:
+            return
+        if cluster is not None or parked is not None:
+            log.info("model %s was removed by the scheduler: requests get 404", name)
+        if cluster is not None:
             self._gateway.withdraw(name)
             cluster.replace_endpoints([])
 

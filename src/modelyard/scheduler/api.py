@@ -18,6 +18,7 @@ from aiohttp import web
 from modelyard.documents import DocumentError, parse_document
 from modelyard.errors import (
     BadRequest,
+    MalformedBody,
     MethodNotAllowed,
     ModelSpecInvalid,
     ModelyardError,
@@ -89,6 +90,11 @@ async def _read_document(request: web.Request) -> Any:
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"request body is larger than {limit} bytes")
     body = await request.read()  # aiohttp refuses a longer chunked body with 413 itself
+    if request.content_type == "application/json":
+        try:  # said to be JSON: say what is wrong with it as JSON, not as the YAML it is not
+            orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedBody(f"the body is not valid JSON: {exc}") from None
     try:
         return await asyncio.to_thread(parse_document, body)
     except DocumentError as exc:

@@ -73,6 +73,14 @@ def _repository_metrics(repository: SimRepository) -> Iterator[Metric]:
         loaded.add_metric([name], memory)
     yield loaded
     yield GaugeMetricFamily("modelyard_sim_models_loaded", "Models loaded.", value=len(repository.loaded))
+    for metric, doc, counts in (
+        ("modelyard_sim_model_loads", "Successful loads per model.", repository.loads),
+        ("modelyard_sim_model_unloads", "Successful unloads per model.", repository.unloads),
+    ):
+        family = CounterMetricFamily(metric, doc, labels=["model"])
+        for name, count in sorted(counts.items()):
+            family.add_metric([name], count)
+        yield family
     yield GaugeMetricFamily(
         "modelyard_sim_memory_used_bytes", "Memory taken by loaded and loading models.", value=repository.used
     )

@@ -49,6 +49,8 @@ class SimRepository:
         self.loading: dict[str, int] = {}  # reserved while a load sleeps
         self.failed: dict[str, str] = {}  # name -> why its last load failed
         self._load_done: dict[str, asyncio.Event] = {}  # set when the load under way ends
+        self.loads: dict[str, int] = {}  # name -> successful loads so far (tests: "nothing reloaded")
+        self.unloads: dict[str, int] = {}
 
     @property
     def used(self) -> int:
@@ -101,6 +103,7 @@ class SimRepository:
             if self.load_delay:
                 await asyncio.sleep(self.load_delay)  # the simulated load time
             self.loaded[name] = memory
+            self.loads[name] = self.loads.get(name, 0) + 1
             self.failed.pop(name, None)
         finally:
             self.loading.pop(name, None)
@@ -117,6 +120,7 @@ class SimRepository:
             await loading.wait()
         if self.loaded.pop(name, None) is None:
             raise RepositoryRefusal(404, f"Model {name} not found")
+        self.unloads[name] = self.unloads.get(name, 0) + 1
 
     def _known(self) -> list[str]:
         names = set(self.loaded) | set(self.loading) | set(self.failed)
@@ -141,7 +145,13 @@ class SimRepository:
         return entries
 
     def summary(self) -> dict[str, object]:
-        return {"memory_bytes": self.capacity, "memory_used_bytes": self.used, "loaded": dict(self.loaded)}
+        return {
+            "memory_bytes": self.capacity,
+            "memory_used_bytes": self.used,
+            "loaded": dict(self.loaded),
+            "loads": dict(self.loads),
+            "unloads": dict(self.unloads),
+        }
 
 
 REPOSITORY = web.AppKey("modelyard_sim_repository", SimRepository)
