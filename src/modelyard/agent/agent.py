@@ -28,7 +28,7 @@ from modelyard.agent.config import AgentConfig
 from modelyard.agent.operations import Operations
 from modelyard.agent.policy import Backoff
 from modelyard.agent.state import LocalState
-from modelyard.errors import Conflict, ModelyardError, SchedulerUnavailable
+from modelyard.errors import Conflict, ModelyardError, NotFound, SchedulerUnavailable
 from modelyard.rpc import AgentClient, agent_pb2
 from modelyard.upstream.repository import RepositoryClient
 
@@ -190,14 +190,51 @@ class Agent:
                 return
             await asyncio.sleep(backoff.next_delay())  # the scheduler may be restarting
 
+    @property
+    def draining(self) -> bool:
+        """Once `drain` was called: the replica is not ready for new models (compat §8)."""
+        return self._ops.draining
+
     async def drain(self, deadline: float | None = None) -> bool:
-        """Ask the scheduler to move this replica's models elsewhere (blocks until it has); loads
-        that finish from now on report LOAD_FAILED, as in Seldon (compat §8)."""
+        """Ask the scheduler to move this replica's models elsewhere (compat §8) and wait until it
+        has: True once each serves on another replica or cannot be placed, False when `deadline`
+        seconds (None: no bound) passed first or the scheduler said it gave up. Loads that finish
+        from now on report LOAD_FAILED "server replica is draining", as in Seldon. While the
+        scheduler is unreachable, or has not registered this replica yet (a re-subscribe in
+        progress), the request is sent again with backoff within the deadline."""
         self._ops.draining = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        held = len(self.state.loaded())
+        log.info(
+            "draining: not ready for new models; asking the scheduler to move %d model(s) (timeout %s)",
+            held,
+            "none" if deadline is None else f"{deadline:g}s",
+        )
         request = agent_pb2.AgentDrainRequest(
             server_name=self.config.server_name, replica_idx=self.config.replica_idx
         )
-        return await self._client.drain(request, deadline=deadline)
+        backoff = Backoff(0.1, 2.0, self._rng)
+        while True:
+            remaining = None if deadline is None else deadline - (loop.time() - started)
+            if remaining is not None and remaining <= 0:
+                log.warning("drain: not confirmed within %gs", deadline)
+                return False
+            try:
+                done = await self._client.drain(request, deadline=remaining)
+            except (SchedulerUnavailable, NotFound) as error:
+                log.warning("drain: %s; asking again", error.message)
+                pause = backoff.next_delay()
+                if remaining is not None:
+                    pause = min(pause, remaining)
+                await asyncio.sleep(pause)  # the scheduler may be restarting, or we re-subscribing
+                continue
+            took = loop.time() - started
+            if done:
+                log.info("drained in %.2fs: every model serves elsewhere or cannot be placed", took)
+            else:
+                log.warning("drain: the scheduler gave up after %.2fs; some models did not move", took)
+            return done
 
     async def stop(self) -> None:
         tasks = [t for t in (self._loop, *self._tasks) if t is not None]

@@ -52,13 +52,25 @@ def agent(
             "--keep-existing", help="Leave models the server serves at start (default: unload them)."
         ),
     ] = False,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            help="On SIGTERM or SIGINT: seconds to wait for the scheduler to move this replica's "
+            "models elsewhere before stopping (a second signal stops at once)."
+        ),
+    ] = 60.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Load and unload models on one inference server (MLServer, Triton, sim-worker) as the scheduler says.
 
     The agent waits for the server to be live, unloads what it serves (unless --keep-existing),
-    subscribes to the scheduler and reconnects with backoff whenever the stream breaks.
+    subscribes to the scheduler and reconnects with backoff whenever the stream breaks. On SIGTERM
+    or SIGINT it drains: the scheduler moves its models elsewhere, and it exits once they serve
+    there (at most --drain-timeout seconds).
     """
+    if not drain_timeout > 0:
+        typer.echo(f"error: agent options: --drain-timeout: must be above 0, got {drain_timeout:g}", err=True)
+        raise typer.Exit(1)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = AgentConfig(
@@ -80,7 +92,7 @@ def agent(
         typer.echo(f"error: agent options: {problems}", err=True)
         raise typer.Exit(1) from None
     try:
-        run(_run(config))
+        run(_run(config, drain_timeout))
     except ModelyardError as error:
         typer.echo(f"error: agent: {error.message}", err=True)
         raise typer.Exit(1) from None
@@ -91,11 +103,18 @@ def _flag(loc: tuple[int | str, ...]) -> str:
     return _FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
-async def _run(config: AgentConfig) -> None:
+async def _run(config: AgentConfig, drain_timeout: float) -> None:
     agent = Agent(config)
     await agent.start()
     typer.echo(
         f"agent for {config.server_name}-{config.replica_idx} ({config.inference_url}) "
         f"subscribing to {config.scheduler}"
     )
-    await serve_until_signal([], agent.stop)
+
+    async def drain() -> None:
+        try:
+            await agent.drain(deadline=drain_timeout)
+        except ModelyardError as error:  # the scheduler refused it: stop anyway, the pod is going
+            logging.getLogger("modelyard.agent").warning("drain: %s", error.message)
+
+    await serve_until_signal([], agent.stop, drain)

@@ -153,7 +153,32 @@ class Agents:
         self._changes.pulse()
 
     async def drain(self, request: agent_pb2.AgentDrainRequest) -> bool:
+        """Compat §8: mark the replica draining and re-place its models, then answer once each has
+        an Available replica elsewhere or cannot be placed (`SchedulerState.drained`), or False
+        after `drain_timeout`. No settle sleep as Seldon's 3.25 s: a model is Available only once
+        the feed that routes to its new replica has been published."""
         state = self._state()
-        names = state.drain(request.server_name, request.replica_idx, self._clock())
+        key = (request.server_name, request.replica_idx)
+        started = self._clock()
+        names = state.drain(*key, started)
         self._changes.pulse()
-        return await self._changes.wait_for(lambda: state.drained(names), self._drain_timeout)
+        log.info("agent %s-%d draining: waiting for %d model(s) to serve elsewhere", *key, len(names))
+
+        def settled() -> bool:
+            server = state.servers.get(key[0])
+            replica = server.replicas.get(key[1]) if server is not None else None
+            if replica is not None and replica.connected and not replica.draining:
+                # It re-subscribed while this call is open, which registers the replica afresh:
+                # the agent is still draining (it waits on this call), so mark it again.
+                log.info("agent %s-%d re-subscribed while draining: draining it again", *key)
+                names.update(state.drain(*key, self._clock()))
+            return state.drained(names)
+
+        done = await self._changes.wait_for(settled, self._drain_timeout)
+        took = self._clock() - started
+        if done:
+            log.info("agent %s-%d drained in %.2fs", *key, took)
+        else:
+            waiting = ", ".join(sorted(n for n in names if not state.drained({n})))
+            log.warning("agent %s-%d drain timed out after %.2fs; still waiting for %s", *key, took, waiting)
+        return done

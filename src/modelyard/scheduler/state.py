@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from modelyard.errors import ConfigError, Conflict, ModelBeingDeleted, ModelNotFound, NotFound
 from modelyard.placement import (
-    HOSTING,
     INACTIVE,
+    ROUTABLE,
     ModelSpec,
     ModelState,
     ReplicaState,
@@ -54,6 +54,8 @@ __all__ = [
 
 _S = ReplicaState
 _PROMOTED = frozenset({_S.AVAILABLE, _S.LOADED_UNAVAILABLE})
+# On a draining replica: already Draining (a repeated drain), or a load on its way (placed elsewhere).
+_DRAIN_WAITS_FOR = frozenset({_S.DRAINING, _S.LOAD_REQUESTED, _S.LOADING})
 
 
 class AgentEventKind(enum.StrEnum):
@@ -195,34 +197,57 @@ class SchedulerState(Connections):
         self._commit(now)
 
     def drain(self, server: str, index: int, now: float) -> set[str]:
-        """Mark the replica draining, its versions Draining, place their models elsewhere; returns the
-        names of the models to wait for (`drained`)."""
+        """Mark the replica draining (placement no longer chooses it), place the models it holds or
+        is loading elsewhere; returns the names of the models to wait for (`drained`).
+
+        Its Loaded, Available and LoadedUnavailable replicas become Draining (compat §8 step 2.2):
+        they keep serving while their model has no other routable replica (the feed's routable
+        assignment) and leave with the agent (rules 16, 17) or with their version. Unlike Seldon,
+        a load still on its way there (LoadRequested, Loading) is not made Draining: it serves
+        nothing, and a Draining entry is routed to when it is the model's only one, so placement
+        unloads it instead. Draining again (the agent retries) waits for the same models."""
         replica = self._connected(server, index)
-        replica.draining = True
+        replica.draining = True  # not stored: a re-subscribing agent registers the replica afresh
         names: set[str] = set()
         for model in list(self.models.values()):
             for version in model.versions:
                 status = version.replicas.get(index) if version.server == server else None
-                if status is not None and status.state in HOSTING:
+                if status is None:
+                    continue
+                if status.state in ROUTABLE:
                     self._set_replica(model, version.version, index, ReplicaStatus(_S.DRAINING, "", now))
                     names.add(model.name)
+                elif status.state in _DRAIN_WAITS_FOR:
+                    names.add(model.name)
         for name in sorted(names):
-            self._place(self.models[name], now)
+            model = self.models[name]
+            if not model.deleted:
+                self._place(model, now)
         self._commit(now)
         return names
 
     def drained(self, names: set[str]) -> bool:
-        """Whether each model serves on an Available replica, cannot be placed, or is gone."""
-        for name in names:
-            model = self.models.get(name)
-            if model is None or model.deleted:
-                continue
-            latest = model.latest
-            if latest.status.state is ModelState.SCHEDULE_FAILED:
-                continue
-            if not any(s.state is _S.AVAILABLE for s in latest.replicas.values()):
-                return False
-        return True
+        """Whether each model has an Available replica of its latest version on a replica that is
+        not draining, cannot be placed (ScheduleFailed: it keeps serving where it is until its
+        replica goes), or is deleted or gone. Available is set right after the feed entry that
+        routes to it is published, so once this holds every gateway has been sent the new routes."""
+        return all(self._drained(name) for name in names)
+
+    def _drained(self, name: str) -> bool:
+        model = self.models.get(name)
+        if model is None or model.deleted:
+            return True
+        latest = model.latest
+        if latest.status.state is ModelState.SCHEDULE_FAILED:
+            return True
+        server = self.servers.get(latest.server) if latest.server is not None else None
+        if server is None:
+            return False
+        for index, status in latest.replicas.items():
+            replica = server.replicas.get(index)
+            if status.state is _S.AVAILABLE and replica is not None and not replica.draining:
+                return True
+        return False
 
     def _connected(self, server: str, index: int) -> ServerReplica:
         found = self.servers.get(server)

@@ -29,10 +29,13 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 
 
 async def serve_until_signal(
-    servers: Sequence[HttpServer], stop: Callable[[], Awaitable[None]] | None = None
+    servers: Sequence[HttpServer],
+    stop: Callable[[], Awaitable[None]] | None = None,
+    drain: Callable[[], Awaitable[object]] | None = None,
 ) -> None:
-    """Wait for SIGINT or SIGTERM; then drain `servers` for their longest `listen.drain_seconds` (a
-    second signal ends the drain at once) and call `stop` (default: stop each server)."""
+    """Wait for SIGINT or SIGTERM; then drain `servers` for their longest `listen.drain_seconds`, or
+    run `drain` (which bounds itself) instead when given (a second signal ends either at once), and
+    call `stop` (default: stop each server)."""
     loop = asyncio.get_running_loop()
     first, second = asyncio.Event(), asyncio.Event()
 
@@ -50,7 +53,10 @@ async def serve_until_signal(
         seconds = max((server.listen.drain_seconds for server in servers), default=0.0)
         for server in servers:
             server.begin_drain()
-        if seconds > 0:
+        if drain is not None:
+            log.info("draining; signal again to stop now")
+            await _until_second(drain(), second)
+        elif seconds > 0:
             log.info("draining for %gs (readiness answers 503); signal again to stop now", seconds)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(seconds):
@@ -65,6 +71,20 @@ async def serve_until_signal(
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+
+
+async def _until_second(work: Awaitable[object], second: asyncio.Event) -> None:
+    """Run `work` until it ends or `second` is set, whichever comes first (the other is cancelled)."""
+    task = asyncio.ensure_future(work)
+    interrupted = asyncio.ensure_future(second.wait())
+    try:
+        await asyncio.wait({task, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        if interrupted.done() and not task.done():
+            log.info("second signal: stopping without waiting for the drain")
+    finally:
+        for pending in (task, interrupted):
+            pending.cancel()
+        await asyncio.gather(task, interrupted, return_exceptions=True)
 
 
 def settle_garbage_collector() -> None:

@@ -235,6 +235,65 @@ def test_drain_answers_at_once_for_a_model_that_cannot_move() -> None:
     assert h.state.drained(names)
 
 
+def test_drain_waits_for_the_same_models_when_asked_again() -> None:
+    h = Harness()
+    h.connect(index=0)
+    placed(h)
+    h.connect(index=1)
+    names = h.state.drain("mlserver", 0, 3.0)
+    assert h.state.drain("mlserver", 0, 3.5) == names == {"iris"}  # the agent retried
+    assert not h.state.drained(names)
+    h.answer()
+    assert h.state.drained(names)
+    # Once the agent goes, its Draining entry goes with it (rule 16).
+    h.state.disconnect("mlserver", 0, 4.0)
+    assert h.replicas("iris") == {1: "Available"}
+    assert h.model_state("iris") == "ModelAvailable"
+
+
+def test_drain_places_a_load_on_its_way_elsewhere_and_does_not_route_to_it() -> None:
+    h = Harness()
+    h.connect(index=0)
+    h.state.apply(spec(), 1.0)  # loading on 0, no answer yet
+    h.sent.clear()
+    h.connect(index=1)
+    names = h.state.drain("mlserver", 0, 3.0)
+    assert names == {"iris"}
+    # Not Draining: a Draining entry would be routed to, and this one serves nothing yet.
+    assert h.replicas("iris") == {0: "Unloading", 1: "Loading"}
+    assert h.endpoints("iris") == []
+    assert not h.state.drained(names)
+    h.answer()
+    assert h.replicas("iris") == {0: "Unloaded", 1: "Available"}
+    assert h.state.drained(names)
+
+
+def test_drain_of_a_model_on_both_replicas_answers_at_once_and_routes_to_the_other() -> None:
+    h = Harness()
+    h.connect(index=0)
+    h.connect(index=1)
+    placed(h, replicas=2, min_replicas=1)
+    names = h.state.drain("mlserver", 1, 3.0)
+    assert h.replicas("iris") == {0: "Available", 1: "Draining"}
+    assert h.state.drained(names)
+    assert h.endpoints("iris") == ["mlserver-0"]  # the Draining replica is dropped at once
+    assert h.take() == []
+
+
+def test_drained_does_not_count_a_replica_that_is_draining_too() -> None:
+    h = Harness()
+    h.connect(index=0)
+    placed(h)
+    h.connect(index=1)
+    names = h.state.drain("mlserver", 0, 3.0)
+    h.answer()
+    assert h.state.drained(names)
+    h.state.drain("mlserver", 1, 4.0)  # both go: nowhere left to serve
+    assert h.model_state("iris") == "ScheduleFailed"
+    assert h.endpoints("iris") == ["mlserver-0", "mlserver-1"]  # the Draining ones serve meanwhile
+    assert h.state.drained(names)
+
+
 def test_restart_restores_state_waits_for_replicas_and_reloads_nothing(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     h = Harness(Store(db))
