@@ -144,7 +144,8 @@ async def test_apply_place_serve_and_lose_the_agent(scheduler: Any, http: aiohtt
             "version": 1,
             "state": "ModelAvailable",
             "reason": "",
-            "endpoints": [{"name": "mlserver-0", "url": AGENT_URL}],
+            "endpoints": [{"name": "mlserver-0", "url": AGENT_URL, "version": 1}],
+            "versions": [{"version": 1, "weight": 100}],
         }
         model = await _model(http, sched, "iris")
         assert model["versions"][0]["replicas"]["0"]["state"] == "Available"
@@ -183,7 +184,7 @@ async def test_restart_restores_state_and_reloads_nothing(
         assert (await response.json())["error"]["code"] == "scheduler_unavailable"
     async with http.get(f"{second.url}/v1/feed") as feed:
         snapshot = await next_line(feed)
-        assert snapshot["models"][0]["endpoints"] == [{"name": "mlserver-0", "url": AGENT_URL}]
+        assert snapshot["models"][0]["endpoints"] == [{"name": "mlserver-0", "url": AGENT_URL, "version": 1}]
     again = FakeAgent(second.agent_address, loaded=(("iris", 1),))
     await again.start()
 

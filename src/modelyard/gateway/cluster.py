@@ -76,10 +76,18 @@ class Cluster:
 
     # --- endpoints ------------------------------------------------------------------------------
 
-    def replace_endpoints(self, configs: Sequence[EndpointConfig]) -> None:
+    def replace_endpoints(
+        self, configs: Sequence[EndpointConfig], routes: Sequence[RouteConfig] | None = None
+    ) -> None:
         """Swap in a new set of endpoints. An endpoint that stays (same name and URL) keeps its
         health, outlier record and scraped load, and its settings are updated; requests already
-        running finish on what they hold; requests waiting for room look again."""
+        running finish on what they hold; requests waiting for room look again.
+
+        `routes`, when given, replace the routes in the same step, unvalidated: the caller (the
+        scheduler's feed, splitting a rollout between version subsets) builds them to match."""
+        if routes is not None:
+            self.config = self.config.model_copy(update={"routes": list(routes)})
+            self.routes = compile_routes(self.config.routes)
         current = {(e.name, e.url): e for e in self.endpoints}
         endpoints = []
         for c in configs:

@@ -11,6 +11,14 @@
 - `removed`, or absence from a snapshot, forgets it (404 again); requests in flight finish.
 A model the gateway's own config names keeps its config; the scheduler's entry is ignored.
 
+During a rollout the entry names two versions with their shares: each version's endpoints become a
+subset `v<N>` and a route `rollout` (no match, weighted destinations, the canary machinery) splits
+the requests between them, so answers say `X-Modelyard-Route: rollout` and `X-Modelyard-Subset: v<N>`.
+The routes an admin had set are put aside meanwhile and come back, with the endpoints back in
+subset `default`, once the entry names one version again; routes set during the split (they can
+only name `v<N>` subsets) last until the next entry. The strategy is kept throughout: it picks
+within the subset a request was sent to.
+
 `FeedFollower` keeps the feed connected: on a break the last endpoints keep serving, and it
 reconnects with exponential backoff and jitter; the snapshot that starts every connection resyncs.
 """
@@ -24,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from modelyard.config import EndpointConfig, ModelConfig, PlacementConfig
+from modelyard.config import Destination, EndpointConfig, ModelConfig, PlacementConfig, RouteConfig
 from modelyard.errors import ModelNotPlaced, SchedulerUnavailable
 from modelyard.gateway.cluster import Cluster
 from modelyard.protocols.feed import FeedEvent, ModelChanged, ModelRemoved, PlacedModel, Snapshot
@@ -44,6 +52,7 @@ class PlacedModels:
         self._shadowed: set[str] = set()  # configured names the scheduler also places (logged once)
         self.models: dict[str, PlacedModel] = {}  # the scheduler's latest entry for each placed model
         self._parked: dict[str, Cluster] = {}  # placed models with no endpoint now
+        self._set_aside: dict[str, list[RouteConfig]] = {}  # admin routes, while a rollout splits
 
     def not_placed(self, name: str) -> ModelNotPlaced | None:
         """The error for a model the scheduler knows but that has no endpoint to route to."""
@@ -84,7 +93,7 @@ class PlacedModels:
                 )
             return
         self.models[name] = model
-        endpoints = self._endpoints(model)
+        endpoints, split = self._endpoints(model)
         gateway = self._gateway
         installed = gateway.clusters.get(name)
         if not endpoints:
@@ -97,20 +106,37 @@ class PlacedModels:
         cluster = installed or self._parked.pop(name, None)
         where = ", ".join(f"{e.name} {e.url}" for e in endpoints)
         if cluster is None:
-            cluster = gateway.new_cluster(self._model_config(name, endpoints))
+            routes = [split] if split is not None else []
+            cluster = gateway.new_cluster(self._model_config(name, endpoints, routes))
             log.info("model %s placed: %s", name, where)
         else:
-            before = {(e.name, e.url) for e in cluster.endpoints}
-            cluster.replace_endpoints(endpoints)
-            if before != {(e.name, e.url) for e in endpoints}:
+            before = {(e.name, e.url, e.subset) for e in cluster.endpoints}
+            cluster.replace_endpoints(endpoints, self._routes(name, cluster, split))
+            if before != {(e.name, e.url, e.subset) for e in endpoints}:
                 log.info("model %s %s: %s", name, "placed again" if installed is None else "now at", where)
+        if split is not None:
+            shares = ", ".join(f"{d.subset} {d.weight}%" for d in split.destinations)
+            log.info("model %s is rolling out: traffic split %s", name, shares)
         if installed is None:
             gateway.install(cluster)
+
+    def _routes(self, name: str, cluster: Cluster, split: RouteConfig | None) -> list[RouteConfig] | None:
+        """The routes the cluster takes with this entry (None: keep its own): the rollout route
+        while versions are split, the admin's (set aside when the split began) once it ends."""
+        if split is not None:
+            if name not in self._set_aside:
+                self._set_aside[name] = list(cluster.config.routes)
+            return [split]
+        if name in self._set_aside:
+            log.info("model %s serves one version again: the split ends", name)
+            return self._set_aside.pop(name)
+        return None
 
     def _forget(self, name: str) -> None:
         if self.models.pop(name, None) is None:
             return
         parked = self._parked.pop(name, None)
+        self._set_aside.pop(name, None)
         cluster = self._gateway.clusters.get(name)
         if name in self._configured:
             return
@@ -120,19 +146,36 @@ class PlacedModels:
             self._gateway.withdraw(name)
             cluster.replace_endpoints([])
 
-    def _endpoints(self, model: PlacedModel) -> list[EndpointConfig]:
+    def _endpoints(self, model: PlacedModel) -> tuple[list[EndpointConfig], RouteConfig | None]:
+        """The model's endpoints, and while a rollout splits its traffic, the route that does it
+        (each version's endpoints in subset `v<N>`); endpoints the gateway cannot use are left out."""
+        split = model.split
         endpoints: dict[str, EndpointConfig] = {}
         for endpoint in model.endpoints:
+            subset = f"v{endpoint.version}" if split else "default"
             try:
-                config = EndpointConfig(url=endpoint.url, name=endpoint.name)
+                config = EndpointConfig(url=endpoint.url, name=endpoint.name, subset=subset)
             except ValidationError as exc:
                 log.warning("model %s: endpoint %s left out: %s", model.name, endpoint.url, _first(exc))
                 continue
             endpoints.setdefault(config.name, config)  # names key health and outlier state
-        return list(endpoints.values())
+        if not split:
+            return list(endpoints.values()), None
+        served = {e.subset for e in endpoints.values()}
+        destinations = [
+            Destination(subset=f"v{v.version}", weight=v.weight)
+            for v in model.versions
+            if f"v{v.version}" in served
+        ]
+        if len(destinations) < 2:  # one version left with usable endpoints: no split
+            only = [e.model_copy(update={"subset": "default"}) for e in endpoints.values()]
+            return only, None
+        return list(endpoints.values()), RouteConfig(name="rollout", destinations=destinations)
 
-    def _model_config(self, name: str, endpoints: list[EndpointConfig]) -> ModelConfig:
-        return ModelConfig(name=name, endpoints=endpoints, **dict(self._config.models))
+    def _model_config(
+        self, name: str, endpoints: list[EndpointConfig], routes: list[RouteConfig]
+    ) -> ModelConfig:
+        return ModelConfig(name=name, endpoints=endpoints, routes=routes, **dict(self._config.models))
 
 
 class FeedFollower:

@@ -10,6 +10,7 @@ returned changes and records `derive_status` or `schedule_failed` as the version
     manifest the plain shape and Seldon's Model resource read into ModelSpecs; quantities
     derive   derive_status (§4), schedule_failed (§5.4), should_retry (§5.5)
     planner  plan (§5.2) over ServerView/ReplicaView and ModelView/VersionView
+    split    traffic_split: old and new version shares during a rollout (§6.2)
 """
 
 from modelyard.placement.derive import ModelStatus, derive_status, schedule_failed, should_retry
@@ -27,6 +28,7 @@ from modelyard.placement.planner import (
     required_memory,
 )
 from modelyard.placement.spec import SCALING_FIELDS, ModelSpec, SpecChange, parse_model_spec, spec_change
+from modelyard.placement.split import traffic_split
 from modelyard.placement.states import (
     ALREADY_LOADING_OR_LOADED,
     HOSTING,
@@ -79,4 +81,5 @@ __all__ = [
     "schedule_failed",
     "should_retry",
     "spec_change",
+    "traffic_split",
 ]

@@ -16,7 +16,8 @@ What Seldon does, and so does this (in order):
   unknown passes); it offers the model's requirements. None left: NO_MATCHING_SERVERS.
 - Replica filters: free memory (agent-reported available minus reservations, clamped at 0) of at
   least the requirement, unless the replica already hosts this version; not draining.
-- Replica order: already hosting this version first, then more free memory, then lower index.
+- Replica order: already hosting this version first, then more free memory, then lower index
+  (see difference 9).
 - Pass 1: the first server (in server order) with at least `replicas` candidates takes the first
   `replicas` of them. Pass 2, only when pass 1 found none and min_replicas > 0: the first server
   with at least `min_replicas` candidates takes as many as it has, up to `replicas`. Neither:
@@ -58,6 +59,11 @@ Where this differs from Seldon, and why:
    every pass, which with a replica that keeps failing loops UNLOAD through the agent forever and
    hides its reason (the version never shows ModelTerminateFailed). The caller retries them on its
    own schedule (the scheduler: the retry timer, an agent's connect or disconnect).
+9. A new version goes first to replicas not serving an older version of the model (then by free
+   memory): the server sees the model under one name, so a version placed where an older one
+   serves replaces it there, and a replace that fails leaves neither loaded. Elsewhere, the old
+   version keeps serving beside the new one until the new is Available, and a new version that
+   fails to load costs nothing. Seldon places the new version as a fresh model (compat §6.2).
 """
 
 from __future__ import annotations
@@ -203,7 +209,7 @@ def plan(servers: Iterable[ServerView], model: ModelView) -> Placement | Placeme
         return PlacementFailure(NO_MATCHING_SERVERS, unbind=_bound(latest) and not _any(latest, LIVE))
 
     ranked = sorted(
-        ((server, _candidates(server, latest, memory, requirements)) for server in eligible),
+        ((server, _candidates(server, model, memory, requirements)) for server in eligible),
         key=lambda pair: (pair[0].name != latest.server, -sum(r.free_memory for r in pair[1]), pair[0].name),
     )
     for server, candidates in ranked:
@@ -232,11 +238,20 @@ def _server_passes(server: ServerView, spec: ModelSpec, requirements: frozenset[
 
 
 def _candidates(
-    server: ServerView, latest: VersionView, memory: int, requirements: frozenset[str]
+    server: ServerView, model: ModelView, memory: int, requirements: frozenset[str]
 ) -> list[ReplicaView]:
-    """The replicas that may host the version, best first."""
+    """The replicas that may host the version, best first (difference 9: a replica serving an
+    older version of the model comes after the others)."""
+    latest = model.latest
     bound_here = latest.server == server.name
-    keyed: list[tuple[bool, int, int, ReplicaView]] = []
+    serving_older = {
+        index
+        for version in model.versions
+        if version is not latest and version.server == server.name
+        for index, status in version.replicas.items()
+        if status.state in LIVE
+    }
+    keyed: list[tuple[bool, bool, int, int, ReplicaView]] = []
     for replica in server.replicas:
         if replica.draining or not requirements <= _capabilities(replica):
             continue
@@ -247,9 +262,10 @@ def _candidates(
             or (replica.total_memory is not None and memory > replica.total_memory)
         ):
             continue
-        keyed.append((not hosting, -replica.free_memory, replica.index, replica))
-    keyed.sort(key=lambda entry: entry[:3])
-    return [entry[3] for entry in keyed]
+        older = not hosting and replica.index in serving_older
+        keyed.append((not hosting, older, -replica.free_memory, replica.index, replica))
+    keyed.sort(key=lambda entry: entry[:4])
+    return [entry[4] for entry in keyed]
 
 
 def _place(

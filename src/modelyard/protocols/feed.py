@@ -5,7 +5,9 @@
     {"type": "removed", "name": "iris"}             the model is gone
     {"type": "ping"}                                keep-alive
 
-An entry is `{"name", "version", "state", "reason", "endpoints": [{"name", "url"}]}`. Parsing is
+An entry is `{"name", "version", "state", "reason", "endpoints": [{"name", "url", "version"}],
+"versions": [{"version", "weight"}]}`; `versions` (each version's share of the traffic, two of
+them during a rollout) and each endpoint's `version` are absent from older schedulers. Parsing is
 strict about what the gateway routes on (names, endpoint URLs) and lenient about the rest: a line
 of an unknown type is ignored (a newer scheduler may add some), and a snapshot entry that is bad is
 reported beside the good ones rather than costing the gateway every model.
@@ -14,7 +16,7 @@ reported beside the good ones rather than costing the gateway every model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -27,6 +29,13 @@ class FeedLineInvalid(ValueError):
 class FeedEndpoint:
     name: str
     url: str
+    version: int | None = None  # the model version it serves (None from an older scheduler)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionShare:
+    version: int
+    weight: int  # percent of the model's traffic
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +45,13 @@ class PlacedModel:
     state: str
     reason: str
     endpoints: tuple[FeedEndpoint, ...]
+    versions: tuple[VersionShare, ...] = ()  # empty from an older scheduler
+
+    @property
+    def split(self) -> bool:
+        """Traffic is split between versions (a rollout): two or more shares, each with endpoints."""
+        served = {e.version for e in self.endpoints}
+        return len(self.versions) > 1 and all(v.version in served for v in self.versions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +115,7 @@ def parse_entry(data: Any, where: str = "model") -> PlacedModel:
     name = _string(data, "name", where)
     where = f"{where} ({name})"
     version = data.get("version", 0)
-    if not isinstance(version, int) or isinstance(version, bool):
+    if not _integer(version):
         raise FeedLineInvalid(f"{where}.version: expected an integer")
     raw = data.get("endpoints") or []
     if not isinstance(raw, list):
@@ -109,7 +125,11 @@ def parse_entry(data: Any, where: str = "model") -> PlacedModel:
         if not isinstance(endpoint, dict):
             raise FeedLineInvalid(f"{where}.endpoints[{i}]: expected an object")
         url = _string(endpoint, "url", f"{where}.endpoints[{i}]")
-        endpoints.append(FeedEndpoint(str(endpoint.get("name") or ""), url))
+        served = endpoint.get("version")
+        if served is not None and not _integer(served):
+            raise FeedLineInvalid(f"{where}.endpoints[{i}].version: expected an integer")
+        endpoints.append(FeedEndpoint(str(endpoint.get("name") or ""), url, served))
+    versions = _versions(data.get("versions"), where)
     state = data.get("state")
     reason = data.get("reason")
     return PlacedModel(
@@ -118,7 +138,32 @@ def parse_entry(data: Any, where: str = "model") -> PlacedModel:
         state if isinstance(state, str) and state else "Unknown",
         reason if isinstance(reason, str) else "",
         tuple(endpoints),
+        versions,
     )
+
+
+def _versions(raw: Any, where: str) -> tuple[VersionShare, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise FeedLineInvalid(f"{where}.versions: expected a list")
+    shares = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise FeedLineInvalid(f"{where}.versions[{i}]: expected an object")
+        version, weight = item.get("version"), item.get("weight")
+        if not _integer(version):
+            raise FeedLineInvalid(f"{where}.versions[{i}].version: expected an integer")
+        if not _integer(weight) or not 0 <= weight <= 100:
+            raise FeedLineInvalid(f"{where}.versions[{i}].weight: expected an integer from 0 to 100")
+        shares.append(VersionShare(version, weight))
+    if len({s.version for s in shares}) != len(shares):
+        raise FeedLineInvalid(f"{where}.versions: a version is named twice")
+    return tuple(shares)
+
+
+def _integer(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _string(data: dict[str, Any], key: str, where: str) -> str:

@@ -11,38 +11,68 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from modelyard.placement import routable_assignment
-from modelyard.scheduler.records import Model, Server
+from modelyard.placement import ModelState, routable_assignment, traffic_split
+from modelyard.scheduler.records import Model, Server, ServerReplica, Version
 
 FeedLine = dict[str, Any]
 
 
 def feed_entry(model: Model, servers: Mapping[str, Server]) -> FeedLine:
-    """`{"name", "version", "state", "reason", "endpoints"}` per docs/placement.md: the routable
-    replicas of the latest version, or while it has none, of the newest version that has some.
+    """`{"name", "version", "state", "reason", "endpoints", "versions"}` per docs/placement.md.
 
-    Unlike Seldon, which splits traffic between the old and new version during a rollout (and can
-    divide by zero doing it, compat §6.2), traffic goes to one version: the newest that can serve."""
+    During a rollout the entry names both versions' routable replicas, and `versions` gives each
+    version's share of the traffic (`traffic_split`, compat §6.2 step 3): while the latest version
+    has routable replicas but is not ModelAvailable, and an older version still has routable
+    replicas (the cleaner has not retired it). Seldon's condition is "the last ModelAvailable
+    version is not the latest"; here a superseded version's status turns ModelTerminating as soon
+    as a new version is applied, so the one that still serves is the newest older one routable.
+    Otherwise the entry names the routable replicas of the latest version, or while it has none,
+    of the newest version that has some (the old version keeps serving during a move), with the
+    whole share. Each endpoint says its version. A replica where the new version was placed over
+    the old one serves the new one only: two versions are never loaded side by side on a replica."""
     latest = model.latest
-    endpoints: list[dict[str, str]] = []
-    for version in reversed(model.versions):
-        server = servers.get(version.server) if version.server is not None else None
-        indexes = routable_assignment(version.states()) if server is not None else ()
-        if server is None or not indexes:
-            continue
-        for index in indexes:
-            replica = server.replicas.get(index)
-            if replica is not None:
-                endpoints.append({"name": replica.endpoint_name, "url": replica.inference_url})
-        if endpoints:
-            break
+    groups: list[tuple[Version, list[ServerReplica]]] = []
+    new = _routable(latest, servers) if latest.status.state is not ModelState.AVAILABLE else []
+    if new:
+        taken = {r.key for r in new}
+        for version in reversed(model.versions[:-1]):
+            if old := [r for r in _routable(version, servers) if r.key not in taken]:
+                groups = [(version, old), (latest, new)]
+                break
+    if not groups:
+        for version in reversed(model.versions):
+            if replicas := _routable(version, servers):
+                groups = [(version, replicas)]
+                break
+    shares = [100] * len(groups)
+    if len(groups) == 2:
+        split = traffic_split(len(groups[0][1]), len(groups[1][1]))
+        assert split is not None  # both groups have replicas
+        shares = list(split)
     return {
         "name": model.name,
         "version": latest.version,
         "state": latest.status.state.value,
         "reason": latest.status.reason,
-        "endpoints": endpoints,
+        "endpoints": [
+            {"name": r.endpoint_name, "url": r.inference_url, "version": version.version}
+            for version, replicas in groups
+            for r in replicas
+        ],
+        "versions": [
+            {"version": version.version, "weight": share}
+            for (version, _), share in zip(groups, shares, strict=True)
+        ],
     }
+
+
+def _routable(version: Version, servers: Mapping[str, Server]) -> list[ServerReplica]:
+    """The server replicas the version's traffic may go to (`routable_assignment`), by index."""
+    server = servers.get(version.server) if version.server is not None else None
+    if server is None:
+        return []
+    found = (server.replicas.get(index) for index in routable_assignment(version.states()))
+    return [replica for replica in found if replica is not None]
 
 
 class FeedHub:

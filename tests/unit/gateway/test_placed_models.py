@@ -10,7 +10,14 @@ from modelyard.config import PlacementConfig, validate_config
 from modelyard.errors import ConfigError, ModelNotFound, ModelNotPlaced
 from modelyard.gateway import Gateway
 from modelyard.gateway.placement import reconnect_delay
-from modelyard.protocols.feed import FeedEndpoint, ModelChanged, ModelRemoved, PlacedModel, Snapshot
+from modelyard.protocols.feed import (
+    FeedEndpoint,
+    ModelChanged,
+    ModelRemoved,
+    PlacedModel,
+    Snapshot,
+    VersionShare,
+)
 
 
 def placed(name: str, *urls: str, state: str = "ModelAvailable", reason: str = "") -> PlacedModel:
@@ -116,3 +123,35 @@ def test_the_scheduler_address(given, url):
 def test_a_bad_scheduler_address_names_the_field(given):
     with pytest.raises(ConfigError, match=r"placement\.scheduler: expected host:port"):
         validate_config({"placement": {"scheduler": given}}, "<test>")
+
+
+def _rollout(*shares: tuple[int, int]) -> PlacedModel:
+    """Version v on http://10.0.0.<v>:80 (endpoint s-<v>), with the given (version, weight)."""
+    endpoints = tuple(FeedEndpoint(f"s-{v}", f"http://10.0.0.{v}:80", v) for v, _ in shares)
+    versions = tuple(VersionShare(v, w) for v, w in shares)
+    return PlacedModel("iris", max(v for v, _ in shares), "ModelProgressing", "", endpoints, versions)
+
+
+def test_a_rollout_splits_by_version_subsets_and_the_admin_routes_come_back_after(gateway):
+    gateway.placed.apply(ModelChanged(_rollout((1, 100))))
+    cluster = gateway.cluster("iris")
+    assert [(e.name, e.subset) for e in cluster.endpoints] == [("s-1", "default")]
+    cluster.replace_routes([{"name": "mine", "destinations": [{"subset": "default"}]}])
+
+    gateway.placed.apply(ModelChanged(_rollout((1, 34), (2, 66))))
+    assert gateway.cluster("iris") is cluster
+    assert [(e.name, e.subset) for e in cluster.endpoints] == [("s-1", "v1"), ("s-2", "v2")]
+    (route,) = cluster.config.routes
+    assert route.name == "rollout" and route.match is None
+    assert [(d.subset, d.weight) for d in route.destinations] == [("v1", 34), ("v2", 66)]
+    assert cluster.route_for({}, None) is route
+
+    gateway.placed.apply(ModelChanged(_rollout((2, 100))))
+    assert [(e.name, e.subset) for e in cluster.endpoints] == [("s-2", "default")]
+    assert [r.name for r in cluster.config.routes] == ["mine"]  # set aside during the split
+
+
+def test_an_entry_from_an_older_scheduler_has_no_split(gateway):
+    gateway.placed.apply(ModelChanged(placed("iris", "http://10.0.0.1:80", "http://10.0.0.2:80")))
+    cluster = gateway.cluster("iris")
+    assert {e.subset for e in cluster.endpoints} == {"default"} and cluster.config.routes == []

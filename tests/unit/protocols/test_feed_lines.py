@@ -14,6 +14,7 @@ from modelyard.protocols.feed import (
     Ping,
     PlacedModel,
     Snapshot,
+    VersionShare,
     parse_feed_line,
 )
 
@@ -63,3 +64,33 @@ def test_a_bad_snapshot_entry_is_left_out_with_its_problem():
     assert isinstance(event, Snapshot)
     assert event.models == (IRIS,)
     assert event.problems == ("snapshot.models[1].name: expected a non-empty string",)
+
+
+def test_a_rollout_entry_names_each_endpoints_version_and_each_versions_share():
+    line = (
+        b'{"type": "model", "name": "iris", "version": 2, "state": "ModelProgressing",'
+        b' "endpoints": [{"name": "a-0", "url": "http://h:1", "version": 1},'
+        b' {"name": "a-1", "url": "http://h:2", "version": 2}],'
+        b' "versions": [{"version": 1, "weight": 34}, {"version": 2, "weight": 66}]}'
+    )
+    event = parse_feed_line(line)
+    assert isinstance(event, ModelChanged)
+    model = event.model
+    assert [(e.name, e.version) for e in model.endpoints] == [("a-0", 1), ("a-1", 2)]
+    assert model.versions == (VersionShare(1, 34), VersionShare(2, 66))
+    assert model.split
+    assert not IRIS.split  # an older scheduler's entry
+
+
+@pytest.mark.parametrize(
+    ("versions", "message"),
+    [
+        (b'"x"', "versions: expected a list"),
+        (b'[{"version": 1, "weight": 101}]', "weight: expected an integer from 0 to 100"),
+        (b'[{"version": true, "weight": 1}]', "version: expected an integer"),
+        (b'[{"version": 1, "weight": 1}, {"version": 1, "weight": 2}]', "named twice"),
+    ],
+)
+def test_bad_version_shares_are_refused(versions, message):
+    with pytest.raises(FeedLineInvalid, match=re.escape(message)):
+        parse_feed_line(b'{"type": "model", "name": "iris", "versions": ' + versions + b"}")
