@@ -26,7 +26,7 @@ from test_graph_mlserver import SETOSA, TRAIN, VIRGINICA, _mlserver_venv, _wait_
 
 from modelyard.agent import Agent, AgentConfig, start_agent
 from modelyard.config import validate_config
-from modelyard.gateway import RunningGateway, start_gateway
+from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from modelyard.placement import NO_MATCHING_SERVERS, NOT_ENOUGH_REPLICAS
 from modelyard.scheduler import RunningScheduler, SchedulerConfig, start_scheduler
 from support import free_ports, wait_until
@@ -308,8 +308,20 @@ async def test_an_agent_killed_under_load_its_models_come_back_on_the_other(stac
     loaders = [asyncio.create_task(load(name)) for name in answers]
     try:
         await wait_until(_answered(answers, 20), attempts=3000)
-        # The replica dies: its agent and its MLServer, as when a pod is lost.
+        # The replica dies: its agent, then its MLServer. The agent's stream ending takes the replica
+        # out of the feed at once; the server is killed once the gateway has stopped sending to it
+        # and its last answers are in. (Killed together, a response cut mid-body would be a 502: an
+        # answer has begun, so it is not retried, as in Envoy.)
         await stack.stop_agent(1)
+        gone = stack.servers[1].url
+
+        async def stopped_routing_there() -> bool:
+            gateway = stack.gateway.app[GATEWAY]
+            routed = {e.url for c in gateway.clusters.values() for e in c.endpoints}
+            load = gateway.loads.get(gone)
+            return gone not in routed and (load is None or load.in_flight == 0)
+
+        await wait_until(stopped_routing_there, attempts=1000)
         stack.servers[1].kill()
         moved = await stack.wait_state("iris-one", "ModelAvailable")
         assert moved["server"] == "mlserver"
