@@ -59,6 +59,7 @@ class Agent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self.subscriptions = 0  # subscribe calls sent on a connected channel so far
+        self._stopping = False
         self._opened_at: float | None = None  # when the current subscription's channel opened
 
     @property
@@ -113,7 +114,7 @@ class Agent:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         backoff = Backoff(self.config.reconnect_backoff, self.config.reconnect_backoff_max, self._rng)
-        while True:
+        while not self._stopping:
             self._opened_at = None  # set by `_opened` once the channel is connected
             try:
                 stream = self._client.subscribe(self.subscribe_request(), on_open=self._opened)
@@ -126,6 +127,8 @@ class Agent:
                 log.exception("subscription to %s failed unexpectedly; retrying", self.config.scheduler)
             # Only a stream that was open for a while resets the backoff: counting from before the
             # connect wait (up to connect_timeout) would reset it on every unreachable attempt.
+            if self._stopping:
+                return
             if self._opened_at is not None and loop.time() - self._opened_at >= _STABLE_AFTER:
                 backoff.reset()
             await asyncio.sleep(backoff.next_delay())  # reconnect backoff
@@ -237,12 +240,16 @@ class Agent:
             return done
 
     async def stop(self) -> None:
+        self._stopping = True
         tasks = [t for t in (self._loop, *self._tasks) if t is not None]
         self._loop = None
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Close the channel before waiting: it ends the calls on it. A task cancelled while grpc.aio
+        # is starting a call can otherwise wait for ever (seen when an agent stops right after it
+        # started), and the subscribe loop must not open a new channel meanwhile (`_stopping`).
         await self._client.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._server.close()
 
     async def __aenter__(self) -> Agent:
