@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -253,3 +254,48 @@ async def test_a_gateway_starts_without_its_scheduler(placed_gateway, http):
 
 async def _async(value: bool) -> bool:
     return value
+
+
+def _versions(*groups: tuple[int, str, int]) -> Any:
+    """A feed entry of model llm: (version, url, weight) per version, endpoint sim-<version>."""
+    from modelyard.protocols.feed import FeedEndpoint, ModelChanged, PlacedModel, VersionShare
+
+    endpoints = tuple(FeedEndpoint(f"sim-{v}", url, v) for v, url, _ in groups)
+    shares = tuple(VersionShare(v, w) for v, _, w in groups)
+    return ModelChanged(
+        PlacedModel("llm", max(v for v, _, _ in groups), "ModelProgressing", "", endpoints, shares)
+    )
+
+
+@pytest.mark.parametrize("change", ["the split ends", "a split begins under an admin route"])
+async def test_requests_queued_while_a_split_begins_or_ends_are_answered(sim_workers, http, change):
+    w1, w2 = await sim_workers(2, models=["llm"], decode_ms_per_token=100.0)
+    (closed,) = free_ports(1)
+    limits = {"max_requests": 1, "max_pending_requests": 100, "queue_timeout": "10s"}
+    placement = {
+        "scheduler": f"127.0.0.1:{closed}",
+        "startup_wait": 0.05,
+        "models": {"health_check": {"interval": "60s"}, "circuit_breakers": limits},
+    }
+    gateway = await start_gateway(validate_config({"listen": {"port": 0}, "placement": placement}, "<test>"))
+    try:
+        placed = gateway.app[GATEWAY].placed
+        if change == "the split ends":
+            placed.apply(_versions((1, w1.url, 50), (2, w2.url, 50)))
+        else:
+            placed.apply(_versions((1, w1.url, 100)))
+            gateway.app[GATEWAY].cluster("llm").replace_routes(
+                [{"name": "mine", "destinations": [{"subset": "default"}]}]
+            )
+        cluster = gateway.app[GATEWAY].cluster("llm")
+        requests = [asyncio.create_task(chat(http, gateway)) for _ in range(6)]
+        await wait_until(lambda: _async(len(cluster.capacity) >= 3), attempts=500)  # most of them queue
+        if change == "the split ends":
+            placed.apply(_versions((2, w2.url, 100)))  # v1 still answers: its unload grace
+        else:
+            placed.apply(_versions((1, w1.url, 50), (2, w2.url, 50)))
+        answers = await asyncio.gather(*requests)
+    finally:
+        await gateway.stop()
+    # Before: the queued requests' subset (v1/v2, or default) was gone, and they got 503.
+    assert [status for status, _, _ in answers] == [200] * 6, answers

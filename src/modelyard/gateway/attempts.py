@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from modelyard.balancing import Pick
 from modelyard.balancing import retry as policy
+from modelyard.balancing.routes import ALL_SUBSETS
 from modelyard.cluster import Endpoint
 from modelyard.errors import (
     EndpointTakenOut,
@@ -180,6 +181,8 @@ class AttemptLoop:
         capacity = cluster.capacity
         until: float | None = None  # one queue deadline, however often this wakes and re-waits
         while True:
+            if cluster.vanished_subset(ex.subset):
+                ex.subset = ALL_SUBSETS
             healthy = cluster.routable(ex.subset, time.monotonic())
             if not healthy:
                 if ex.counted:

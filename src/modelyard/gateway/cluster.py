@@ -71,6 +71,7 @@ class Cluster:
         self._awaiting: dict[Endpoint, set[Abortable]] = {}  # tries sent, no answer byte yet
         self.endpoints: tuple[Endpoint, ...] = ()
         self._subsets: dict[str, tuple[Endpoint, ...]] = {}
+        self._vanished: set[str] = set()  # subsets an endpoint update removed (see vanished_subset)
         self.routes: tuple[CompiledRoute, ...] = compile_routes(config.routes)
         self.replace_endpoints(config.endpoints)
 
@@ -108,6 +109,7 @@ class Cluster:
         # Tries still running on a removed endpoint finish as they are; nobody aborts them now.
         self._awaiting = {e: f for e, f in self._awaiting.items() if e in endpoints}
         self.endpoints = tuple(endpoints)
+        self._vanished = (self._vanished | set(self._subsets)) - set(subsets)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}
         self._subsets[ALL_SUBSETS] = self.endpoints
         self.capacity.wake_all()
@@ -119,6 +121,13 @@ class Cluster:
                     "model %s: route %s names subsets with no endpoint now: %s; its requests get 503",
                     self.name, route.name, ", ".join(missing),
                 )  # fmt: skip
+
+    def vanished_subset(self, name: str) -> bool:
+        """Whether `name` had endpoints until an endpoint update took the subset away (a placed
+        model's rollout split beginning or ending renames its subsets). A request routed to it,
+        waiting for room or about to retry, goes to all the model's endpoints instead of failing;
+        a subset that never had endpoints (a route naming a typo) still gets 503."""
+        return name in self._vanished
 
     def subset(self, name: str) -> tuple[Endpoint, ...]:
         return self._subsets.get(name, ())

@@ -107,6 +107,8 @@ class PlacedModels:
         where = ", ".join(f"{e.name} {e.url}" for e in endpoints)
         if cluster is None:
             routes = [split] if split is not None else []
+            if split is not None:
+                self._set_aside[name] = []  # no admin routes to restore: the split's route just ends
             cluster = gateway.new_cluster(self._model_config(name, endpoints, routes))
             log.info("model %s placed: %s", name, where)
         else:

@@ -91,7 +91,7 @@ class Proxy:
             headers[BACKEND_HEADER] = attempt.endpoint.name
             headers[STRATEGY_HEADER] = cluster.strategy.name
             headers[ROUTE_HEADER] = route.name
-            headers[SUBSET_HEADER] = subset
+            headers[SUBSET_HEADER] = ex.subset  # the subset may have changed under it (vanished_subset)
             headers[REQUEST_ID_HEADER] = request_id
             if attempt.pick.cache_hit is not None:
                 headers[CACHE_HIT_HEADER] = "true" if attempt.pick.cache_hit else "false"

@@ -155,3 +155,25 @@ def test_an_entry_from_an_older_scheduler_has_no_split(gateway):
     gateway.placed.apply(ModelChanged(placed("iris", "http://10.0.0.1:80", "http://10.0.0.2:80")))
     cluster = gateway.cluster("iris")
     assert {e.subset for e in cluster.endpoints} == {"default"} and cluster.config.routes == []
+
+
+def test_a_split_first_seen_mid_rollout_ends_with_the_rollout(gateway):
+    # The gateway starts (or first hears of the model) while its traffic is split.
+    gateway.placed.apply(Snapshot((_rollout((1, 50), (2, 50)),)))
+    cluster = gateway.cluster("iris")
+    assert [r.name for r in cluster.config.routes] == ["rollout"]
+    gateway.placed.apply(ModelChanged(_rollout((2, 100))))
+    assert cluster.config.routes == []  # was: the rollout route kept naming v1/v2, and every request got 503
+    assert cluster.route_for({}, None).name == "default"
+    assert [e.name for e in cluster.routable("*", 0.0)] == ["s-2"]
+
+
+def test_a_subset_an_update_took_away_falls_back_to_every_endpoint(gateway):
+    gateway.placed.apply(ModelChanged(_rollout((1, 50), (2, 50))))
+    cluster = gateway.cluster("iris")
+    assert not cluster.vanished_subset("v1")
+    gateway.placed.apply(ModelChanged(_rollout((2, 100))))
+    assert cluster.vanished_subset("v1") and cluster.vanished_subset("v2")
+    assert not cluster.vanished_subset("typo")  # never had endpoints: a route naming it still gets 503
+    gateway.placed.apply(ModelChanged(_rollout((2, 50), (3, 50))))
+    assert not cluster.vanished_subset("v2")  # back again
