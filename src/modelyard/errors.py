@@ -30,6 +30,7 @@
     ├── NoHealthyEndpoint               503 service_unavailable
     ├── ModelNotPlaced                  503 (applied to the scheduler, not yet Available; Retry-After)
     ├── SchedulerUnavailable            503 (the scheduler or an agent stream could not be reached)
+    ├── ModelNotResident                503 (an agent could not load an evicted model back for a request)
     ├── TooManyConnections              503 (listen.max_connections open; with Retry-After)
     ├── StoreWriteFailed                500 (the scheduler could not write its database; the change
     │                                        stays in memory and is written with the next one)
@@ -243,6 +244,15 @@ class SchedulerUnavailable(ModelyardError):
     status = 503
     error_type = "service_unavailable"
     code = "scheduler_unavailable"
+
+
+class ModelNotResident(ModelyardError):
+    """An agent could not get a model it holds into the server's memory for a request: the reload
+    failed, or every model in memory kept serving requests until the agent's room timeout."""
+
+    status = 503
+    error_type = "service_unavailable"
+    code = "model_not_resident"
 
 
 class TooManyConnections(ModelyardError):

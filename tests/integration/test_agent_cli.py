@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import grpc
-from test_agent import FakeScheduler
 
+from fake_agent_scheduler import FakeScheduler
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
 from support import free_ports, wait_until
 

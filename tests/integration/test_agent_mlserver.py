@@ -15,9 +15,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_agent import FakeScheduler
 from test_graph_mlserver import SETOSA, TRAIN, VIRGINICA, _mlserver_venv, _wait_ready, infer_body
 
+from fake_agent_scheduler import FakeScheduler
 from modelyard.agent import AgentConfig, start_agent
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
 from support import free_ports, wait_until

@@ -29,7 +29,7 @@ from modelyard.config import validate_config
 from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from modelyard.placement import NO_MATCHING_SERVERS, NOT_ENOUGH_REPLICAS
 from modelyard.scheduler import RunningScheduler, SchedulerConfig, start_scheduler
-from support import free_ports, wait_until
+from support import free_ports, metric_value, wait_until
 
 MB = 1_000_000
 MEMORY = (5 * MB, 10 * MB)  # replica 0, replica 1
@@ -169,7 +169,7 @@ class Stack:
             body = await response.json(content_type=None)
             return response.status, dict(response.headers), body
 
-    async def start_agent(self, index: int) -> None:
+    async def start_agent(self, index: int, overcommit_percent: int = 0) -> None:
         self.servers[index].ensure_running()
         self.agents[index] = await start_agent(
             AgentConfig(
@@ -183,6 +183,7 @@ class Stack:
                 unload_grace=0,
                 load_attempts=2,
                 load_backoff=0.05,
+                overcommit_percent=overcommit_percent,
             )
         )
 
@@ -394,3 +395,32 @@ def _answered(answers: dict[str, list[tuple[int, bool, str]]], count: int) -> An
         return all(len(seen) >= count for seen in answers.values())
 
     return enough
+
+
+async def test_two_models_that_do_not_fit_together_take_turns_and_every_request_is_answered(
+    stack: Stack,
+) -> None:
+    """Issue 9 item 7: replica 0 alone (5 MB, 100% overcommit) holds two 4 MB models. Loading the
+    second evicts the first from MLServer; requests alternating between them through the gateway
+    are all answered, each reloading its model (the agent evicts the other one first)."""
+    await stack.stop_agent(1)
+    await stack.stop_agent(0)
+    await stack.start_agent(0, overcommit_percent=100)
+    await stack.apply("iris-a", memory=4 * MB)
+    await stack.wait_state("iris-a", "ModelAvailable")
+    await stack.apply("iris-b", memory=4 * MB)
+    placed = await stack.wait_state("iris-b", "ModelAvailable")
+    assert replicas_of(placed) == {"0": "Available"}
+    assert replicas_of(await stack.model("iris-a")) == {"0": "Available"}  # still registered there
+    server = stack.servers[0]
+    loads_before = server.loads_of("iris-a")
+    answers = []
+    for name in ["iris-a", "iris-b"] * 3:
+        status, headers, body = await stack.infer(name)
+        answers.append((status, headers.get("X-Modelyard-Backend"), body.get("model_name")))
+    assert answers == [(200, "mlserver-0", name) for name in ["iris-a", "iris-b"] * 3], answers
+    # Each request found its model evicted by the one before and had it reloaded.
+    assert server.loads_of("iris-a") == loads_before + 3
+    agent = stack.agents[0]
+    assert agent is not None
+    assert await metric_value(stack.http, agent.url, "modelyard_evictions_total", model="iris-a") >= 3

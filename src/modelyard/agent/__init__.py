@@ -2,6 +2,9 @@
 
 agent       Agent / start_agent: the subscription to the scheduler, re-sync and reconnect
 operations  LOAD and UNLOAD: artefact fetch, repository load with retries, events
+residency   Residency: room for loads (LRU eviction of idle models), lazy reload for requests
+dataplane   DataPlane: requests forwarded to the server, counted per model; /metrics
+metrics     AgentMetrics: the Prometheus registry of one agent
 state       LocalState: models held, memory accounting with overcommit, LRU order (pure)
 policy      CommandStamps (out-of-order protection), Backoff, retry_delays (pure)
 artefacts   storageUri -> <repository>/<name>/

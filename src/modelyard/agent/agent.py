@@ -11,6 +11,10 @@ its own task (`operations.py`).
 At start, with a repository, the staging and swapped-out directories an interrupted fetch left
 behind are deleted (their names are the agent's own; see `artefacts.py` for what else it deletes).
 
+The data plane (`dataplane.py`, on `port`) is where the gateway sends requests: the agent
+advertises its URL to the scheduler as the replica's inference URL (or `advertise_url`), counts
+requests per model, and reloads evicted models for them (`residency.py`); `/metrics` is there too.
+
 Differs from Seldon: the files of models found at start are left in place (they may be the
 user's, not ours); with `keep_existing` the models stay loaded too, though the agent does not
 report them (the scheduler did not place them).
@@ -25,11 +29,16 @@ from types import TracebackType
 
 from modelyard.agent.artefacts import Artefacts
 from modelyard.agent.config import AgentConfig
+from modelyard.agent.dataplane import DataPlane
+from modelyard.agent.metrics import AgentMetrics
 from modelyard.agent.operations import Operations
 from modelyard.agent.policy import Backoff
+from modelyard.agent.residency import Residency
 from modelyard.agent.state import LocalState
+from modelyard.config import ListenConfig
 from modelyard.errors import Conflict, ModelyardError, NotFound, SchedulerUnavailable
 from modelyard.rpc import AgentClient, agent_pb2
+from modelyard.serving import HttpServer
 from modelyard.upstream.repository import RepositoryClient
 
 log = logging.getLogger("modelyard.agent")
@@ -54,13 +63,54 @@ class Agent:
                 config.repository, max_bytes=config.max_artefact_bytes, timeout=config.fetch_timeout
             )
         self._artefacts = artefacts
-        self._ops = Operations(config, self.state, self._server, artefacts, self._send_event, self._rng)
+        self.metrics = AgentMetrics(self.state, _loop_time)
+        self.residency = Residency(
+            self.state,
+            self._server,
+            room_timeout=config.room_timeout,
+            on_evicted=self.metrics.evicted,
+            on_load=self.metrics.reloaded,
+        )
+        self._ops = Operations(
+            config,
+            self.state,
+            self._server,
+            artefacts,
+            self._send_event,
+            self._rng,
+            self.residency,
+            on_load=self.metrics.loaded,
+        )
+        self._data_plane: DataPlane | None = None
+        self._http: HttpServer | None = None
+        if config.port is not None:
+            self._data_plane = DataPlane(
+                self.state,
+                self.residency,
+                self.metrics,
+                config.inference_url,
+                timeout=config.proxy_timeout,
+                draining=lambda: self.draining,
+            )
+            listen = ListenConfig(
+                host=config.host, port=config.port, drain_seconds=0.0, shutdown_timeout=30.0
+            )
+            self._http = HttpServer(self._data_plane.app(config.max_body_bytes), listen)
         self._received = 0  # receive stamps (compat §7.6)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self.subscriptions = 0  # subscribe calls sent on a connected channel so far
         self._stopping = False
         self._opened_at: float | None = None  # when the current subscription's channel opened
+
+    @property
+    def url(self) -> str:
+        """Where the gateway sends this replica's requests: the data plane, or the server itself."""
+        if self.config.advertise_url is not None:
+            return self.config.advertise_url
+        if self._http is not None and self._http.url:
+            return self._http.url
+        return self.config.inference_url
 
     @property
     def pending_operations(self) -> int:
@@ -76,6 +126,9 @@ class Agent:
                 log.info("removed %s: left in the repository by an interrupted fetch", leftover)
         if not self.config.keep_existing:
             await self._unload_existing()
+        if self._http is not None:
+            await self._http.start()
+            log.info("data plane on %s, forwarding to %s", self._http.url, self.config.inference_url)
         self._loop = asyncio.create_task(self._run(), name="agent-subscribe")
 
     async def _unload_existing(self) -> None:
@@ -95,7 +148,7 @@ class Agent:
             replica_idx=config.replica_idx,
             shared=True,  # as Seldon's agents always say (compat §13.11)
             replica_config=agent_pb2.ReplicaConfig(
-                inference_url=config.inference_url,
+                inference_url=self.url,
                 memory_bytes=config.memory_bytes,
                 capabilities=config.capabilities,
                 over_commit_percentage=config.overcommit_percent,
@@ -250,6 +303,10 @@ class Agent:
         # started), and the subscribe loop must not open a new channel meanwhile (`_stopping`).
         await self._client.close()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.stop()  # requests in flight finish (bounded)
+        if self._data_plane is not None:
+            await self._data_plane.close()
         await self._server.close()
 
     async def __aenter__(self) -> Agent:
@@ -260,6 +317,10 @@ class Agent:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 async def start_agent(config: AgentConfig, *, rng: random.Random | None = None) -> Agent:

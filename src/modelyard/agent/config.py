@@ -43,6 +43,22 @@ class AgentConfig(BaseModel):
     max_artefact_bytes: Bytes = Field(default=16 * 2**30, description="bound on one downloaded file")
     fetch_timeout: float = Field(default=1800.0, gt=0)
     event_attempts: int = Field(default=3, ge=1, le=100, description="tries to send one event")
+    # The data plane (dataplane.py): the gateway sends requests here and the agent forwards them.
+    host: str = Field(default="127.0.0.1", description="where the data plane listens")
+    port: int | None = Field(
+        default=0, ge=0, le=65535, description="the data plane's port (0: any free one; None: no data plane)"
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        description="the data plane's URL as the gateway reaches it (default: http://host:port as bound)",
+    )
+    room_timeout: float = Field(
+        default=60.0, gt=0, description="how long a load or reload waits for busy models to free memory, s"
+    )
+    proxy_timeout: float = Field(default=600.0, gt=0, description="one request through the data plane, s")
+    max_body_bytes: Bytes = Field(
+        default=100 * 2**20, description="largest request body the data plane takes"
+    )
 
     @field_validator("scheduler")
     @classmethod
@@ -52,9 +68,11 @@ class AgentConfig(BaseModel):
             raise ValueError(f"expected host:port, got {value!r}")
         return value
 
-    @field_validator("inference_url")
+    @field_validator("inference_url", "advertise_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value.rstrip("/")
@@ -78,4 +96,9 @@ class AgentConfig(BaseModel):
                 raise ValueError(
                     f"{first} ({getattr(self, first):g}s) must not exceed {most} ({getattr(self, most):g}s)"
                 )
+        if self.overcommit_percent > 0 and self.port is None:
+            # Evicted models are reloaded by the requests for them, which only the data plane sees.
+            raise ValueError(
+                "overcommit_percent needs the data plane (a port): evicted models reload on request"
+            )
         return self

@@ -11,8 +11,10 @@ Where it differs from Seldon, and why:
   and the agent says so with an UNLOADED for the old version.
 - An UNLOAD of a version the agent does not hold (never loaded, replaced, failed) answers UNLOADED
   without touching the server: the server's model of that name may be another version.
-- No eviction yet: a model larger than the replica's whole memory fails at once (Seldon retries 5
-  times first); anything else is loaded, and the server decides (next step: LRU eviction, §7.5).
+- A model larger than the replica's whole memory fails at once (Seldon retries 5 times first).
+  Anything else is loaded once the resident models fit, evicting idle ones least recently used
+  first (`residency.py`); a LOAD of a version held but evicted answers LOADED without loading it
+  (the next request reloads it), as Seldon's agent does.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from collections.abc import Awaitable, Callable
 from modelyard.agent.artefacts import Artefacts, instance_count
 from modelyard.agent.config import AgentConfig
 from modelyard.agent.policy import CommandStamps, retry_delays
-from modelyard.agent.state import LocalState, ModelStatus
+from modelyard.agent.residency import Residency
+from modelyard.agent.state import REGISTERED, LocalState, ModelStatus
 from modelyard.errors import ModelyardError
 from modelyard.rpc import agent_pb2
 from modelyard.upstream.repository import RepositoryClient
@@ -48,6 +51,8 @@ class Operations:
         artefacts: Artefacts | None,
         send_event: SendEvent,
         rng: random.Random,
+        residency: Residency,
+        on_load: Callable[[bool], None] = lambda ok: None,
     ) -> None:
         self._config = config
         self._state = state
@@ -55,15 +60,13 @@ class Operations:
         self._artefacts = artefacts
         self._send = send_event
         self._rng = rng
+        self._residency = residency
+        self._on_load = on_load  # (loaded ok): counted in modelyard_model_loads_total
         self._stamps = CommandStamps()
-        self._locks: dict[str, asyncio.Lock] = {}
         self.draining = False
 
     def _lock(self, name: str) -> asyncio.Lock:
-        lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = asyncio.Lock()
-        return lock
+        return self._residency.lock(name)
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -75,7 +78,7 @@ class Operations:
                 log.info("dropped LOAD %s v%d: a newer command for it was handled", name, version)
                 return
             held = self._state.get(name)
-            if held is not None and held.version == version and held.status is ModelStatus.LOADED:
+            if held is not None and held.version == version and held.status in REGISTERED:
                 await self._send(model, Event.LOADED, "", held.instance_count)  # a repeated LOAD
                 return
             too_large = self._state.too_large(model.memory_bytes)
@@ -85,9 +88,12 @@ class Operations:
             fetch = self._artefacts is not None and bool(model.storage_uri)
             replaced = self._state.begin_load(name, version, model.memory_bytes, self._now(), stamp)
             try:
+                await self._residency.make_room(name)  # evicts idle models when overcommitted
                 instances = await self._load_on_server(model, fetch)
             except Exception as error:  # whatever went wrong, the scheduler hears of it
                 failed = self._state.forget(name)
+                self._residency.freed()
+                self._on_load(False)
                 ours = (failed is not None and failed.fetched) or (replaced is not None and replaced.fetched)
                 await self._clean_up_failed(model, replaced is not None, ours)
                 await self._send(model, Event.LOAD_FAILED, _describe(error), 0)
@@ -96,6 +102,7 @@ class Operations:
                     await self._send(old, Event.UNLOADED, f"replaced by version {version}, which failed", 0)
                 return
             self._state.loaded_ok(name, version, self._now(), instances)
+            self._on_load(True)
             if self.draining:  # as Seldon: a load that ends while draining must not attract traffic
                 await self._send(model, Event.LOAD_FAILED, "server replica is draining", 0)
                 return
@@ -151,14 +158,17 @@ class Operations:
             if held is None or held.version != version:
                 await self._send(model, Event.UNLOADED, "", 0)
                 return
+            evicted = held.status is ModelStatus.EVICTED  # not on the server: nothing to unload there
             self._state.begin_unload(name, version)
             try:
-                await self._server.unload(name)  # one attempt, as Seldon's default
+                if not evicted:
+                    await self._server.unload(name)  # one attempt, as Seldon's default
             except Exception as error:
                 self._state.unload_failed(name, version)
                 await self._send(model, Event.UNLOAD_FAILED, _describe(error), 0)
                 return
             self._state.forget(name)
+            self._residency.freed()
             if held.fetched and self._artefacts is not None:
                 await asyncio.to_thread(self._artefacts.remove, name)
             log.info("unloaded %s v%d", name, version)

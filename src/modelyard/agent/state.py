@@ -3,13 +3,13 @@
 Pure (DESIGN.md habit 1): no I/O, no clock reads; times are arguments. The agent's operation
 handlers change it under the model's lock.
 
-This is the ground for Seldon's `LocalStateManager` (compat §7.5): the accounting already follows
-it (total memory, overcommit percent, memory held by every registered model, the available memory
-reported to the scheduler with overcommit) and an LRU order is kept (`touch`, `lru_order`), but
-nothing is evicted yet. The next step (memory overcommit with LRU eviction and lazy reload, §7.5
-and §7.7) adds an "evicted" status: a model that stays registered (still counted in
-`registered_bytes` and still reported to the scheduler) but no longer in the server's memory
-(`resident_bytes`); `lru_order` gives the victims, `resident_bytes` what eviction must free.
+This is Seldon's `LocalStateManager` (compat §7.5, §7.7): the replica's total memory, the overcommit
+percent, the memory of every *registered* model (what the scheduler placed here, reported to it as
+loaded) and of every *resident* one (in the server's memory now). With overcommit the registered
+models may take more than the memory; the excess is kept evicted: registered, its files in the
+repository, not in the server. `victims` picks what to evict to make room (least recently used
+first, never a model with requests in flight or queued, never one whose lock is held); a request
+for an evicted model reloads it (`begin_reload`).
 
 Where it differs from Seldon: a model is held under its own name (the inference server sees
 `iris`, not `iris_1`), so at most one version of a model is held; loading another version
@@ -24,9 +24,18 @@ from dataclasses import dataclass
 
 
 class ModelStatus(enum.Enum):
-    LOADING = "loading"  # memory is reserved; the server load is under way
+    LOADING = "loading"  # memory is reserved; the scheduler's load is under way
     LOADED = "loaded"  # in the server's memory and serving
-    UNLOADING = "unloading"  # the server unload is under way; memory is still counted
+    EVICTING = "evicting"  # being unloaded from the server to make room; stays registered
+    EVICTED = "evicted"  # registered (the scheduler counts it loaded), not in the server's memory
+    RELOADING = "reloading"  # an evicted model being loaded again for a request
+    UNLOADING = "unloading"  # the scheduler's unload is under way; memory is still counted
+
+
+# Registered: reported to the scheduler as loaded (a request for it is served, reloading if needed).
+REGISTERED = frozenset({ModelStatus.LOADED, ModelStatus.EVICTING, ModelStatus.EVICTED, ModelStatus.RELOADING})
+# Resident: taking (or about to take) the server's memory.
+RESIDENT = frozenset(ModelStatus) - {ModelStatus.EVICTED}
 
 
 @dataclass
@@ -39,6 +48,13 @@ class HeldModel:
     instance_count: int = 0  # runtime info from the server's settings; 0 = not known
     stamp: int = 0  # receive stamp of the last command applied to it
     fetched: bool = False  # the agent put its files in the repository (so it deletes them)
+    in_flight: int = 0  # requests the data plane is sending to the server for it now
+    queued: int = 0  # requests waiting for it to be loaded (a lazy reload, or room to reload)
+
+    @property
+    def busy(self) -> bool:
+        """Requests use or wait for it: it must not be evicted."""
+        return self.in_flight > 0 or self.queued > 0
 
 
 class LocalState:
@@ -66,10 +82,9 @@ class LocalState:
         return iter(list(self._models.values()))
 
     def loaded(self) -> list[HeldModel]:
-        """Models serving now, by name: what a (re)subscribe reports to the scheduler."""
-        return sorted(
-            (m for m in self._models.values() if m.status is ModelStatus.LOADED), key=lambda m: m.name
-        )
+        """Models this replica serves, evicted ones included (a request reloads them), by name:
+        what a (re)subscribe reports to the scheduler."""
+        return sorted((m for m in self._models.values() if m.status in REGISTERED), key=lambda m: m.name)
 
     @property
     def registered_bytes(self) -> int:
@@ -78,8 +93,8 @@ class LocalState:
 
     @property
     def resident_bytes(self) -> int:
-        """Memory of models in the server's memory. Equal to `registered_bytes` until eviction exists."""
-        return self.registered_bytes
+        """Memory of models in the server's memory, or reserved for a load under way."""
+        return sum(m.memory_bytes for m in self._models.values() if m.status in RESIDENT)
 
     @property
     def main_available_bytes(self) -> int:
@@ -110,9 +125,28 @@ class LocalState:
         return ""
 
     def lru_order(self) -> list[str]:
-        """Loaded models, least recently used first: the eviction order (the next step)."""
+        """Loaded models, least recently used first: the eviction order."""
         loaded = [m for m in self._models.values() if m.status is ModelStatus.LOADED]
         return [m.name for m in sorted(loaded, key=lambda m: (m.last_used, m.name))]
+
+    def victims(self, locked: frozenset[str] | set[str] = frozenset()) -> list[str] | None:
+        """The models to evict so that the resident models fit in main memory: idle loaded ones
+        (no request in flight or queued, lock in `locked` not held), least recently used first,
+        as few as it takes. [] when they fit already; None when evicting every idle model would
+        not be enough (then nothing should be evicted: wait for requests to finish)."""
+        short = -self.main_available_bytes
+        if short <= 0:
+            return []
+        chosen: list[str] = []
+        for name in self.lru_order():
+            held = self._models[name]
+            if held.busy or name in locked or held.memory_bytes == 0:
+                continue
+            chosen.append(name)
+            short -= held.memory_bytes
+            if short <= 0:
+                return chosen
+        return None
 
     # Changes ---------------------------------------------------------------------------------
 
@@ -143,6 +177,31 @@ class LocalState:
     def unload_failed(self, name: str, version: int) -> None:
         """The server refused to unload: it still holds the model, so it stays counted."""
         self._require(name, version).status = ModelStatus.LOADED
+
+    def begin_evict(self, name: str) -> HeldModel:
+        held = self._models[name]
+        held.status = ModelStatus.EVICTING
+        return held
+
+    def evicted(self, name: str, *, ok: bool) -> None:
+        """The eviction's server unload ended: the model is out of memory, or (not `ok`) the
+        server still holds it."""
+        held = self._models.get(name)
+        if held is not None and held.status is ModelStatus.EVICTING:
+            held.status = ModelStatus.EVICTED if ok else ModelStatus.LOADED
+
+    def begin_reload(self, name: str) -> HeldModel:
+        """An evicted model is loaded again for a request: its memory counts as resident now."""
+        held = self._models[name]
+        held.status = ModelStatus.RELOADING
+        return held
+
+    def reloaded(self, name: str, now: float, *, ok: bool) -> None:
+        held = self._models.get(name)
+        if held is not None and held.status is ModelStatus.RELOADING:
+            held.status = ModelStatus.LOADED if ok else ModelStatus.EVICTED
+            if ok:
+                held.last_used = max(held.last_used, now)
 
     def forget(self, name: str) -> HeldModel | None:
         """Drop the record (after an unload or a failed load), releasing its memory."""

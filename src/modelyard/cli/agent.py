@@ -52,6 +52,28 @@ def agent(
             "--keep-existing", help="Leave models the server serves at start (default: unload them)."
         ),
     ] = False,
+    host: Annotated[str, typer.Option(help="Where the agent's data plane listens.")] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option(
+            help="The data plane's port: the gateway sends this replica's requests here and the agent "
+            "forwards them to the server (0: any free port, printed at start)."
+        ),
+    ] = 9999,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The data plane's URL as gateways reach it, when not http://HOST:PORT "
+            "(e.g. the pod's address when listening on 0.0.0.0)."
+        ),
+    ] = None,
+    room_timeout: Annotated[
+        float,
+        typer.Option(
+            help="How long a load, or a request for an evicted model, waits for models serving "
+            "requests to free memory before it fails, seconds."
+        ),
+    ] = 60.0,
     drain_timeout: Annotated[
         float,
         typer.Option(
@@ -64,7 +86,10 @@ def agent(
     """Load and unload models on one inference server (MLServer, Triton, sim-worker) as the scheduler says.
 
     The agent waits for the server to be live, unloads what it serves (unless --keep-existing),
-    subscribes to the scheduler and reconnects with backoff whenever the stream breaks. On SIGTERM
+    subscribes to the scheduler and reconnects with backoff whenever the stream breaks. Requests
+    reach the server through the agent (--port), which counts them per model; with
+    --overcommit-percent it keeps models beyond --memory registered but evicted, and loads one
+    again (evicting the least recently used idle ones) when a request needs it. On SIGTERM
     or SIGINT it drains: the scheduler moves its models elsewhere, and it exits once they serve
     there (at most --drain-timeout seconds).
     """
@@ -84,6 +109,10 @@ def agent(
             repository=repository,
             unload_grace=unload_grace,
             keep_existing=keep_existing,
+            host=host,
+            port=port,
+            advertise_url=advertise_url,
+            room_timeout=room_timeout,
         )
     except ValidationError as exc:
         problems = "; ".join(
@@ -108,7 +137,7 @@ async def _run(config: AgentConfig, drain_timeout: float) -> None:
     await agent.start()
     typer.echo(
         f"agent for {config.server_name}-{config.replica_idx} ({config.inference_url}) "
-        f"subscribing to {config.scheduler}"
+        f"serving on {agent.url}, subscribing to {config.scheduler}"
     )
 
     async def drain() -> None:

@@ -1,0 +1,169 @@
+"""The agent's data plane: requests reach the inference server through the agent, so it knows which
+models are in use (compat §7.7: Seldon's agent proxies for the same reason).
+
+Every path is forwarded to the server as it came (method, path, query, headers, body); answers come
+back as they are, a server-sent event stream chunk by chunk. A request that names a model the agent
+holds is counted against it while it runs (in flight: the model is not evicted), and one for an
+evicted model waits (queued) while the agent loads it again, evicting others if needed. The model is
+read from the path (`/v2/models/{name}/...`, `/v1/models/{name}:predict`) or, on the OpenAI paths
+(`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`), from the body's `model`.
+
+When the server answers 404 for a model the agent holds as loaded (the server restarted or lost
+it), the agent loads it once and sends the request once more.
+
+Its own paths: `GET /metrics` (Prometheus, `metrics.py`); `GET /v2/health/ready` answers 503 while
+the agent drains; `GET /v2/models/{name}/ready` answers 200 for a model held but evicted (it is
+served, after a reload) without waking the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Callable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from modelyard.agent.metrics import AgentMetrics
+from modelyard.agent.residency import Residency
+from modelyard.agent.state import REGISTERED, HeldModel, LocalState, ModelStatus
+from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.protocols import error_body, protocol_for_path
+from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
+from modelyard.upstream.http1 import Http1Client, UpstreamResponse
+
+log = logging.getLogger("modelyard.agent")
+
+_OIP_MODEL = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?(/[a-z_]+)?$")
+_V1_MODEL = re.compile(r"^/v1/models/([^/:]+):[a-z]+$")
+_OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+_JSON = "application/json"
+
+
+def model_of(path: str, body: bytes) -> str | None:
+    """The model a request is for, or None (health, index, anything else)."""
+    match = _OIP_MODEL.match(path) or _V1_MODEL.match(path)
+    if match is not None:
+        return match.group(1)
+    if path in _OPENAI_PATHS and body:
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None  # the server says what is wrong with it
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        return model if isinstance(model, str) and model else None
+    return None
+
+
+class DataPlane:
+    def __init__(
+        self,
+        state: LocalState,
+        residency: Residency,
+        metrics: AgentMetrics,
+        server_url: str,
+        *,
+        timeout: float,
+        draining: Callable[[], bool],
+    ) -> None:
+        self._state = state
+        self._residency = residency
+        self._metrics = metrics
+        self._server_url = server_url
+        self._timeout = timeout
+        self._draining = draining
+        self._client = Http1Client(max_connections=1024, connect_timeout=5.0)
+
+    def app(self, max_body_bytes: int) -> web.Application:
+        app = web.Application(client_max_size=max_body_bytes)
+        app.router.add_get("/metrics", self._metrics_page)
+        app.router.add_route("*", "/{tail:.*}", self._proxy)
+        return app
+
+    async def close(self) -> None:
+        self._client.close()
+
+    async def _metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self._metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        body = await request.read()
+        name = model_of(path, body)
+        if request.method == "GET":
+            if path == "/v2/health/ready" and self._draining():
+                return self._answer(request, name, 503, {"error": "the agent is draining"})
+            if name is not None and path.endswith("/ready"):
+                record = self._state.get(name)
+                if record is not None and record.status in (ModelStatus.EVICTED, ModelStatus.RELOADING):
+                    return self._answer(request, name, 200, {"name": name, "ready": True})
+        held: HeldModel | None = None
+        try:
+            if name is not None:
+                held = await self._residency.acquire(name)
+            upstream = await self._send(request, body)
+            if upstream.status == 404 and held is not None and held.status in REGISTERED:
+                upstream.close()
+                await self._residency.force_load(held)  # the server lost it: load it, try once more
+                upstream = await self._send(request, body)
+            return await self._relay(request, name, upstream)
+        except ModelyardError as error:
+            if isinstance(error, UpstreamError):
+                log.warning("%s %s: %s", request.method, path, error.message)
+            response = web.Response(
+                body=error_body(protocol_for_path(path), error),
+                status=error.status,
+                content_type=_JSON,
+                headers=error.headers,
+            )
+            self._metrics.requests.labels(name or "", str(error.status)).inc()
+            return response
+        finally:
+            if held is not None:
+                self._residency.release(held)
+
+    async def _send(self, request: web.Request, body: bytes) -> UpstreamResponse:
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        headers = forwarded_request_headers(request.headers.items(), request_id)
+        return await self._client.request(
+            self._server_url,
+            request.method,
+            request.raw_path,
+            headers,
+            body if body or request.method not in ("GET", "HEAD") else None,
+            self._timeout,
+        )
+
+    async def _relay(
+        self, request: web.Request, name: str | None, upstream: UpstreamResponse
+    ) -> web.StreamResponse:
+        headers = relayed_response_headers(upstream.headers)
+        self._metrics.requests.labels(name or "", str(upstream.status)).inc()
+        if upstream.content_type != "text/event-stream":
+            return web.Response(body=await upstream.read(), status=upstream.status, headers=headers)
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.iter_chunks():
+                await response.write(chunk)
+        except UpstreamError as error:
+            # The stream broke off: cut the client's connection too, rather than end the stream
+            # cleanly, so the client (the gateway) sees it broken and not a whole answer.
+            log.warning("%s: the server's stream broke off: %s", request.path, error.message)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        except ConnectionError:  # the client went away
+            upstream.close()
+            return response
+        await response.write_eof()
+        return response
+
+    def _answer(self, request: web.Request, name: str | None, status: int, body: object) -> web.Response:
+        self._metrics.requests.labels(name or "", str(status)).inc()
+        return web.Response(body=orjson.dumps(body), status=status, content_type=_JSON)
