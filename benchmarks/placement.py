@@ -8,8 +8,11 @@
              with LOADED at once): time from the first PUT to every model Available, and the
              per-model PUT latency.
 
+  dynamics   the cost of a lazy reload and the scale-up reaction time (placement_dynamics.py).
+
 Run by hand, never from the test suite:
   .venv/bin/python benchmarks/placement.py [--models 10000] [--servers 10] [--replicas-per-server 10]
+  .venv/bin/python benchmarks/placement.py --dynamics-only [--load-delays 0.05 0.2] [--scale-runs 3]
 See benchmarks/README.md for the figures.
 """
 
@@ -54,6 +57,8 @@ from modelyard.placement import (
 from modelyard.placement.manifest import spec_to_plain
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
 from modelyard.scheduler import SchedulerConfig, SchedulerState, start_scheduler
+from placement_dynamics import add_arguments as add_dynamics_arguments
+from placement_dynamics import run_dynamics
 
 GiB = 1 << 30
 
@@ -176,12 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         "--progress-interval", type=float, default=15.0, help="seconds between progress lines"
     )
     parser.add_argument("--profile", metavar="PATH", help="cProfile the scheduler half into PATH")
+    parser.add_argument("--skip-dynamics", action="store_true", help="no lazy reload or scale-up runs")
+    parser.add_argument("--dynamics-only", action="store_true", help="only the lazy reload and scale-up runs")
+    add_dynamics_arguments(parser)
     args = parser.parse_args(argv)
     console = Console()
     command = "benchmarks/placement.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     started = datetime.datetime.now(datetime.UTC)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
+    if args.dynamics_only:
+        run_dynamics(console, args)
+        console.print(f"[dim]{command} · {_machine(load, started)}[/dim]")
+        return 0
     models = build_models(args.models, args.seed, int(args.mean_model_mib * (1 << 20)))
     runs = []
     for _ in range(args.repeat):
@@ -214,13 +226,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.skip_scheduler:
         run_scheduler(console, args, models)
+    if not args.skip_dynamics:
+        run_dynamics(console, args)
     scheduler = "" if args.skip_scheduler else " · scheduler: one run per store"
     console.print(
-        f"[dim]{command} · planner: median of {args.repeat}{scheduler} · python "
-        f"{platform.python_version()} · {platform.machine()} · nproc {os.cpu_count()} · load at start "
-        f"{load} · {started:%Y-%m-%d %H:%M} UTC[/dim]"
+        f"[dim]{command} · planner: median of {args.repeat}{scheduler} · {_machine(load, started)}[/dim]"
     )
     return 0
+
+
+def _machine(load: str, started: datetime.datetime) -> str:
+    return (
+        f"python {platform.python_version()} · {platform.machine()} · nproc {os.cpu_count()} · "
+        f"load at start {load} · {started:%Y-%m-%d %H:%M} UTC"
+    )
 
 
 # --- the scheduler half ---------------------------------------------------------------------------

@@ -196,3 +196,18 @@ async def test_unloading_an_evicted_model_forgets_it_and_a_resubscribe_reports_i
     assert unloaded.available_memory_bytes == 2000 - 600
     assert agent.state.get("a") is None and not (agent.config.repository / "a").exists()
     assert await resident(http, worker) == {"b": 600}
+
+
+async def test_a_load_waiting_for_room_evicts_a_model_that_was_still_loading_when_it_came(
+    setup, http, tmp_path
+):
+    """Two LOADs at once that do not fit together: the second waits for the first to finish
+    loading (a model loading cannot be evicted), then evicts it."""
+    fake, agent, worker = await start(setup, worker={"memory": 1000, "load_delay": 0.2})
+    for name in ("a", "b"):
+        source = model_source(tmp_path, name, memory_bytes=600)
+        fake.send(LOAD, name, storage_uri=str(source), memory_bytes=600)
+    await fake.event("a", Event.LOADED)
+    await fake.event("b", Event.LOADED)
+    assert await resident(http, worker) == {"b": 600}
+    assert (await infer(http, agent.url, "a"))[0] == 200

@@ -102,6 +102,7 @@ class Agent:
         self.subscriptions = 0  # subscribe calls sent on a connected channel so far
         self._stopping = False
         self._opened_at: float | None = None  # when the current subscription's channel opened
+        self._stats: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -130,6 +131,8 @@ class Agent:
             await self._http.start()
             log.info("data plane on %s, forwarding to %s", self._http.url, self.config.inference_url)
         self._loop = asyncio.create_task(self._run(), name="agent-subscribe")
+        if self._http is not None:  # only the data plane sees requests: no usage to report without it
+            self._stats = asyncio.create_task(self._report_usage(), name="agent-stats")
 
     async def _unload_existing(self) -> None:
         for model in await self._server.index():
@@ -185,6 +188,34 @@ class Agent:
             if self._opened_at is not None and loop.time() - self._opened_at >= _STABLE_AFTER:
                 backoff.reset()
             await asyncio.sleep(backoff.next_delay())  # reconnect backoff
+
+    def usage_report(self) -> agent_pb2.AgentStatsRequest:
+        """What the data plane counted per registered model, for the scheduler's autoscaling."""
+        now = _loop_time()
+        return agent_pb2.AgentStatsRequest(
+            server_name=self.config.server_name,
+            replica_idx=self.config.replica_idx,
+            models=[
+                agent_pb2.ModelStats(
+                    name=m.name,
+                    version=m.version,
+                    in_flight=m.in_flight,
+                    queued=m.queued,
+                    idle_seconds=0.0 if m.in_flight else max(0.0, now - m.last_used),
+                )
+                for m in self.state.loaded()
+            ],
+        )
+
+    async def _report_usage(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.config.stats_interval)  # the reporting period
+            if self._opened_at is None:
+                continue  # not subscribed: the scheduler would not know this replica
+            try:
+                await self._client.stats(self.usage_report())
+            except ModelyardError as error:  # the next report replaces it; the stream reconnects
+                log.debug("usage report not delivered: %s", error.message)
 
     def _opened(self) -> None:
         self.subscriptions += 1
@@ -294,8 +325,8 @@ class Agent:
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks = [t for t in (self._loop, *self._tasks) if t is not None]
-        self._loop = None
+        tasks = [t for t in (self._loop, self._stats, *self._tasks) if t is not None]
+        self._loop = self._stats = None
         for task in tasks:
             task.cancel()
         # Close the channel before waiting: it ends the calls on it. A task cancelled while grpc.aio

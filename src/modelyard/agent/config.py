@@ -55,6 +55,9 @@ class AgentConfig(BaseModel):
     room_timeout: float = Field(
         default=60.0, gt=0, description="how long a load or reload waits for busy models to free memory, s"
     )
+    stats_interval: float = Field(
+        default=1.0, gt=0, description="seconds between usage reports to the scheduler (autoscaling)"
+    )
     proxy_timeout: float = Field(default=600.0, gt=0, description="one request through the data plane, s")
     max_body_bytes: Bytes = Field(
         default=100 * 2**20, description="largest request body the data plane takes"

@@ -13,7 +13,7 @@ Per model, read from `LocalState` at scrape time (the request path only moves pl
 Counted as it happens:
 
     modelyard_agent_requests_total{model, code}      answers the data plane gave (model "" if none)
-    modelyard_model_loads_total{result}              server loads: the scheduler's and reloads
+    modelyard_agent_loads_total{result}              server loads: the scheduler's and reloads
     modelyard_evictions_total{model}                 models unloaded to make room (LRU)
     modelyard_agent_reloads_total{model, reason}     evicted (lazy reload) or not_found (the server
                                                      answered 404 for a model the agent held)
@@ -95,7 +95,7 @@ class AgentMetrics:
             registry=self.registry,
         )
         self.loads = Counter(
-            "modelyard_model_loads",
+            "modelyard_agent_loads",
             "Loads of a model on the server, the scheduler's and lazy reloads, by result",
             ["result"],
             registry=self.registry,

@@ -20,6 +20,7 @@ Where it differs from Seldon, and why:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -65,8 +66,8 @@ class Operations:
         self._stamps = CommandStamps()
         self.draining = False
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._residency.lock(name)
+    def _lock(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._residency.hold(name)
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()

@@ -20,8 +20,9 @@ get room within `room_timeout` answers 503 (`ModelNotResident`), never a half-se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from modelyard.agent.state import HeldModel, LocalState, ModelStatus
 from modelyard.errors import ModelNotResident, ModelyardError
@@ -53,11 +54,19 @@ class Residency:
         self._room = asyncio.Lock()
         self._changed = asyncio.Event()  # set when memory may have been freed; waiters clear it
 
-    def lock(self, name: str) -> asyncio.Lock:
+    def _lock(self, name: str) -> asyncio.Lock:
         lock = self._locks.get(name)
         if lock is None:
             lock = self._locks[name] = asyncio.Lock()
         return lock
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        """The model's lock. Its release wakes whoever waits for room: a model whose lock was held
+        could not be evicted, and may be now (or its load failed and freed memory)."""
+        async with self._lock(name):
+            yield
+        self.freed()
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -103,10 +112,9 @@ class Residency:
 
     async def _evict(self, name: str) -> None:
         held = self._state.get(name)
-        lock = self.lock(name)
-        if held is None or held.status is not ModelStatus.LOADED or held.busy or lock.locked():
+        if held is None or held.status is not ModelStatus.LOADED or held.busy or self._lock(name).locked():
             return
-        async with lock:
+        async with self.hold(name):
             self._state.begin_evict(name)
             try:
                 await self._server.unload(name)
@@ -139,7 +147,7 @@ class Residency:
         waiting = held  # the record counted as queued (a LOAD may replace it meanwhile)
         waiting.queued += 1
         try:
-            async with self.lock(name):  # a load, unload or eviction under way ends first
+            async with self.hold(name):  # a load, unload or eviction under way ends first
                 held = self._state.get(name)
                 if held is None or held.status not in (ModelStatus.LOADED, ModelStatus.EVICTED):
                     return None  # unloaded, or being unloaded, meanwhile: the server answers
@@ -177,7 +185,7 @@ class Residency:
     async def force_load(self, held: HeldModel) -> None:
         """The server answered 404 for a model the agent holds as loaded (it restarted, or lost
         it): load it again once, under its lock; the caller then retries the request once."""
-        async with self.lock(held.name):
+        async with self.hold(held.name):
             current = self._state.get(held.name)
             if current is not held or held.status is not ModelStatus.LOADED:
                 return  # changed meanwhile (unloaded, replaced): the retry finds out

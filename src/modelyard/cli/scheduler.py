@@ -25,6 +25,26 @@ def scheduler(
         float, typer.Option(help="After a restart, seconds to wait for known replicas before placing.")
     ] = 15.0,
     retry_interval: Annotated[float, typer.Option(help="Seconds between retries of failed models.")] = 10.0,
+    autoscaling: Annotated[
+        bool,
+        typer.Option(
+            "--autoscaling/--no-autoscaling",
+            help="Scale models that set min_replicas or max_replicas on lag and inactivity.",
+        ),
+    ] = True,
+    scale_up_lag: Annotated[
+        float,
+        typer.Option(help="Requests in flight or queued per replica above which a model is lagging."),
+    ] = 30.0,
+    scale_up_window: Annotated[
+        float, typer.Option(help="Seconds the lag must stay above --scale-up-lag before adding a replica.")
+    ] = 5.0,
+    scale_down_inactivity: Annotated[
+        float, typer.Option(help="Seconds without a request before removing a replica.")
+    ] = 30.0,
+    scale_down_cooldown: Annotated[
+        float, typer.Option(help="Seconds after any scaling of a model before it may scale down.")
+    ] = 60.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the scheduler: keeps models and where they are, tells agents what to load, serves the feed."""
@@ -37,6 +57,11 @@ def scheduler(
             db=db,
             resync_timeout=resync_timeout,
             retry_interval=retry_interval,
+            autoscaling=autoscaling,
+            scale_up_lag=scale_up_lag,
+            scale_up_window=scale_up_window,
+            scale_down_inactivity=scale_down_inactivity,
+            scale_down_cooldown=scale_down_cooldown,
         )
         run(_serve(config))
     except ValidationError as error:

@@ -11,6 +11,7 @@ returned changes and records `derive_status` or `schedule_failed` as the version
     derive   derive_status (§4), schedule_failed (§5.4), should_retry (§5.5)
     planner  plan (§5.2) over ServerView/ReplicaView and ModelView/VersionView
     split    traffic_split: old and new version shares during a rollout (§6.2)
+    scaling  decide: model autoscaling on lag and inactivity (§9)
 """
 
 from modelyard.placement.derive import ModelStatus, derive_status, schedule_failed, should_retry

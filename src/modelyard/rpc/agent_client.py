@@ -126,6 +126,13 @@ class AgentClient:
             raise _translate(error, f"drain via {self.target}") from None
         return response.success
 
+    async def stats(self, request: agent_pb2.AgentStatsRequest, *, deadline: float = 5.0) -> None:
+        stub = await self._ready("stats")
+        try:
+            await stub.AgentStats(request, timeout=deadline)
+        except aio.AioRpcError as error:
+            raise _translate(error, f"stats to {self.target}") from None
+
     async def close(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:

@@ -34,6 +34,8 @@ class AgentHandler(Protocol):
 
     async def drain(self, request: agent_pb2.AgentDrainRequest) -> bool: ...
 
+    async def stats(self, request: agent_pb2.AgentStatsRequest) -> None: ...
+
 
 def status_code(error: ModelyardError) -> grpc.StatusCode:
     """The gRPC status for a modelyard error raised by the handler."""
@@ -82,6 +84,15 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
         except ModelyardError as error:
             await context.abort(status_code(error), error.message)
         return agent_pb2.AgentDrainResponse(success=success)
+
+    async def AgentStats(
+        self, request: agent_pb2.AgentStatsRequest, context: aio.ServicerContext[object, object]
+    ) -> agent_pb2.AgentStatsResponse:
+        try:
+            await self._handler.stats(request)
+        except ModelyardError as error:
+            await context.abort(status_code(error), error.message)
+        return agent_pb2.AgentStatsResponse()
 
 
 class AgentServer:

@@ -11,9 +11,11 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from modelyard.errors import BadRequest
+from modelyard.errors import BadRequest, NotFound
 from modelyard.rpc.agent_v1 import agent_pb2
+from modelyard.scheduler.autoscaler import Autoscaler, ModelUsage
 from modelyard.scheduler.changes import Changes
+from modelyard.scheduler.metrics import SchedulerMetrics
 from modelyard.scheduler.operations import Operation, OperationKind
 from modelyard.scheduler.state import AgentEventKind, LoadedVersion, ReplicaConfig, SchedulerState
 
@@ -49,6 +51,8 @@ class Agents:
         self, changes: Changes, clock: Callable[[], float], *, queue_size: int, drain_timeout: float
     ) -> None:
         self.state: SchedulerState | None = None
+        self.autoscaler: Autoscaler | None = None  # set with the state
+        self.metrics: SchedulerMetrics | None = None
         self._changes = changes
         self._clock = clock
         self._queue_size = queue_size
@@ -109,6 +113,8 @@ class Agents:
             finally:
                 if self._streams.get(key) is stream:
                     del self._streams[key]
+                if self.autoscaler is not None:
+                    self.autoscaler.forget(*key)
                 if not self._stopping:
                     self._state().disconnect(*key, self._clock())
                     self._changes.pulse()
@@ -151,6 +157,25 @@ class Agents:
             now=self._clock(),
         )
         self._changes.pulse()
+        if self.metrics is not None:
+            if kind in (AgentEventKind.LOADED, AgentEventKind.LOAD_FAILED):
+                self.metrics.loads.labels("loaded" if kind is AgentEventKind.LOADED else "failed").inc()
+            else:
+                self.metrics.unloads.labels("unloaded" if kind is AgentEventKind.UNLOADED else "failed").inc()
+
+    async def stats(self, request: agent_pb2.AgentStatsRequest) -> None:
+        """An agent's usage report, for autoscaling. NOT_FOUND when the replica is not subscribed."""
+        key = (request.server_name, request.replica_idx)
+        if key not in self._streams:
+            raise NotFound(f"server replica {key[0]}-{key[1]} is not subscribed")
+        if self.autoscaler is None:
+            return
+        models = {
+            m.name: ModelUsage(m.version, m.in_flight, m.queued, max(0.0, m.idle_seconds))
+            for m in request.models
+            if m.name
+        }
+        self.autoscaler.record(*key, models, self._clock())
 
     async def drain(self, request: agent_pb2.AgentDrainRequest) -> bool:
         """Compat §8: mark the replica draining and re-place its models, then answer once each has

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard.documents import DocumentError, parse_document
 from modelyard.errors import (
@@ -185,6 +186,11 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response({"status": "ready"})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    page = generate_latest(request.app[SERVICE].metrics.registry)
+    return web.Response(body=page, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 def create_app(service: SchedulerService) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=service.config.max_body_bytes)
     app[SERVICE] = service
@@ -196,4 +202,5 @@ def create_app(service: SchedulerService) -> web.Application:
     app.router.add_get("/v1/feed", feed)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     return app

@@ -25,3 +25,19 @@ class SchedulerConfig(BaseModel):
     )
     agent_queue_size: int = Field(1024, ge=1, description="operations queued per agent stream")
     max_body_bytes: int = Field(1024 * 1024, ge=1, description="REST request bodies")
+    # Model autoscaling (compat §9; placement/scaling.py): for models with min_replicas or max_replicas.
+    autoscaling: bool = Field(True, description="scale models on lag and inactivity")
+    scale_up_lag: float = Field(
+        30.0, gt=0, description="requests in flight or queued per replica, above which a model is lagging"
+    )
+    scale_up_window: float = Field(5.0, ge=0, description="seconds the lag must stay high before a scale-up")
+    scale_down_inactivity: float = Field(
+        30.0, gt=0, description="seconds with no request before a scale-down"
+    )
+    scale_down_cooldown: float = Field(
+        60.0, ge=0, description="seconds after any scaling before a scale-down"
+    )
+    scaling_interval: float = Field(1.0, gt=0, description="seconds between scaling decisions")
+    stats_max_age: float = Field(
+        10.0, gt=0, description="an agent's usage report older than this counts as none"
+    )

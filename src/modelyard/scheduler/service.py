@@ -14,12 +14,15 @@ from collections.abc import Callable
 
 from modelyard.config import ListenConfig
 from modelyard.errors import StoreWriteFailed
+from modelyard.placement.scaling import ScalingPolicy
 from modelyard.rpc import AgentServer
 from modelyard.scheduler.agents import Agents
 from modelyard.scheduler.api import create_app
+from modelyard.scheduler.autoscaler import Autoscaler
 from modelyard.scheduler.changes import Changes
 from modelyard.scheduler.config import SchedulerConfig
 from modelyard.scheduler.feed import FeedHub, FeedLine
+from modelyard.scheduler.metrics import SchedulerMetrics
 from modelyard.scheduler.state import SchedulerState
 from modelyard.serving import HttpServer
 from modelyard.store import Store
@@ -47,6 +50,18 @@ class SchedulerService:
             self.store.close()
             raise
         self.agents.state = self.state
+        self.metrics = SchedulerMetrics(self.state)
+        policy = ScalingPolicy(
+            lag_threshold=config.scale_up_lag,
+            scale_up_window=config.scale_up_window,
+            inactivity=config.scale_down_inactivity,
+            scale_down_cooldown=config.scale_down_cooldown,
+        )
+        self.autoscaler = Autoscaler(
+            self.state, policy, stats_max_age=config.stats_max_age, on_scaled=self.metrics.scaled
+        )
+        self.agents.autoscaler = self.autoscaler
+        self.agents.metrics = self.metrics
         self._tasks: list[asyncio.Task[None]] = []
 
     def _publish(self, line: FeedLine) -> None:
@@ -56,6 +71,19 @@ class SchedulerService:
         self._tasks.append(asyncio.create_task(self._retry_loop(), name="scheduler-retry"))
         if not self.state.ready:
             self._tasks.append(asyncio.create_task(self._resync_deadline(), name="scheduler-resync"))
+        if self.config.autoscaling:
+            self._tasks.append(asyncio.create_task(self._scaling_loop(), name="scheduler-scaling"))
+
+    async def _scaling_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.scaling_interval)
+            if not self.state.ready:
+                continue  # after a restart, nothing moves until the known replicas are back
+            try:
+                if self.autoscaler.tick(self.clock()):
+                    self.changes.pulse()
+            except Exception:  # nothing must end autoscaling for good
+                log.exception("autoscaling")
 
     async def _retry_loop(self) -> None:
         while True:

@@ -148,6 +148,13 @@ class SchedulerState(Connections):
         self._commit(now)
         return model, change
 
+    def scale(self, name: str, replicas: int, now: float) -> Model:
+        """Autoscaling: the model's replicas changed in place (no new version), as if applied."""
+        model = self.model(name)
+        spec = ModelSpec.model_validate({**model.spec.model_dump(), "replicas": replicas})
+        model, _ = self.apply(spec, now)
+        return model
+
     def delete(self, name: str, now: float) -> Model:
         """Mark the model deleted and unload it; returns it (it may be forgotten already)."""
         model = self.model(name)

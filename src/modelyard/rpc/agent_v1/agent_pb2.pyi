@@ -357,3 +357,80 @@ class AgentDrainResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentDrainResponse: _TypeAlias = AgentDrainResponse  # noqa: Y015
+
+@_typing.final
+class ModelStats(_message.Message):
+    """One model's requests at one replica, as the agent's data plane counts them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    IDLE_SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    version: _builtins.int
+    in_flight: _builtins.int
+    """Requests sent to the server and not answered yet."""
+    queued: _builtins.int
+    """Requests waiting for the model to be loaded (a lazy reload)."""
+    idle_seconds: _builtins.float
+    """Seconds since a request last used the model (0 while one is in flight)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+        in_flight: _builtins.int = ...,
+        queued: _builtins.int = ...,
+        idle_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idle_seconds", b"idle_seconds", "in_flight", b"in_flight", "name", b"name", "queued", b"queued", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelStats: _TypeAlias = ModelStats  # noqa: Y015
+
+@_typing.final
+class AgentStatsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_NAME_FIELD_NUMBER: _builtins.int
+    REPLICA_IDX_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    server_name: _builtins.str
+    replica_idx: _builtins.int
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelStats]: ...
+    def __init__(
+        self,
+        *,
+        server_name: _builtins.str = ...,
+        replica_idx: _builtins.int = ...,
+        models: _abc.Iterable[Global___ModelStats] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models", "replica_idx", b"replica_idx", "server_name", b"server_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentStatsRequest: _TypeAlias = AgentStatsRequest  # noqa: Y015
+
+@_typing.final
+class AgentStatsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentStatsResponse: _TypeAlias = AgentStatsResponse  # noqa: Y015

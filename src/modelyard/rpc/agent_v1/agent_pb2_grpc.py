@@ -49,6 +49,11 @@ class AgentServiceStub:
                 request_serializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentDrainRequest.SerializeToString,
                 response_deserializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentDrainResponse.FromString,
                 _registered_method=True)
+        self.AgentStats = channel.unary_unary(
+                '/modelyard.agent.v1.AgentService/AgentStats',
+                request_serializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentStatsRequest.SerializeToString,
+                response_deserializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentStatsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -79,6 +84,14 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AgentStats(self, request, context):
+        """What the agent's data plane sees per model, every few seconds: the scheduler's autoscaling
+        reads it (lag, inactivity). Rejected with NOT_FOUND when the replica is not subscribed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +109,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.AgentDrain,
                     request_deserializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentDrainRequest.FromString,
                     response_serializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentDrainResponse.SerializeToString,
+            ),
+            'AgentStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.AgentStats,
+                    request_deserializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentStatsRequest.FromString,
+                    response_serializer=modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +197,33 @@ class AgentService:
             '/modelyard.agent.v1.AgentService/AgentDrain',
             modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentDrainRequest.SerializeToString,
             modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentDrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AgentStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/modelyard.agent.v1.AgentService/AgentStats',
+            modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentStatsRequest.SerializeToString,
+            modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2.AgentStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,10 @@ class AgentServiceStub:
     """The replica is going away: the scheduler moves its models elsewhere, answering once they
     serve there (or cannot be placed anywhere).
     """
+    AgentStats: _grpc.UnaryUnaryMultiCallable[_agent_pb2.AgentStatsRequest, _agent_pb2.AgentStatsResponse]
+    """What the agent's data plane sees per model, every few seconds: the scheduler's autoscaling
+    reads it (lag, inactivity). Rejected with NOT_FOUND when the replica is not subscribed.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -64,6 +68,10 @@ class AgentServiceAsyncStub(AgentServiceStub):
     AgentDrain: _aio.UnaryUnaryMultiCallable[_agent_pb2.AgentDrainRequest, _agent_pb2.AgentDrainResponse]  # type: ignore[assignment]
     """The replica is going away: the scheduler moves its models elsewhere, answering once they
     serve there (or cannot be placed anywhere).
+    """
+    AgentStats: _aio.UnaryUnaryMultiCallable[_agent_pb2.AgentStatsRequest, _agent_pb2.AgentStatsResponse]  # type: ignore[assignment]
+    """What the agent's data plane sees per model, every few seconds: the scheduler's autoscaling
+    reads it (lag, inactivity). Rejected with NOT_FOUND when the replica is not subscribed.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -96,6 +104,16 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_pb2.AgentDrainResponse, _abc.Awaitable[_agent_pb2.AgentDrainResponse]]:
         """The replica is going away: the scheduler moves its models elsewhere, answering once they
         serve there (or cannot be placed anywhere).
+        """
+
+    @_abc_1.abstractmethod
+    def AgentStats(
+        self,
+        request: _agent_pb2.AgentStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.AgentStatsResponse, _abc.Awaitable[_agent_pb2.AgentStatsResponse]]:
+        """What the agent's data plane sees per model, every few seconds: the scheduler's autoscaling
+        reads it (lag, inactivity). Rejected with NOT_FOUND when the replica is not subscribed.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
