@@ -211,3 +211,13 @@ async def test_a_load_waiting_for_room_evicts_a_model_that_was_still_loading_whe
     await fake.event("b", Event.LOADED)
     assert await resident(http, worker) == {"b": 600}
     assert (await infer(http, agent.url, "a"))[0] == 200
+
+
+async def test_a_404_about_a_path_leaves_a_ready_model_alone(setup, http, tmp_path):
+    fake, agent, worker = await start(setup)
+    await load(fake, tmp_path, "a", 300)
+    async with http.post(f"{agent.url}/v2/models/a/explain", json=OIP_BODY) as response:
+        assert response.status == 404  # the sim-worker has no explainer: its answer, as it is
+    assert await metric_value(http, agent.url, "modelyard_agent_reloads_total", model="a") == 0
+    async with http.get(worker.url + "/metrics") as response:
+        assert 'modelyard_sim_model_loads_total{model="a"} 1.0' in await response.text()

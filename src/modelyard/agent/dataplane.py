@@ -8,8 +8,9 @@ evicted model waits (queued) while the agent loads it again, evicting others if 
 read from the path (`/v2/models/{name}/...`, `/v1/models/{name}:predict`) or, on the OpenAI paths
 (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`), from the body's `model`.
 
-When the server answers 404 for a model the agent holds as loaded (the server restarted or lost
-it), the agent loads it once and sends the request once more.
+When the server answers 404 for a model the agent holds as loaded and its
+`/v2/models/{name}/ready` does not say ready (the server restarted or lost it), the agent loads it
+once and sends the request once more; if the load fails, the client gets the server's 404.
 
 Its own paths: `GET /metrics` (Prometheus, `metrics.py`); `GET /v2/health/ready` answers 503 while
 the agent drains; `GET /v2/models/{name}/ready` answers 200 for a model held but evicted (it is
@@ -30,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelyard.agent.metrics import AgentMetrics
 from modelyard.agent.residency import Residency
 from modelyard.agent.state import REGISTERED, HeldModel, LocalState, ModelStatus
-from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.errors import ModelNotResident, ModelyardError, UpstreamError
 from modelyard.protocols import error_body, protocol_for_path
 from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
 from modelyard.upstream.http1 import Http1Client, UpstreamResponse
@@ -108,9 +109,11 @@ class DataPlane:
                 held = await self._residency.acquire(name)
             upstream = await self._send(request, body)
             if upstream.status == 404 and held is not None and held.status in REGISTERED:
-                upstream.close()
-                await self._residency.force_load(held)  # the server lost it: load it, try once more
-                upstream = await self._send(request, body)
+                answer = await upstream.read()
+                if await self._lost(held):  # the server lost it: it was loaded again; once more
+                    upstream = await self._send(request, body)
+                else:  # the 404 is about something else (a path, a version): it is the answer
+                    return self._answer_bytes(name, 404, answer, upstream)
             return await self._relay(request, name, upstream)
         except ModelyardError as error:
             if isinstance(error, UpstreamError):
@@ -126,6 +129,25 @@ class DataPlane:
         finally:
             if held is not None:
                 self._residency.release(held)
+
+    async def _lost(self, held: HeldModel) -> bool:
+        """After a 404 for a model held as loaded: whether the server had lost it (then it is
+        loaded again here). A server that says the model is ready answered 404 for another
+        reason; one whose repository cannot load it (no such API) leaves the 404 as it was."""
+        if await self._residency.server_ready(held.name):
+            return False
+        try:
+            await self._residency.force_load(held)
+        except ModelNotResident as error:
+            log.warning("%s", error.message)
+            return False
+        return True
+
+    def _answer_bytes(
+        self, name: str | None, status: int, body: bytes, upstream: UpstreamResponse
+    ) -> web.Response:
+        self._metrics.requests.labels(name or "", str(status)).inc()
+        return web.Response(body=body, status=status, headers=relayed_response_headers(upstream.headers))
 
     async def _send(self, request: web.Request, body: bytes) -> UpstreamResponse:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex

@@ -182,6 +182,9 @@ class Residency:
         self._on_load(name, why, True)
         log.info("reloaded %s in %.3fs: a request needed it", name, self._now() - started)
 
+    async def server_ready(self, name: str) -> bool:
+        return await self._server.model_ready(name)
+
     async def force_load(self, held: HeldModel) -> None:
         """The server answered 404 for a model the agent holds as loaded (it restarted, or lost
         it): load it again once, under its lock; the caller then retries the request once."""
