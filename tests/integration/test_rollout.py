@@ -292,3 +292,37 @@ async def test_the_gateway_splits_traffic_while_both_versions_serve(stack: Stack
     assert {subset for _, _, subset in answers.seen[after:]} == {"*"}  # one version: no split
     assert {backend for _, backend, _ in answers.seen[after:]} == {"sim-0", "sim-1"}
     print(f"split rollout: {len(answers.seen)} requests, {len(during)} split, {len(answers.failed)} failed")
+
+
+async def test_a_new_version_that_fails_where_it_replaces_the_old_leaves_the_old_serving(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Both replicas serve version 1, so version 2 can only replace it in place; it fails to load
+    on both. The servers keep serving version 1 (a failed reload keeps the old model, as MLServer
+    does), so the agents keep it, with its files: no request fails and the model says why."""
+    answers = Answers()
+    stop, load = await _serving_v1(stack, tmp_path, answers, replicas=2)
+    try:
+        await stack.apply("m", model_source(tmp_path, "broken", fail_load=True), replicas=2)
+        failed = await stack.wait_for("m", lambda m: m["state"] == "ModelFailed", "version 2 ModelFailed")
+        before = len(answers.seen)
+        await wait_until(answers.enough(before + 40), attempts=1000, interval=0.01)
+    finally:
+        stop.set()
+        await load
+
+    assert answers.failed == [], answers.failed[:5]
+    assert "simulated load failure" in failed["reason"], failed
+    assert versions_of(failed) == {
+        1: {"0": "Available", "1": "Available"},
+        2: {"0": "LoadFailed", "1": "LoadFailed"},
+    }
+    assert {backend for _, backend, _ in answers.seen[before:]} == {"sim-0", "sim-1"}
+    for index, agent in enumerate(stack.agents):
+        held = agent.state.get("m")
+        assert held is not None and held.version == 1
+        settings = json.loads(
+            (stack.workers[index].config.repository / "m" / "model-settings.json").read_text()
+        )
+        assert "fail_load" not in settings["parameters"]["extra"]  # version 1's files are back
+    print(f"failed in-place rollout: {len(answers.seen)} requests, {len(answers.failed)} failed")

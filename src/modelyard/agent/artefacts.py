@@ -35,7 +35,7 @@ from modelyard.upstream.download import download, fetch_with_fsspec
 
 # In `<repository>/<name>/` when an agent fetched it: only such directories are ever deleted.
 OWNED_MARKER = ".modelyard-agent"
-_LEFTOVER = re.compile(r"^\..+\.(staging|old|part)-[0-9a-f]{8}$")
+_LEFTOVER = re.compile(r"^\..+\.(staging|old|prev|part)-[0-9a-f]{8}$")
 _TRITON_COUNT = re.compile(r"\bcount\s*:\s*(\d+)")
 
 
@@ -49,6 +49,7 @@ class Placed:
 
     path: Path
     owned: bool
+    previous: Path | None = None  # the files it replaced, kept aside when asked (`restore`, `discard`)
 
 
 class Artefacts:
@@ -70,8 +71,10 @@ class Artefacts:
             return False
         return not dest.is_symlink() and (dest / OWNED_MARKER).is_file()
 
-    async def fetch(self, name: str, storage_uri: str) -> Placed:
+    async def fetch(self, name: str, storage_uri: str, *, keep_previous: bool = False) -> Placed:
         """Put `storage_uri`'s files at `<repository>/<name>/`, replacing what an agent put there.
+        With `keep_previous` the files replaced are kept aside (`Placed.previous`) until the caller
+        `restore`s them (the new version failed to load) or `discard`s them.
 
         A local source that is `<repository>/<name>` or inside it is used in place (nothing is
         copied or ever deleted). A `<repository>/<name>` the agent did not create is the user's:
@@ -91,14 +94,14 @@ class Artefacts:
             await self._fetch_into(storage_uri, staging, local)
             await asyncio.to_thread(_set_settings_name, staging, name)
             await asyncio.to_thread(_mark_owned, staging, storage_uri)
-            await asyncio.to_thread(self._swap_in, staging, dest)
+            previous = await asyncio.to_thread(self._swap_in, staging, dest, keep_previous)
         except ModelyardError:
             raise
         except OSError as error:
             raise ArtefactError(f"cannot fetch {storage_uri} into {dest}: {error}") from None
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
-        return Placed(dest, owned=True)
+        return Placed(dest, owned=True, previous=previous)
 
     def _refuse_foreign(self, dest: Path) -> None:
         if (dest.exists() or dest.is_symlink()) and not self.owns(dest.name):
@@ -119,13 +122,27 @@ class Artefacts:
         else:
             await fetch_with_fsspec(uri, staging, deadline=self.timeout, max_bytes=self.max_bytes)
 
-    def _swap_in(self, staging: Path, dest: Path) -> None:
+    def _swap_in(self, staging: Path, dest: Path, keep: bool) -> Path | None:
         self._refuse_foreign(dest)  # again: the user may have put files there while we fetched
-        old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
+        kind = "prev" if keep else "old"
+        old = dest.with_name(f".{dest.name}.{kind}-{uuid.uuid4().hex[:8]}")
         if dest.exists():
             dest.rename(old)
         staging.rename(dest)
+        if keep:
+            return old if old.exists() else None
         shutil.rmtree(old, ignore_errors=True)
+        return None
+
+    def restore(self, name: str, previous: Path) -> None:
+        """Put back the files a fetch kept aside: the version they replaced failed to load."""
+        dest = self.path(name)
+        if self.owns(name):
+            shutil.rmtree(dest, ignore_errors=True)
+        previous.rename(dest)
+
+    def discard(self, previous: Path) -> None:
+        shutil.rmtree(previous, ignore_errors=True)
 
     def remove(self, name: str) -> bool:
         """Delete the model's directory if an agent fetched it (after an unload or a failed

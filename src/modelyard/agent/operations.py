@@ -7,8 +7,10 @@ per `(name, version)`, as in Seldon, checked under the lock and, for an unload, 
 
 Where it differs from Seldon, and why:
 - The model is loaded under its own name; a LOAD of another version replaces the one held (its
-  files are swapped and the server reloads it). A failed replace leaves neither version loaded,
-  and the agent says so with an UNLOADED for the old version.
+  files are swapped, the old ones kept aside, and the server reloads it). When that load fails
+  and the server still serves the old version (a failed reload keeps the old model in MLServer),
+  the agent keeps it too, puts its files back and reports only the LOAD_FAILED; otherwise neither
+  version is loaded, and the agent says so with an UNLOADED for the old version.
 - An UNLOAD of a version the agent does not hold (never loaded, replaced, failed) answers UNLOADED
   without touching the server: the server's model of that name may be another version.
 - A model larger than the replica's whole memory fails at once (Seldon retries 5 times first).
@@ -24,12 +26,13 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from modelyard.agent.artefacts import Artefacts, instance_count
 from modelyard.agent.config import AgentConfig
 from modelyard.agent.policy import CommandStamps, retry_delays
 from modelyard.agent.residency import Residency
-from modelyard.agent.state import REGISTERED, LocalState, ModelStatus
+from modelyard.agent.state import REGISTERED, HeldModel, LocalState, ModelStatus
 from modelyard.errors import ModelyardError
 from modelyard.rpc import agent_pb2
 from modelyard.upstream.repository import RepositoryClient
@@ -88,20 +91,29 @@ class Operations:
                 return
             fetch = self._artefacts is not None and bool(model.storage_uri)
             replaced = self._state.begin_load(name, version, model.memory_bytes, self._now(), stamp)
+            previous: list[Path] = []  # the replaced version's files, kept aside until the load ends
             try:
                 await self._residency.make_room(name)  # evicts idle models when overcommitted
-                instances = await self._load_on_server(model, fetch)
+                instances = await self._load_on_server(model, fetch, replaced is not None, previous)
             except Exception as error:  # whatever went wrong, the scheduler hears of it
                 failed = self._state.forget(name)
                 self._residency.freed()
                 self._on_load(False)
+                why = _describe(error)
+                if replaced is not None and await self._keep_replaced(replaced, previous, version):
+                    await self._send(
+                        model, Event.LOAD_FAILED, f"{why}; version {replaced.version} serves on", 0
+                    )
+                    return
                 ours = (failed is not None and failed.fetched) or (replaced is not None and replaced.fetched)
-                await self._clean_up_failed(model, replaced is not None, ours)
-                await self._send(model, Event.LOAD_FAILED, _describe(error), 0)
+                await self._clean_up_failed(model, replaced is not None, ours, previous)
+                await self._send(model, Event.LOAD_FAILED, why, 0)
                 if replaced is not None:
                     old = agent_pb2.ModelVersion(name=name, version=replaced.version)
                     await self._send(old, Event.UNLOADED, f"replaced by version {version}, which failed", 0)
                 return
+            if previous and self._artefacts is not None:
+                await asyncio.to_thread(self._artefacts.discard, previous[0])
             self._state.loaded_ok(name, version, self._now(), instances)
             self._on_load(True)
             if self.draining:  # as Seldon: a load that ends while draining must not attract traffic
@@ -110,12 +122,30 @@ class Operations:
             log.info("loaded %s v%d", name, version)
             await self._send(model, Event.LOADED, "", instances)
 
-    async def _load_on_server(self, model: agent_pb2.ModelVersion, fetch: bool) -> int:
-        """Fetch the artefact (once), then load with bounded retries; the instance count if known."""
+    async def _keep_replaced(self, replaced: HeldModel, previous: list[Path], failed: int) -> bool:
+        """After a failed replace: whether the version it replaced still serves, and so stays held
+        (with its files put back). A server whose reload failed keeps the model it had (MLServer,
+        the sim-worker); an evicted one was not in the server's memory anyway."""
+        name = replaced.name
+        if replaced.status is not ModelStatus.EVICTED and not await self._server.model_ready(name):
+            return False
+        if previous and self._artefacts is not None:
+            await asyncio.to_thread(self._artefacts.restore, name, previous[0])
+        self._state.restore(replaced)
+        log.warning("load of %s v%d failed; v%d serves on", name, failed, replaced.version)
+        return True
+
+    async def _load_on_server(
+        self, model: agent_pb2.ModelVersion, fetch: bool, replacing: bool, previous: list[Path]
+    ) -> int:
+        """Fetch the artefact (once), then load with bounded retries; the instance count if known.
+        When `replacing`, the files the fetch replaced are kept aside in `previous`."""
         model_dir = None
         if fetch:
             assert self._artefacts is not None
-            placed = await self._artefacts.fetch(model.name, model.storage_uri)
+            placed = await self._artefacts.fetch(model.name, model.storage_uri, keep_previous=replacing)
+            if placed.previous is not None:
+                previous.append(placed.previous)
             model_dir = placed.path
             # Only now, once files the agent made were swapped in, are they the agent's to delete.
             self._state.set_fetched(model.name, model.version, placed.owned)
@@ -134,7 +164,11 @@ class Operations:
                 await asyncio.sleep(delays[attempt - 1])  # the backoff between load attempts
         return await asyncio.to_thread(instance_count, model_dir) if model_dir is not None else 0
 
-    async def _clean_up_failed(self, model: agent_pb2.ModelVersion, replacing: bool, ours: bool) -> None:
+    async def _clean_up_failed(
+        self, model: agent_pb2.ModelVersion, replacing: bool, ours: bool, previous: list[Path]
+    ) -> None:
+        if previous and self._artefacts is not None:
+            await asyncio.to_thread(self._artefacts.discard, previous[0])
         if replacing:  # the server may still serve the old version under this name: take it down
             try:
                 await self._server.unload(model.name)

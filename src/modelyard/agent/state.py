@@ -203,6 +203,10 @@ class LocalState:
             if ok:
                 held.last_used = max(held.last_used, now)
 
+    def restore(self, held: HeldModel) -> None:
+        """Put back the record a failed replace took out: the server still serves that version."""
+        self._models[held.name] = held
+
     def forget(self, name: str) -> HeldModel | None:
         """Drop the record (after an unload or a failed load), releasing its memory."""
         return self._models.pop(name, None)

@@ -61,7 +61,8 @@ Where this differs from Seldon, and why:
    own schedule (the scheduler: the retry timer, an agent's connect or disconnect).
 9. A new version goes first to replicas not serving an older version of the model (then by free
    memory): the server sees the model under one name, so a version placed where an older one
-   serves replaces it there, and a replace that fails leaves neither loaded. Elsewhere, the old
+   serves replaces it there (a replace that fails leaves the old one serving where the server
+   kept it, as MLServer does; see agent/operations.py). Elsewhere, the old
    version keeps serving beside the new one until the new is Available, and a new version that
    fails to load costs nothing. Seldon places the new version as a fresh model (compat §6.2).
 """

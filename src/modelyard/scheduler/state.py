@@ -190,6 +190,18 @@ class SchedulerState(Connections):
         expected, desired = _EVENT_TRANSITIONS[kind]
         if status.state is desired or (kind is AgentEventKind.LOADED and status.state in _PROMOTED):
             return  # a repeated event (Seldon rejects a LOADED for a replica already promoted)
+        if kind is AgentEventKind.UNLOADED and status.state in ROUTABLE:
+            # The agent lost a version it served without being asked: a new version replaced it
+            # there and failed, on a server that dropped the old model too. Believe the agent: the
+            # feed stops routing there, and the failed latest version is placed again on retry.
+            self._set_replica(
+                model,
+                version_number,
+                index,
+                ReplicaStatus(_S.UNLOADED, message or "unloaded by the agent", now),
+            )
+            self._commit(now)
+            return
         if status.state is not expected:
             raise Conflict(
                 f"state mismatch for {model_name} version {version_number} on {replica.endpoint_name}: "

@@ -149,3 +149,24 @@ def test_instance_count_from_triton_config_or_unknown(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert instance_count(empty) == 0
+
+
+async def test_a_replace_can_keep_the_old_files_aside_then_restore_or_discard_them(tmp_path):
+    first, second = tmp_path / "v1", tmp_path / "v2"
+    for source, text in ((first, "one"), (second, "two")):
+        source.mkdir()
+        (source / "weights").write_text(text)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    await artefacts.fetch("m", str(first))
+    placed = await artefacts.fetch("m", str(second), keep_previous=True)
+    assert placed.previous is not None and (placed.previous / "weights").read_text() == "one"
+    assert (placed.path / "weights").read_text() == "two"
+    artefacts.restore("m", placed.previous)  # version 2 failed to load
+    assert (tmp_path / "repo" / "m" / "weights").read_text() == "one"
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["m"]
+
+    placed = await artefacts.fetch("m", str(second), keep_previous=True)
+    assert placed.previous is not None
+    artefacts.discard(placed.previous)  # version 2 loaded
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == ["m"]
+    assert (tmp_path / "repo" / "m" / "weights").read_text() == "two"

@@ -69,3 +69,28 @@ def test_a_new_version_that_fails_leaves_the_old_one_in_the_feed_and_says_why():
     assert (entry["version"], entry["state"], entry["reason"]) == (2, "ModelFailed", "no such file")
     assert _shares(entry) == ([(1, 100)], [("mlserver-0", 1)])
     assert h.replicas("iris", 1) == {0: "Available"}
+
+
+def test_an_old_version_the_agent_lost_in_a_failed_replace_stops_being_routed():
+    """One replica: version 2 replaces version 1 there and fails, and the server dropped version 1
+    too, so the agent reports it UNLOADED though nobody asked: the scheduler believes it."""
+    h = Harness()
+    h.connect()
+    h.state.apply(spec(memory=100), 1.0)
+    h.answer()
+    h.state.apply(_v2(memory=100), 2.0)
+    assert h.take() == [("load", "mlserver", 0, "iris", 2)]
+    h.state.event("mlserver", 0, "iris", 2, AgentEventKind.LOAD_FAILED, message="boom", now=3.0)
+    assert _shares(_entry(h)) == ([(1, 100)], [("mlserver-0", 1)])  # version 1 serves on there
+    h.state.event(
+        "mlserver",
+        0,
+        "iris",
+        1,
+        AgentEventKind.UNLOADED,
+        message="replaced by version 2, which failed",
+        now=3.0,
+    )
+    assert h.state.model("iris").version(1) is None  # unloaded, so pruned: it holds nothing
+    assert h.model_state("iris") == "ModelFailed"
+    assert _shares(_entry(h))[1] == []  # nothing to route to: the gateway answers 503 with the state
