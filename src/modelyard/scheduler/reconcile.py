@@ -23,6 +23,8 @@ down just before a new version was applied is not left waiting forever).
 
 from __future__ import annotations
 
+import logging
+
 from modelyard.placement import (
     INACTIVE,
     UNLOADING_OR_UNLOADED,
@@ -49,6 +51,8 @@ from modelyard.scheduler.records import (
 )
 from modelyard.scheduler.reservations import Reservations, recount
 from modelyard.store import Store, StoreWrite
+
+log = logging.getLogger("modelyard.scheduler")
 
 _S = ReplicaState
 _MAX_ROUNDS = 16  # each round only moves replicas forward; a handful always suffices
@@ -89,8 +93,21 @@ class Reconciler:
         target = model.version(version)
         if target is None:
             raise ValueError(f"{model.name} has no version {version}")
+        before = target.replicas.get(index)
         target.replicas[index] = status
         self._touch(model, version)
+        if before is None or before.state is not status.state:
+            why = f" ({status.reason})" if status.reason else ""
+            log.info(
+                "%s v%d on %s-%d: %s -> %s%s",
+                model.name,
+                version,
+                target.server,
+                index,
+                before.state.value if before is not None else "new",
+                status.state.value,
+                why,
+            )
 
     def _replica_dirty(self, replica: ServerReplica) -> None:
         self._dirty_replicas.add(replica.key)
@@ -204,6 +221,7 @@ class Reconciler:
         last_available = next(
             (v.version for v in reversed(model.versions) if v.status.state is ModelState.AVAILABLE), None
         )
+        before = version.status.state
         version.status = derive_status(
             version.replicas,
             version.spec,
@@ -211,6 +229,9 @@ class Reconciler:
             latest=version is model.latest,
             other_version_available=last_available is not None and last_available != number,
         )
+        if version.status.state is not before:
+            why = f" ({version.status.reason})" if version.status.reason else ""
+            log.info("%s v%d: %s -> %s%s", model.name, number, before.value, version.status.state.value, why)
 
     def _publish(self, model: Model) -> None:
         entry = feed_entry(model, self.servers)
