@@ -5,6 +5,7 @@ memory is as small as the agent's: a load the agent did not make room for fails 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import aiohttp
@@ -121,8 +122,7 @@ async def test_a_model_serving_requests_is_not_evicted_the_reload_waits_for_it(s
     slow = asyncio.ensure_future(http.post(f"{agent.url}/v1/chat/completions", json=chat))
 
     async def b_busy() -> bool:
-        held = agent.state.get("b")
-        return held is not None and held.in_flight == 1
+        return agent.state.in_flight("b") == 1
 
     await wait_until(b_busy)
     reload = asyncio.ensure_future(infer(http, agent.url, "a"))
@@ -151,8 +151,7 @@ async def test_a_reload_that_gets_no_room_in_time_answers_503_in_the_protocols_s
     slow_task = asyncio.ensure_future(http.post(f"{agent.url}/v1/chat/completions", json=chat))
 
     async def b_busy() -> bool:
-        held = agent.state.get("b")
-        return held is not None and held.in_flight == 1
+        return agent.state.in_flight("b") == 1
 
     await wait_until(b_busy)
     status, body = await infer(http, agent.url, "a")
@@ -221,3 +220,31 @@ async def test_a_404_about_a_path_leaves_a_ready_model_alone(setup, http, tmp_pa
     assert await metric_value(http, agent.url, "modelyard_agent_reloads_total", model="a") == 0
     async with http.get(worker.url + "/metrics") as response:
         assert 'modelyard_sim_model_loads_total{model="a"} 1.0' in await response.text()
+
+
+async def test_finished_streams_give_their_connection_back(setup, http, tmp_path):
+    fake, agent, _worker = await start(setup, max_server_connections=2)
+    await load(fake, tmp_path, "a", 300)
+    chat = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    for _ in range(5):  # more streams than the data plane may open connections to the server
+        async with http.post(f"{agent.url}/v1/chat/completions", json=chat) as response:
+            assert response.status == 200
+            await response.read()
+    async with asyncio.timeout(5):
+        assert (await infer(http, agent.url, "a"))[0] == 200
+
+
+async def test_a_client_leaving_during_a_reload_does_not_stop_it(setup, http, tmp_path):
+    fake, agent, worker = await start(setup, worker={"memory": 1000, "load_delay": 0.3})
+    await load(fake, tmp_path, "a", 600)
+    await load(fake, tmp_path, "b", 600)  # evicts a
+    with contextlib.suppress(TimeoutError):
+        async with http.post(
+            f"{agent.url}/v2/models/a/infer", json=OIP_BODY, timeout=aiohttp.ClientTimeout(total=0.05)
+        ):
+            pass
+    # The reload goes on without the client; the next request finds a loaded (or its reload).
+    status, body = await infer(http, agent.url, "a")
+    assert status == 200 and body["model_name"] == "a"
+    assert agent.state.get("a").status.value == "loaded"
+    assert await resident(http, worker) == {"a": 600}

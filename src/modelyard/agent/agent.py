@@ -91,6 +91,7 @@ class Agent:
                 config.inference_url,
                 timeout=config.proxy_timeout,
                 draining=lambda: self.draining,
+                max_connections=config.max_server_connections,
             )
             listen = ListenConfig(
                 host=config.host, port=config.port, drain_seconds=0.0, shutdown_timeout=30.0
@@ -199,9 +200,9 @@ class Agent:
                 agent_pb2.ModelStats(
                     name=m.name,
                     version=m.version,
-                    in_flight=m.in_flight,
-                    queued=m.queued,
-                    idle_seconds=0.0 if m.in_flight else max(0.0, now - m.last_used),
+                    in_flight=self.state.in_flight(m.name),
+                    queued=self.state.queued(m.name),
+                    idle_seconds=0.0 if self.state.busy(m.name) else max(0.0, now - m.last_used),
                 )
                 for m in self.state.loaded()
             ],
@@ -336,6 +337,7 @@ class Agent:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.stop()  # requests in flight finish (bounded)
+        await self.residency.close()
         if self._data_plane is not None:
             await self._data_plane.close()
         await self._server.close()

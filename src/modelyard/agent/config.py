@@ -59,6 +59,9 @@ class AgentConfig(BaseModel):
         default=1.0, gt=0, description="seconds between usage reports to the scheduler (autoscaling)"
     )
     proxy_timeout: float = Field(default=600.0, gt=0, description="one request through the data plane, s")
+    max_server_connections: int = Field(
+        default=1024, ge=1, description="connections the data plane may open to the server"
+    )
     max_body_bytes: Bytes = Field(
         default=100 * 2**20, description="largest request body the data plane takes"
     )

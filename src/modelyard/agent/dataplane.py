@@ -26,11 +26,12 @@ from collections.abc import Callable
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard.agent.metrics import AgentMetrics
 from modelyard.agent.residency import Residency
-from modelyard.agent.state import REGISTERED, HeldModel, LocalState, ModelStatus
+from modelyard.agent.state import LocalState, ModelStatus
 from modelyard.errors import ModelNotResident, ModelyardError, UpstreamError
 from modelyard.protocols import error_body, protocol_for_path
 from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
@@ -69,6 +70,7 @@ class DataPlane:
         *,
         timeout: float,
         draining: Callable[[], bool],
+        max_connections: int = 1024,
     ) -> None:
         self._state = state
         self._residency = residency
@@ -76,7 +78,7 @@ class DataPlane:
         self._server_url = server_url
         self._timeout = timeout
         self._draining = draining
-        self._client = Http1Client(max_connections=1024, connect_timeout=5.0)
+        self._client = Http1Client(max_connections=max_connections, connect_timeout=5.0)
 
     def app(self, max_body_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_body_bytes)
@@ -98,23 +100,27 @@ class DataPlane:
         name = model_of(path, body)
         if request.method == "GET":
             if path == "/v2/health/ready" and self._draining():
-                return self._answer(request, name, 503, {"error": "the agent is draining"})
+                return self._answer(request, "", 503, {"error": "the agent is draining"})
             if name is not None and path.endswith("/ready"):
                 record = self._state.get(name)
                 if record is not None and record.status in (ModelStatus.EVICTED, ModelStatus.RELOADING):
                     return self._answer(request, name, 200, {"name": name, "ready": True})
-        held: HeldModel | None = None
+        pinned = False
+        # Metrics name models the agent holds; any other name a client sends counts as "" (a
+        # client probing names must not grow the number of series without bound).
+        label = name if name is not None and self._state.get(name) is not None else ""
         try:
             if name is not None:
-                held = await self._residency.acquire(name)
+                pinned = await self._residency.acquire(name)
             upstream = await self._send(request, body)
-            if upstream.status == 404 and held is not None and held.status in REGISTERED:
+            if upstream.status == 404 and pinned:
+                assert name is not None
                 answer = await upstream.read()
-                if await self._lost(held):  # the server lost it: it was loaded again; once more
+                if await self._lost(name):  # the server lost it: it was loaded again; once more
                     upstream = await self._send(request, body)
                 else:  # the 404 is about something else (a path, a version): it is the answer
-                    return self._answer_bytes(name, 404, answer, upstream)
-            return await self._relay(request, name, upstream)
+                    return self._answer_bytes(label, 404, answer, upstream)
+            return await self._relay(request, label, upstream)
         except ModelyardError as error:
             if isinstance(error, UpstreamError):
                 log.warning("%s %s: %s", request.method, path, error.message)
@@ -124,29 +130,28 @@ class DataPlane:
                 content_type=_JSON,
                 headers=error.headers,
             )
-            self._metrics.requests.labels(name or "", str(error.status)).inc()
+            self._metrics.requests.labels(label, str(error.status)).inc()
             return response
         finally:
-            if held is not None:
-                self._residency.release(held)
+            if pinned:
+                assert name is not None
+                self._residency.release(name)
 
-    async def _lost(self, held: HeldModel) -> bool:
+    async def _lost(self, name: str) -> bool:
         """After a 404 for a model held as loaded: whether the server had lost it (then it is
         loaded again here). A server that says the model is ready answered 404 for another
         reason; one whose repository cannot load it (no such API) leaves the 404 as it was."""
-        if await self._residency.server_ready(held.name):
+        if await self._residency.server_ready(name):
             return False
         try:
-            await self._residency.force_load(held)
+            await self._residency.force_load(name)
         except ModelNotResident as error:
             log.warning("%s", error.message)
             return False
         return True
 
-    def _answer_bytes(
-        self, name: str | None, status: int, body: bytes, upstream: UpstreamResponse
-    ) -> web.Response:
-        self._metrics.requests.labels(name or "", str(status)).inc()
+    def _answer_bytes(self, label: str, status: int, body: bytes, upstream: UpstreamResponse) -> web.Response:
+        self._metrics.requests.labels(label, str(status)).inc()
         return web.Response(body=body, status=status, headers=relayed_response_headers(upstream.headers))
 
     async def _send(self, request: web.Request, body: bytes) -> UpstreamResponse:
@@ -162,12 +167,20 @@ class DataPlane:
         )
 
     async def _relay(
-        self, request: web.Request, name: str | None, upstream: UpstreamResponse
+        self, request: web.Request, label: str, upstream: UpstreamResponse
     ) -> web.StreamResponse:
         headers = relayed_response_headers(upstream.headers)
-        self._metrics.requests.labels(name or "", str(upstream.status)).inc()
+        self._metrics.requests.labels(label, str(upstream.status)).inc()
         if upstream.content_type != "text/event-stream":
             return web.Response(body=await upstream.read(), status=upstream.status, headers=headers)
+        try:
+            return await self._stream(request, upstream, headers)
+        finally:
+            upstream.close()  # a whole stream gives its connection back to the pool, a cut one is dropped
+
+    async def _stream(
+        self, request: web.Request, upstream: UpstreamResponse, headers: CIMultiDict[str]
+    ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         try:
@@ -181,11 +194,10 @@ class DataPlane:
                 request.transport.close()
             return response
         except ConnectionError:  # the client went away
-            upstream.close()
             return response
         await response.write_eof()
         return response
 
-    def _answer(self, request: web.Request, name: str | None, status: int, body: object) -> web.Response:
-        self._metrics.requests.labels(name or "", str(status)).inc()
+    def _answer(self, request: web.Request, label: str, status: int, body: object) -> web.Response:
+        self._metrics.requests.labels(label, str(status)).inc()
         return web.Response(body=orjson.dumps(body), status=status, content_type=_JSON)

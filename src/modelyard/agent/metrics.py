@@ -12,7 +12,8 @@ Per model, read from `LocalState` at scrape time (the request path only moves pl
 
 Counted as it happens:
 
-    modelyard_agent_requests_total{model, code}      answers the data plane gave (model "" if none)
+    modelyard_agent_requests_total{model, code}      answers the data plane gave (model "" when it
+                                                     names none the agent holds)
     modelyard_agent_loads_total{result}              server loads: the scheduler's and reloads
     modelyard_evictions_total{model}                 models unloaded to make room (LRU)
     modelyard_agent_reloads_total{model, reason}     evicted (lazy reload) or not_found (the server
@@ -29,6 +30,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from modelyard.agent.state import LocalState, ModelStatus
+
+_NOT_RESIDENT = frozenset({ModelStatus.EVICTED, ModelStatus.WAITING})
 
 
 class _StateCollector(Collector):
@@ -64,10 +67,10 @@ class _StateCollector(Collector):
         offset = time.time() - self._loop_time()
         for held in self._state:
             labels = [held.name]
-            in_flight.add_metric(labels, held.in_flight)
-            queued.add_metric(labels, held.queued)
+            in_flight.add_metric(labels, self._state.in_flight(held.name))
+            queued.add_metric(labels, self._state.queued(held.name))
             last_used.add_metric(labels, held.last_used + offset)
-            resident.add_metric(labels, 0 if held.status is ModelStatus.EVICTED else 1)
+            resident.add_metric(labels, 0 if held.status in _NOT_RESIDENT else 1)
             memory.add_metric(labels, held.memory_bytes)
         yield from (in_flight, queued, last_used, resident, memory)
         replica = GaugeMetricFamily(

@@ -100,7 +100,7 @@ class Operations:
                 self._residency.freed()
                 self._on_load(False)
                 why = _describe(error)
-                if replaced is not None and await self._keep_replaced(replaced, previous, version):
+                if replaced is not None and await self._kept(replaced, previous, version):
                     await self._send(
                         model, Event.LOAD_FAILED, f"{why}; version {replaced.version} serves on", 0
                     )
@@ -121,6 +121,17 @@ class Operations:
                 return
             log.info("loaded %s v%d", name, version)
             await self._send(model, Event.LOADED, "", instances)
+
+    async def _kept(self, replaced: HeldModel, previous: list[Path], failed: int) -> bool:
+        """`_keep_replaced`, where anything going wrong (the files cannot be put back) means the
+        old version is not kept: the caller then cleans up and reports both versions."""
+        try:
+            return await self._keep_replaced(replaced, previous, failed)
+        except Exception:
+            log.exception("could not keep %s v%d after a failed replace", replaced.name, replaced.version)
+            if self._state.get(replaced.name) is replaced:
+                self._state.forget(replaced.name)
+            return False
 
     async def _keep_replaced(self, replaced: HeldModel, previous: list[Path], failed: int) -> bool:
         """After a failed replace: whether the version it replaced still serves, and so stays held

@@ -2,15 +2,20 @@
 
 The scheduler may place more models on a replica than fit in its memory (overcommit, compat §7.5);
 the agent keeps the excess registered but evicted. Room is made the same way for a load from the
-scheduler and for a request that needs an evicted model back: the caller counts the model as
-resident first (a reservation, so two loads never count the same free bytes), then `make_room`
-evicts idle models, least recently used first, until the resident models fit. A model with
-requests in flight or queued is never evicted; when the idle ones are not enough, `make_room`
-waits for requests to finish (bounded by `room_timeout`) rather than evict a busy one.
+scheduler and for a request that needs an evicted model back (`make_room`): under one room lock,
+evict idle models, least recently used first, until the model fits, then reserve its memory (it
+counts as resident from then on) in the same step, so two loads never count the same free bytes
+and a load waiting for room holds none. A model with requests in flight or queued is never
+evicted; when the idle ones are not enough, `make_room` waits for requests or loads to end
+(bounded by `room_timeout`) rather than evict a busy one.
 
-Work on one model is serialised by its lock (also used by LOAD and UNLOAD); evictions are
-serialised by one room lock, and skip models whose lock is held (a load or reload under way), so
-no two locks are ever waited for in opposite orders.
+A reload runs as a task of its own, shared by every request waiting for that model: a client that
+goes away does not abort it, and the waiters get its outcome together (one `room_timeout` for all).
+
+Work on one model is serialised by its lock (also used by LOAD and UNLOAD); evictions skip models
+whose lock is held (a load or reload under way), so no two locks are ever waited for in opposite
+orders. An eviction or reload cut short (the agent stopping) leaves the model as it was before
+(loaded, or evicted); a server that did unload it meanwhile answers 404, which reloads it.
 
 Differs from Seldon (compat §7.7): Seldon's agent evicts a model that requests are using (the
 request then fails and is retried by the client); here it waits for them. A reload that cannot
@@ -24,7 +29,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from modelyard.agent.state import HeldModel, LocalState, ModelStatus
+from modelyard.agent.state import LocalState, ModelStatus
 from modelyard.errors import ModelNotResident, ModelyardError
 from modelyard.upstream.repository import RepositoryClient
 
@@ -53,6 +58,8 @@ class Residency:
         self._locks: dict[str, asyncio.Lock] = {}
         self._room = asyncio.Lock()
         self._changed = asyncio.Event()  # set when memory may have been freed; waiters clear it
+        self._reloads: dict[str, asyncio.Task[None]] = {}
+        self._holding: dict[str, int] = {}  # model -> tasks holding or waiting for its lock
 
     def _lock(self, name: str) -> asyncio.Lock:
         lock = self._locks.get(name)
@@ -62,11 +69,21 @@ class Residency:
 
     @contextlib.asynccontextmanager
     async def hold(self, name: str) -> AsyncIterator[None]:
-        """The model's lock. Its release wakes whoever waits for room: a model whose lock was held
-        could not be evicted, and may be now (or its load failed and freed memory)."""
-        async with self._lock(name):
-            yield
-        self.freed()
+        """The model's lock. Whoever holds it or waits for it counts in `_holding`, so an eviction
+        never picks that model (it would wait behind them while holding the room lock they may
+        need next). The release wakes whoever waits for room: the model may be evictable now, or
+        its load failed and freed memory."""
+        self._holding[name] = self._holding.get(name, 0) + 1
+        try:
+            async with self._lock(name):
+                yield
+        finally:
+            left = self._holding[name] - 1
+            if left:
+                self._holding[name] = left
+            else:
+                del self._holding[name]
+            self.freed()
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -79,125 +96,162 @@ class Residency:
     # Making room ---------------------------------------------------------------------------------
 
     async def make_room(self, name: str) -> None:
-        """Evict idle models until the resident ones (`name`'s reservation included) fit in main
-        memory; waits for busy ones to become idle, at most `room_timeout`. `NoRoom` then."""
+        """Evict idle models until `name` (WAITING or EVICTED) fits in main memory beside the
+        resident ones, then reserve its memory (`LocalState.reserve`); waits for busy models to
+        become idle, at most `room_timeout`. `NoRoom` then."""
         loop = asyncio.get_running_loop()
         until = loop.time() + self._room_timeout
+        failed: dict[str, str] = {}  # victims whose unload failed: not tried again by this call
         while True:
             async with self._room:
-                locked = {n for n, lock in self._locks.items() if lock.locked() and n != name}
-                victims = self._state.victims(locked | {name})
+                held = self._state.get(name)
+                if held is None:
+                    raise NoRoom(f"{name} was unloaded while it waited for room")
+                taken = (set(self._holding) | set(failed)) - {name}
+                victims = self._state.victims(held.memory_bytes, taken)
                 if victims == []:
+                    self._state.reserve(name)
                     return
                 if victims is not None:
                     for victim in victims:
-                        await self._evict(victim)
+                        why = await self._evict(victim)
+                        if why:
+                            failed[victim] = why
                     continue  # look again: an eviction may have failed, or a request come in
                 self._changed.clear()
             left = until - loop.time()
             if left <= 0:
-                raise NoRoom(self._why_no_room(name))
+                raise NoRoom(self._why_no_room(name, failed))
             try:
                 async with asyncio.timeout(left):
-                    await self._changed.wait()  # a request ended or a model went away
+                    await self._changed.wait()  # a request or a load ended, or a model went away
             except TimeoutError:
-                raise NoRoom(self._why_no_room(name)) from None
+                raise NoRoom(self._why_no_room(name, failed)) from None
 
-    def _why_no_room(self, name: str) -> str:
-        busy = ", ".join(sorted(m.name for m in self._state if m.busy and m.status is ModelStatus.LOADED))
-        return (
-            f"no room to load {name}: {self._state.resident_bytes} of {self._state.memory_bytes} bytes "
-            f"resident and still needed after {self._room_timeout:g}s; serving requests: {busy or 'none'}"
+    def _why_no_room(self, name: str, failed: dict[str, str]) -> str:
+        state = self._state
+        busy = ", ".join(
+            sorted(m.name for m in state if state.busy(m.name) and m.status is ModelStatus.LOADED)
         )
+        why = (
+            f"no room to load {name}: {state.resident_bytes} of {state.memory_bytes} bytes resident "
+            f"after {self._room_timeout:g}s; serving requests: {busy or 'none'}"
+        )
+        for victim, error in sorted(failed.items()):
+            why += f"; could not evict {victim}: {error}"
+        return why
 
-    async def _evict(self, name: str) -> None:
+    async def _evict(self, name: str) -> str:
+        """Unload an idle model from the server, keeping it registered; the error text if the
+        server refused (the model stays loaded), else ""."""
         held = self._state.get(name)
-        if held is None or held.status is not ModelStatus.LOADED or held.busy or self._lock(name).locked():
-            return
-        async with self.hold(name):
+        if held is None or held.status is not ModelStatus.LOADED or self._state.busy(name):
+            return ""
+        if name in self._holding:
+            return ""  # a load or reload of it is under way or waiting: not a victim
+        async with self.hold(name):  # free and nobody waiting: taken at once
             self._state.begin_evict(name)
+            ok = False
             try:
                 await self._server.unload(name)
+                ok = True
             except ModelyardError as error:
                 log.warning("could not evict %s: %s", name, error.message)
-                self._state.evicted(name, ok=False)
-                raise NoRoom(f"could not evict {name} to make room: {error.message}") from None
-            self._state.evicted(name, ok=True)
+                return error.message
+            finally:
+                self._state.evicted(name, ok=ok)
         log.info("evicted %s (%d bytes): least recently used, to make room", name, held.memory_bytes)
         self._on_evicted(name)
+        return ""
 
     # Serving requests ----------------------------------------------------------------------------
 
-    async def acquire(self, name: str) -> HeldModel | None:
+    async def acquire(self, name: str) -> bool:
         """Pin `name` for one request: counted in flight (so it is not evicted), reloaded first if
-        it was evicted (the request waits, counted as queued). None when the agent does not hold
-        the model (the request goes to the server as it is). `ModelNotResident` when it cannot be
-        reloaded; the caller must `release` a returned model."""
+        it was evicted (the request waits, counted as queued). False when the agent does not hold
+        the model, or its own load or unload is under way (the request goes to the server as it
+        is, unpinned). `ModelNotResident` when it cannot be reloaded; after True the caller must
+        `release`."""
         held = self._state.get(name)
         if held is None:
-            return None
+            return False
         if held.status is ModelStatus.LOADED:
-            held.in_flight += 1
-            self._state.touch(name, self._now())
-            return held
-        if held.status in (ModelStatus.LOADING, ModelStatus.UNLOADING):
-            # The scheduler's load or unload is under way: the server answers as it stands (during
-            # an in-place replace it serves the old version until the new one is in).
-            return None
-        waiting = held  # the record counted as queued (a LOAD may replace it meanwhile)
-        waiting.queued += 1
+            self._state.pin(name, self._now())
+            return True
+        self._state.queue(name)
         try:
-            async with self.hold(name):  # a load, unload or eviction under way ends first
+            while True:
                 held = self._state.get(name)
-                if held is None or held.status not in (ModelStatus.LOADED, ModelStatus.EVICTED):
-                    return None  # unloaded, or being unloaded, meanwhile: the server answers
-                if held.status is ModelStatus.EVICTED:
-                    await self._reload(held, "reload")
-                held.in_flight += 1  # pinned before the lock is released
-                self._state.touch(name, self._now())
-                return held
+                if held is None or held.status in (
+                    ModelStatus.WAITING,
+                    ModelStatus.LOADING,
+                    ModelStatus.UNLOADING,
+                ):
+                    # The scheduler's load or unload is under way: the server answers as it stands
+                    # (during an in-place replace it serves the old version until the new one is in).
+                    return False
+                if held.status is ModelStatus.LOADED:
+                    self._state.pin(name, self._now())
+                    return True
+                # Evicted, being evicted or being reloaded: wait for the one reload of it.
+                task = self._reloads.get(name)
+                if task is None or task.done():
+                    task = self._reloads[name] = asyncio.create_task(
+                        self._reload(name), name=f"reload-{name}"
+                    )
+                await asyncio.shield(task)  # a client going away leaves the reload to the others
         finally:
-            waiting.queued -= 1
+            self._state.unqueue(name)
 
-    def release(self, held: HeldModel) -> None:
-        held.in_flight -= 1
-        self._state.touch(held.name, self._now())
-        if held.in_flight == 0:
+    def release(self, name: str) -> None:
+        if self._state.unpin(name, self._now()):
             self.freed()
 
-    async def _reload(self, held: HeldModel, why: str) -> None:
-        """Load an evicted model again (under its lock), making room first."""
-        name = held.name
-        started = self._now()
-        self._state.begin_reload(name)
-        try:
-            await self.make_room(name)
-            await self._server.load(name)
-        except ModelyardError as error:
-            self._state.reloaded(name, self._now(), ok=False)
-            self.freed()
-            self._on_load(name, why, False)
-            raise ModelNotResident(f"model {name!r} could not be loaded again: {error.message}") from None
-        self._state.reloaded(name, self._now(), ok=True)
-        self._on_load(name, why, True)
-        log.info("reloaded %s in %.3fs: a request needed it", name, self._now() - started)
+    async def _reload(self, name: str) -> None:
+        """Load an evicted model again (under its lock), making room first. Ends with it LOADED,
+        or EVICTED and `ModelNotResident` for everyone waiting on it."""
+        async with self.hold(name):
+            held = self._state.get(name)
+            if held is None or held.status is not ModelStatus.EVICTED:
+                return  # unloaded, loaded or replaced meanwhile: the waiters look again
+            started = self._now()
+            ok = False
+            try:
+                await self.make_room(name)
+                await self._server.load(name)
+                ok = True
+            except ModelyardError as error:
+                self._on_load(name, "reload", False)
+                raise ModelNotResident(f"model {name!r} could not be loaded again: {error.message}") from None
+            finally:
+                self._state.reloaded(name, self._now(), ok=ok)  # back to EVICTED unless loaded
+            self._on_load(name, "reload", True)
+            log.info("reloaded %s in %.3fs: a request needed it", name, self._now() - started)
 
     async def server_ready(self, name: str) -> bool:
         return await self._server.model_ready(name)
 
-    async def force_load(self, held: HeldModel) -> None:
+    async def force_load(self, name: str) -> None:
         """The server answered 404 for a model the agent holds as loaded (it restarted, or lost
         it): load it again once, under its lock; the caller then retries the request once."""
-        async with self.hold(held.name):
-            current = self._state.get(held.name)
-            if current is not held or held.status is not ModelStatus.LOADED:
-                return  # changed meanwhile (unloaded, replaced): the retry finds out
+        async with self.hold(name):
+            held = self._state.get(name)
+            if held is None or held.status is not ModelStatus.LOADED:
+                return  # changed meanwhile (unloaded, replaced, evicted): the retry finds out
             try:
-                await self._server.load(held.name)
+                await self._server.load(name)
             except ModelyardError as error:
-                self._on_load(held.name, "not_found", False)
+                self._on_load(name, "not_found", False)
                 raise ModelNotResident(
-                    f"model {held.name!r} was not on the server and could not be loaded: {error.message}"
+                    f"model {name!r} was not on the server and could not be loaded: {error.message}"
                 ) from None
-            self._on_load(held.name, "not_found", True)
-            log.warning("%s: the server did not have it; loaded it again", held.name)
+            self._on_load(name, "not_found", True)
+            log.warning("%s: the server did not have it; loaded it again", name)
+
+    async def close(self) -> None:
+        """Cancel reloads under way (the agent is stopping)."""
+        tasks = [t for t in self._reloads.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._reloads.clear()

@@ -8,8 +8,9 @@ percent, the memory of every *registered* model (what the scheduler placed here,
 loaded) and of every *resident* one (in the server's memory now). With overcommit the registered
 models may take more than the memory; the excess is kept evicted: registered, its files in the
 repository, not in the server. `victims` picks what to evict to make room (least recently used
-first, never a model with requests in flight or queued, never one whose lock is held); a request
-for an evicted model reloads it (`begin_reload`).
+first, never a model with requests in flight or queued, never one whose lock is held); `reserve`
+counts a load's memory once there is room. Requests are counted per model name (`pin`, `queue`),
+since a LOAD of another version replaces the record while the server's model of that name serves.
 
 Where it differs from Seldon: a model is held under its own name (the inference server sees
 `iris`, not `iris_1`), so at most one version of a model is held; loading another version
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 
 class ModelStatus(enum.Enum):
+    WAITING = "waiting"  # the scheduler's load waits for room in the server's memory
     LOADING = "loading"  # memory is reserved; the scheduler's load is under way
     LOADED = "loaded"  # in the server's memory and serving
     EVICTING = "evicting"  # being unloaded from the server to make room; stays registered
@@ -35,7 +37,7 @@ class ModelStatus(enum.Enum):
 # Registered: reported to the scheduler as loaded (a request for it is served, reloading if needed).
 REGISTERED = frozenset({ModelStatus.LOADED, ModelStatus.EVICTING, ModelStatus.EVICTED, ModelStatus.RELOADING})
 # Resident: taking (or about to take) the server's memory.
-RESIDENT = frozenset(ModelStatus) - {ModelStatus.EVICTED}
+RESIDENT = frozenset(ModelStatus) - {ModelStatus.EVICTED, ModelStatus.WAITING}
 
 
 @dataclass
@@ -48,13 +50,6 @@ class HeldModel:
     instance_count: int = 0  # runtime info from the server's settings; 0 = not known
     stamp: int = 0  # receive stamp of the last command applied to it
     fetched: bool = False  # the agent put its files in the repository (so it deletes them)
-    in_flight: int = 0  # requests the data plane is sending to the server for it now
-    queued: int = 0  # requests waiting for it to be loaded (a lazy reload, or room to reload)
-
-    @property
-    def busy(self) -> bool:
-        """Requests use or wait for it: it must not be evicted."""
-        return self.in_flight > 0 or self.queued > 0
 
 
 class LocalState:
@@ -67,6 +62,10 @@ class LocalState:
         self.memory_bytes = memory_bytes
         self.overcommit_percent = overcommit_percent
         self._models: dict[str, HeldModel] = {}
+        # Requests per model *name* (a LOAD of another version replaces the record while requests
+        # to the server's model of that name go on): sent and not answered, waiting for a reload.
+        self._in_flight: dict[str, int] = {}
+        self._queued: dict[str, int] = {}
 
     # Queries ---------------------------------------------------------------------------------
 
@@ -129,18 +128,29 @@ class LocalState:
         loaded = [m for m in self._models.values() if m.status is ModelStatus.LOADED]
         return [m.name for m in sorted(loaded, key=lambda m: (m.last_used, m.name))]
 
-    def victims(self, locked: frozenset[str] | set[str] = frozenset()) -> list[str] | None:
-        """The models to evict so that the resident models fit in main memory: idle loaded ones
-        (no request in flight or queued, lock in `locked` not held), least recently used first,
-        as few as it takes. [] when they fit already; None when evicting every idle model would
-        not be enough (then nothing should be evicted: wait for requests to finish)."""
-        short = -self.main_available_bytes
+    def in_flight(self, name: str) -> int:
+        return self._in_flight.get(name, 0)
+
+    def queued(self, name: str) -> int:
+        return self._queued.get(name, 0)
+
+    def busy(self, name: str) -> bool:
+        """Requests use the model or wait for it: it must not be evicted."""
+        return name in self._in_flight or name in self._queued
+
+    def victims(self, needed: int = 0, locked: frozenset[str] | set[str] = frozenset()) -> list[str] | None:
+        """The models to evict so that the resident models and `needed` more bytes fit in main
+        memory: idle loaded ones (no request in flight or queued, not in `locked`), least
+        recently used first, as few as it takes. [] when they fit already; None when evicting
+        every idle model would not be enough (then nothing should be evicted: wait for requests
+        to finish or loads to end)."""
+        short = needed - self.main_available_bytes
         if short <= 0:
             return []
         chosen: list[str] = []
         for name in self.lru_order():
             held = self._models[name]
-            if held.busy or name in locked or held.memory_bytes == 0:
+            if self.busy(name) or name in locked or held.memory_bytes == 0:
                 continue
             chosen.append(name)
             short -= held.memory_bytes
@@ -153,11 +163,11 @@ class LocalState:
     def begin_load(
         self, name: str, version: int, memory_bytes: int, now: float, stamp: int, *, fetched: bool = False
     ) -> HeldModel | None:
-        """Register `version` as LOADING, reserving its memory. Returns the record it replaced
-        (another version of the same model), which no longer counts."""
+        """Register `version` as WAITING for room (`reserve` makes it LOADING once there is).
+        Returns the record it replaced (another version of the same model), which no longer counts."""
         replaced = self._models.pop(name, None)
         self._models[name] = HeldModel(
-            name, version, memory_bytes, ModelStatus.LOADING, now, stamp=stamp, fetched=fetched
+            name, version, memory_bytes, ModelStatus.WAITING, now, stamp=stamp, fetched=fetched
         )
         return replaced if replaced is not None and replaced.version != version else None
 
@@ -190,11 +200,16 @@ class LocalState:
         if held is not None and held.status is ModelStatus.EVICTING:
             held.status = ModelStatus.EVICTED if ok else ModelStatus.LOADED
 
-    def begin_reload(self, name: str) -> HeldModel:
-        """An evicted model is loaded again for a request: its memory counts as resident now."""
+    def reserve(self, name: str) -> None:
+        """Room was made: a WAITING load becomes LOADING, an EVICTED model RELOADING; either way
+        its memory counts as resident from now on."""
         held = self._models[name]
-        held.status = ModelStatus.RELOADING
-        return held
+        if held.status is ModelStatus.WAITING:
+            held.status = ModelStatus.LOADING
+        elif held.status is ModelStatus.EVICTED:
+            held.status = ModelStatus.RELOADING
+        else:
+            raise ValueError(f"{name} is {held.status.value}: nothing to reserve")
 
     def reloaded(self, name: str, now: float, *, ok: bool) -> None:
         held = self._models.get(name)
@@ -210,6 +225,31 @@ class LocalState:
     def forget(self, name: str) -> HeldModel | None:
         """Drop the record (after an unload or a failed load), releasing its memory."""
         return self._models.pop(name, None)
+
+    def pin(self, name: str, now: float) -> None:
+        """A request is sent to the server for the model: it is not evicted until `unpin`."""
+        self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        self.touch(name, now)
+
+    def unpin(self, name: str, now: float) -> bool:
+        """The request ended; True when it was the model's last one in flight."""
+        left = self._in_flight.get(name, 0) - 1
+        if left > 0:
+            self._in_flight[name] = left
+        else:
+            self._in_flight.pop(name, None)
+        self.touch(name, now)
+        return left <= 0
+
+    def queue(self, name: str) -> None:
+        self._queued[name] = self._queued.get(name, 0) + 1
+
+    def unqueue(self, name: str) -> None:
+        left = self._queued.get(name, 0) - 1
+        if left > 0:
+            self._queued[name] = left
+        else:
+            self._queued.pop(name, None)
 
     def touch(self, name: str, now: float) -> None:
         """A request used the model: it moves to the back of the eviction order."""

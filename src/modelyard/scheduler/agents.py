@@ -113,8 +113,8 @@ class Agents:
             finally:
                 if self._streams.get(key) is stream:
                     del self._streams[key]
-                if self.autoscaler is not None:
-                    self.autoscaler.forget(*key)
+                    if self.autoscaler is not None:  # a newer stream's fresh report stays
+                        self.autoscaler.forget(*key)
                 if not self._stopping:
                     self._state().disconnect(*key, self._clock())
                     self._changes.pulse()

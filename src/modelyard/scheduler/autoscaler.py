@@ -14,12 +14,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from modelyard.placement import ROUTABLE, ModelState
+from modelyard.placement import ROUTABLE, ModelState, ReplicaState
 from modelyard.placement.scaling import Decision, ModelLoad, ScalingMemory, ScalingPolicy, decide
 from modelyard.scheduler.records import Model
 from modelyard.scheduler.state import SchedulerState
 
 log = logging.getLogger("modelyard.scheduler")
+
+# A load on its way: a model with one is not settled (a scale-up lands before the next decision).
+_LOADING = frozenset({ReplicaState.LOAD_REQUESTED, ReplicaState.LOADING, ReplicaState.LOADED})
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,10 @@ class Autoscaler:
             replicas=spec.replicas,
             min_replicas=spec.min_replicas,
             max_replicas=spec.max_replicas,
-            settled=not model.deleted and latest.status.state is ModelState.AVAILABLE,
+            settled=not model.deleted
+            and latest.status.state is ModelState.AVAILABLE
+            and not any(s.state in _LOADING for s in latest.replicas.values()),
+            available=sum(1 for s in latest.replicas.values() if s.state is ReplicaState.AVAILABLE),
             lag=sum(lags) / len(lags) if lags else None,
             idle_for=min(idle) if idle else None,
         )

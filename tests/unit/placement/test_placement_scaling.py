@@ -7,8 +7,10 @@ from dataclasses import replace
 from modelyard.placement.scaling import Direction, ModelLoad, ScalingMemory, ScalingPolicy, decide
 
 POLICY = ScalingPolicy(lag_threshold=4, scale_up_window=5, inactivity=30, scale_down_cooldown=60)
-BUSY = ModelLoad("m", replicas=1, min_replicas=1, max_replicas=3, settled=True, lag=10, idle_for=0)
-IDLE = replace(BUSY, replicas=3, lag=0, idle_for=45)
+BUSY = ModelLoad(
+    "m", replicas=1, min_replicas=1, max_replicas=3, settled=True, available=1, lag=10, idle_for=0
+)
+IDLE = replace(BUSY, replicas=3, available=3, lag=0, idle_for=45)
 
 
 class Clock:
@@ -27,8 +29,9 @@ def test_lag_above_the_threshold_for_the_window_scales_up_by_one():
     assert clock.at(100, BUSY) == []  # the window starts
     assert clock.at(104, BUSY) == []
     assert clock.at(105, BUSY) == [("m", Direction.UP, 2)]
-    assert clock.at(106, replace(BUSY, replicas=2)) == []  # the next one needs a window of its own
-    assert clock.at(111, replace(BUSY, replicas=2)) == [("m", Direction.UP, 3)]
+    two = replace(BUSY, replicas=2, available=2)
+    assert clock.at(106, two) == []  # the next one needs a window of its own
+    assert clock.at(111, two) == [("m", Direction.UP, 3)]
 
 
 def test_a_lag_that_drops_in_the_window_starts_it_again():
@@ -43,7 +46,8 @@ def test_no_scale_up_past_max_replicas_or_without_a_max_or_while_the_last_one_lo
     for model in (
         replace(BUSY, replicas=3),  # at max
         replace(BUSY, max_replicas=None, min_replicas=1),  # no max: never up
-        replace(BUSY, settled=False),  # the previous scale-up is not Available yet
+        replace(BUSY, settled=False),  # the previous scale-up is still loading
+        replace(BUSY, replicas=2, available=1),  # ModelAvailable from min_replicas on: not enough
     ):
         clock = Clock()
         clock.at(100, model)
@@ -85,7 +89,7 @@ def test_no_report_no_decision_and_models_are_independent():
     idle = replace(IDLE, name="i")
     clock = Clock()
     assert clock.at(100, BUSY, silent, idle) == [("i", Direction.DOWN, 2)]
-    assert clock.at(105, BUSY, silent, replace(idle, replicas=2)) == [("m", Direction.UP, 2)]
+    assert clock.at(105, BUSY, silent, replace(idle, replicas=2, available=2)) == [("m", Direction.UP, 2)]
 
 
 def test_decisions_name_why():
