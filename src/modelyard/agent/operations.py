@@ -40,6 +40,7 @@ from modelyard.upstream.repository import RepositoryClient
 log = logging.getLogger("modelyard.agent")
 
 Event = agent_pb2.ModelEvent
+_UNDER_WAY = frozenset({ModelStatus.WAITING, ModelStatus.LOADING})
 # (model version, event, message, instance count) -> sent (or given up on) when it returns
 SendEvent = Callable[
     [agent_pb2.ModelVersion, "agent_pb2.ModelEvent.Event.ValueType", str, int], Awaitable[None]
@@ -95,6 +96,11 @@ class Operations:
             try:
                 await self._residency.make_room(name)  # evicts idle models when overcommitted
                 instances = await self._load_on_server(model, fetch, replaced is not None, previous)
+            except asyncio.CancelledError:  # the agent is stopping: leave no load half-registered
+                current = self._state.get(name)
+                if current is not None and current.version == version and current.status in _UNDER_WAY:
+                    self._state.forget(name)
+                raise
             except Exception as error:  # whatever went wrong, the scheduler hears of it
                 failed = self._state.forget(name)
                 self._residency.freed()

@@ -108,7 +108,10 @@ class Residency:
                 if held is None:
                     raise NoRoom(f"{name} was unloaded while it waited for room")
                 taken = (set(self._holding) | set(failed)) - {name}
-                victims = self._state.victims(held.memory_bytes, taken)
+                # A replace in place needs only what the new version takes beyond the old one's
+                # bytes, which stay counted while it waits (`replaced_bytes`).
+                needed = held.memory_bytes - held.replaced_bytes
+                victims = self._state.victims(needed, taken)
                 if victims == []:
                     self._state.reserve(name)
                     return
@@ -199,9 +202,13 @@ class Residency:
                     task = self._reloads[name] = asyncio.create_task(
                         self._reload(name), name=f"reload-{name}"
                     )
+                    # Every waiter may have gone when it fails: its outcome is read here, so it is
+                    # never an unretrieved task exception.
+                    task.add_done_callback(_outcome_read)
                 await asyncio.shield(task)  # a client going away leaves the reload to the others
         finally:
-            self._state.unqueue(name)
+            if self._state.unqueue(name):
+                self.freed()  # the model may be evictable now
 
     def release(self, name: str) -> None:
         if self._state.unpin(name, self._now()):
@@ -255,3 +262,8 @@ class Residency:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._reloads.clear()
+
+
+def _outcome_read(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

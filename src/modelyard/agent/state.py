@@ -50,6 +50,9 @@ class HeldModel:
     instance_count: int = 0  # runtime info from the server's settings; 0 = not known
     stamp: int = 0  # receive stamp of the last command applied to it
     fetched: bool = False  # the agent put its files in the repository (so it deletes them)
+    # While a new version WAITs for room in place of an old one, the server still holds the old
+    # one under this name: its bytes stay counted as resident until the new one reserves its own.
+    replaced_bytes: int = 0
 
 
 class LocalState:
@@ -93,7 +96,9 @@ class LocalState:
     @property
     def resident_bytes(self) -> int:
         """Memory of models in the server's memory, or reserved for a load under way."""
-        return sum(m.memory_bytes for m in self._models.values() if m.status in RESIDENT)
+        return sum(
+            m.memory_bytes if m.status in RESIDENT else m.replaced_bytes for m in self._models.values()
+        )
 
     @property
     def main_available_bytes(self) -> int:
@@ -166,9 +171,11 @@ class LocalState:
         """Register `version` as WAITING for room (`reserve` makes it LOADING once there is).
         Returns the record it replaced (another version of the same model), which no longer counts."""
         replaced = self._models.pop(name, None)
-        self._models[name] = HeldModel(
+        held = self._models[name] = HeldModel(
             name, version, memory_bytes, ModelStatus.WAITING, now, stamp=stamp, fetched=fetched
         )
+        if replaced is not None and replaced.status in RESIDENT:
+            held.replaced_bytes = replaced.memory_bytes
         return replaced if replaced is not None and replaced.version != version else None
 
     def loaded_ok(self, name: str, version: int, now: float, instance_count: int = 0) -> None:
@@ -206,6 +213,7 @@ class LocalState:
         held = self._models[name]
         if held.status is ModelStatus.WAITING:
             held.status = ModelStatus.LOADING
+            held.replaced_bytes = 0  # the new version's own bytes count from now on
         elif held.status is ModelStatus.EVICTED:
             held.status = ModelStatus.RELOADING
         else:
@@ -244,12 +252,14 @@ class LocalState:
     def queue(self, name: str) -> None:
         self._queued[name] = self._queued.get(name, 0) + 1
 
-    def unqueue(self, name: str) -> None:
+    def unqueue(self, name: str) -> bool:
+        """A request stopped waiting; True when it was the model's last one waiting."""
         left = self._queued.get(name, 0) - 1
         if left > 0:
             self._queued[name] = left
         else:
             self._queued.pop(name, None)
+        return left <= 0
 
     def touch(self, name: str, now: float) -> None:
         """A request used the model: it moves to the back of the eviction order."""

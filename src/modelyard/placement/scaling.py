@@ -1,7 +1,7 @@
 """Model autoscaling (compat §9), pure: from what the agents report, which models scale up or down.
 
-Inputs, per model (`ModelLoad`): its replica counts, whether its latest version is settled
-(ModelAvailable with no load under way) and how many of its replicas are Available, its *lag*
+Inputs, per model (`ModelLoad`): its replica counts, whether its latest version is settled (no
+load under way) and how many of its replicas are Available, its *lag*
 (requests in flight or waiting at its agents, per replica, averaged over the replicas that report
 it) and how long since any replica served a request.
 `decide` returns the decisions and the memory the next call needs (since when the lag has been
@@ -11,12 +11,12 @@ Rules (`ScalingPolicy` holds the numbers; the scheduler's config documents the d
 - A model autoscales when `min_replicas > 0` or `max_replicas > 0`, as in Seldon.
 - **Up** by one when the lag stayed above `lag_threshold` for `scale_up_window` seconds, the latest
   version is settled with every wanted replica Available (a scale-up still loading lands before
-  the next one; a model counts as ModelAvailable from `min_replicas` Available replicas on, so that
-  alone is not enough) and `replicas` is below `max_replicas` (no max: no scale-up). The window
+  the next one; a model counts as ModelAvailable from `min_replicas` Available replicas on, so its
+  state alone is not enough) and `replicas` is below `max_replicas` (no max: no scale-up). The window
   starts again after each scale-up.
 - **Down** by one when no replica served a request for `inactivity` seconds, `replicas` is above
-  `max(min_replicas, 1)`, the version is settled, and the model last scaled (either way) at least
-  `scale_down_cooldown` seconds ago.
+  `max(min_replicas, 1)`, the version is settled (even when not all its replicas could be
+  placed), and the model last scaled (either way) at least `scale_down_cooldown` seconds ago.
 
 Differs from Seldon: Seldon's agent fires SCALE_UP when its in-flight count reaches the threshold
 at a 5 s tick (one sample, then it resets the count) and SCALE_DOWN every tick while idle; the
@@ -52,7 +52,7 @@ class ModelLoad:
     replicas: int
     min_replicas: int
     max_replicas: int | None
-    settled: bool  # the latest version is ModelAvailable with no load under way; not deleted
+    settled: bool  # no load of the latest version under way; not deleted
     available: int  # replicas of the latest version that are Available
     lag: float | None  # mean requests in flight or queued per reporting replica; None: no report
     idle_for: float | None  # seconds since any replica served it; None: no report

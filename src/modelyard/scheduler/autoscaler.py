@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from modelyard.placement import ROUTABLE, ModelState, ReplicaState
+from modelyard.placement import ROUTABLE, ReplicaState
 from modelyard.placement.scaling import Decision, ModelLoad, ScalingMemory, ScalingPolicy, decide
 from modelyard.scheduler.records import Model
 from modelyard.scheduler.state import SchedulerState
@@ -88,9 +88,9 @@ class Autoscaler:
             replicas=spec.replicas,
             min_replicas=spec.min_replicas,
             max_replicas=spec.max_replicas,
-            settled=not model.deleted
-            and latest.status.state is ModelState.AVAILABLE
-            and not any(s.state in _LOADING for s in latest.replicas.values()),
+            # Settled: nothing loading, whatever the model's state (a scale-up beyond what could be
+            # placed leaves it ScheduleFailed with min_replicas 0, and must still scale back down).
+            settled=not model.deleted and not any(s.state in _LOADING for s in latest.replicas.values()),
             available=sum(1 for s in latest.replicas.values() if s.state is ReplicaState.AVAILABLE),
             lag=sum(lags) / len(lags) if lags else None,
             idle_for=min(idle) if idle else None,

@@ -90,3 +90,14 @@ def test_lru_order_is_least_recently_used_first_and_touch_moves_a_model_back():
 def test_negative_sizes_are_refused():
     with pytest.raises(ValueError):
         LocalState(-1)
+
+
+def test_a_replace_waiting_for_room_keeps_the_old_versions_bytes_counted():
+    state = LocalState(1000, 100)
+    state.begin_load("x", 1, 500, now=0.0, stamp=1)
+    state.reserve("x")
+    state.loaded_ok("x", 1, now=0.0)
+    state.begin_load("x", 2, 600, now=1.0, stamp=2)  # waits for room; the server still holds v1
+    assert state.resident_bytes == 500
+    state.reserve("x")
+    assert state.resident_bytes == 600  # v2's own bytes from now on

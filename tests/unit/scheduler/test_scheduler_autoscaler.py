@@ -63,3 +63,20 @@ def test_a_decision_is_applied_as_a_replicas_change_in_place():
     model = h.state.model("iris")
     assert (model.spec.replicas, model.latest.version) == (2, 1)  # no new version
     assert len(h.take()) == 1 and scaled == decisions  # one more load was sent
+
+
+def test_a_scale_up_that_could_not_be_placed_is_undone_once_idle():
+    h = Harness()
+    for index in range(2):
+        h.connect(index=index)
+    h.state.apply(spec(memory=100, replicas=2, max_replicas=5), 1.0)
+    h.answer()
+    scaler = Autoscaler(h.state, POLICY, stats_max_age=100)
+    h.state.scale("iris", 3, 2.0)  # more replicas than the server has
+    h.answer()
+    assert h.model_state("iris") == "ScheduleFailed"
+    for index in range(2):
+        scaler.record("mlserver", index, {"iris": ModelUsage(1, 0, 0, 60.0)}, 3.0)
+    load = scaler.load_of(h.state.model("iris"), 3.0)
+    assert (load.settled, load.available) == (True, 2)
+    assert [(d.direction, d.replicas) for d in scaler.tick(3.0)] == [(Direction.DOWN, 2)]
