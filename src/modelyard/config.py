@@ -28,7 +28,9 @@ from pydantic import (
 
 from modelyard.errors import ConfigError
 
-StrategyName = Literal["round_robin", "random", "least_pending", "kv_aware", "cost_aware", "resource_aware"]
+StrategyName = Literal[
+    "round_robin", "random", "least_pending", "kv_aware", "cost_aware", "resource_aware", "prefix_aware"
+]
 STRATEGY_NAMES: tuple[str, ...] = StrategyName.__args__  # type: ignore[attr-defined]
 
 ENV_PREFIX = "MODELYARD_"
@@ -129,6 +131,24 @@ class KvAwareConfig(_Strict):
 
     prefix_chars: int = Field(512, ge=1)
     ttl: Seconds = 600.0
+
+
+class PrefixAwareConfig(_Strict):
+    """prefix_aware: an index of the prompt chunks each endpoint was sent (balancing/prefix.py)."""
+
+    chunk_chars: int = Field(64, ge=1, description="characters per prompt chunk the index names")
+    max_chunks_per_endpoint: int = Field(
+        16384,
+        ge=0,
+        description="chunks remembered per endpoint, least recently used dropped: size it "
+        "like a server's prefix cache (its tokens x about 4 characters / chunk_chars)",
+    )
+    load_margin: int = Field(
+        1,
+        ge=0,
+        description="requests in flight an endpoint may have beyond the least loaded one and "
+        "still get a request for the prefix it caches",
+    )
 
 
 RetryOn = Literal["connect-failure", "reset", "5xx", "gateway-error", "retriable-4xx"]
@@ -272,6 +292,7 @@ class ModelConfig(_Strict):
     )
     health_check: HealthCheckConfig = HealthCheckConfig()
     kv_aware: KvAwareConfig = KvAwareConfig()
+    prefix_aware: PrefixAwareConfig = PrefixAwareConfig()
     routes: list[RouteConfig] = Field(
         default_factory=list, description="tried in order; none: one default route"
     )
@@ -348,6 +369,7 @@ class PlacedModelDefaults(_Strict):
     protocol: Literal["v1", "v2"] = Field("v2", description="how graph steps naming a placed model call it")
     health_check: PlacedHealthCheckConfig = PlacedHealthCheckConfig()
     kv_aware: KvAwareConfig = KvAwareConfig()
+    prefix_aware: PrefixAwareConfig = PrefixAwareConfig()
     outlier_detection: OutlierDetectionConfig = OutlierDetectionConfig()
     healthy_panic_threshold: float = Field(50.0, ge=0, le=100)
     circuit_breakers: CircuitBreakerConfig = CircuitBreakerConfig()

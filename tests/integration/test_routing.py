@@ -216,3 +216,39 @@ async def test_an_endpoint_that_comes_back_is_used_again(sim_workers, gateways, 
     await wait_until(w0_serves_again)
     labels = {"model": "m", "backend": "w0", "to": "healthy"}
     assert await metric_value(http, gateway.url, "modelyard_endpoint_health_transitions_total", **labels) == 1
+
+
+async def test_prefix_aware_sends_a_prompt_back_where_its_prefix_is_cached(sim_workers, gateways, http):
+    workers = await sim_workers(3)
+    gateway = await gateways([model_config("m", workers, strategy="prefix_aware")])
+    system = "You are a helpful assistant who answers in short sentences. " * 8
+    first = await http.post(gateway.url + CHAT, json=chat(system + "What is a prefix cache?"))
+    assert first.headers["X-Modelyard-Cache-Hit"] == "false"
+    home = first.headers["X-Modelyard-Backend"]
+    # The same prompt, and another one sharing its long system prompt, go where it is cached.
+    for question in ("What is a prefix cache?", "Why does it help?", "What is a prefix cache?"):
+        async with http.post(gateway.url + CHAT, json=chat(system + question)) as response:
+            body = await response.json()
+            assert response.headers["X-Modelyard-Backend"] == home
+            assert response.headers["X-Modelyard-Cache-Hit"] == "true"
+            assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    # A prompt nobody has seen goes to the least loaded endpoint (any: all are idle).
+    async with http.post(gateway.url + CHAT, json=chat("Unrelated question?")) as response:
+        assert response.headers["X-Modelyard-Cache-Hit"] == "false"
+
+
+async def test_prefix_aware_spreads_a_hot_prefix_when_its_endpoint_is_busy(sim_workers, gateways, http):
+    workers = await sim_workers(2, decode_ms_per_token=20.0)
+    config = model_config("m", workers, strategy="prefix_aware", prefix_aware={"load_margin": 0})
+    gateway = await gateways([config])
+    prompt = "A long shared instruction block for every request. " * 10
+    home = await post_backend(http, gateway.url, chat(prompt, max_tokens=1))
+    # A long stream keeps the endpoint holding the prefix busy: the next ones go to the other.
+    long = await http.post(gateway.url + CHAT, json=chat(prompt, max_tokens=5000, stream=True))
+    assert long.headers["X-Modelyard-Backend"] == home
+    await long.content.readline()
+    try:
+        picks = [await post_backend(http, gateway.url, chat(prompt, max_tokens=1)) for _ in range(3)]
+    finally:
+        long.close()
+    assert set(picks) == {"w0", "w1"} - {home}

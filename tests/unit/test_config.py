@@ -116,7 +116,7 @@ def test_several_errors_are_reported_together_with_field_paths(tmp_path: Path) -
     expected_prefixes = [
         "models[0].endpoints[1].url: expected an http:// or https:// URL",
         "models[0].strategy: expected one of 'round_robin', 'random', 'least_pending', 'kv_aware', "
-        "'cost_aware' or 'resource_aware' (got 'fastest')",
+        "'cost_aware', 'resource_aware' or 'prefix_aware' (got 'fastest')",
         "models[0].endpoints[0].weight: ",
         "models[0].endpoints[0].retries: unknown field",
         "models[1].endpoints: Field required",

@@ -1,4 +1,4 @@
-"""The six strategies, built per model by name from that model's parameters.
+"""The seven strategies, built per model by name from that model's parameters.
 
 Each `pick(endpoints, ctx, rng)` chooses among the *healthy* endpoints (never empty) and touches
 nothing else: the sequence number, the remembered affinity and the RNG come in as arguments, so a
@@ -14,12 +14,12 @@ import functools
 import hashlib
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from modelyard.cluster import EndpointView, ResourceSnapshot
-from modelyard.config import STRATEGY_NAMES, ModelConfig, ResourceAwareConfig
+from modelyard.config import STRATEGY_NAMES, ModelConfig, PrefixAwareConfig, ResourceAwareConfig
 from modelyard.errors import UnknownStrategy
 from modelyard.types import RoutingRequest
 
@@ -33,6 +33,7 @@ class RoutingContext:
     seq: int = 0
     affinity: str | None = None
     now: float = 0.0  # the caller's clock, for snapshot freshness
+    prefix: Mapping[str, int] | None = None  # prefix_aware: endpoint name -> prompt chunks it holds
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,6 +47,7 @@ class Need(enum.Enum):
 
     AFFINITY = "affinity"  # the endpoint remembered for the prompt prefix (SharedState, kv_aware config)
     RESOURCES = "resources"  # each server's scraped load (a ResourceScraper on the model's endpoints)
+    PREFIX = "prefix"  # how much of the prompt each endpoint holds (the model's PrefixIndex)
 
 
 NOTHING: frozenset[Need] = frozenset()
@@ -129,6 +131,37 @@ class KvAware:
         return Pick(_least([e.in_flight for e in endpoints], rng), cache_hit=False)
 
 
+class PrefixAware:
+    """The endpoint holding the longest prefix of the prompt (the model's PrefixIndex, over the
+    whole prompt, not its first N characters), unless it has more than `load_margin` requests in
+    flight beyond the least loaded endpoint: among the endpoints within that margin, the longest
+    prefix wins, then the fewest in flight, then chance. With no prefix held anywhere within the
+    margin it is least_pending. So a hot prefix spreads to a second endpoint as soon as its first
+    one is busier, instead of piling up (kv_aware's hotspot), and the cache still decides among
+    endpoints about equally loaded.
+
+    Differs from SGLang's cache-aware router, which switches the whole model between cache-first
+    and shortest-queue by a global imbalance test: here each request weighs its own prefix against
+    the load of the endpoints that hold it."""
+
+    name = "prefix_aware"
+    needs = frozenset({Need.PREFIX})
+
+    def __init__(self, params: PrefixAwareConfig) -> None:
+        self.margin = params.load_margin
+
+    def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
+        loads = [e.in_flight for e in endpoints]
+        held = ctx.prefix or {}
+        matched = [held.get(e.name, 0) for e in endpoints]
+        ceiling = min(loads) + self.margin
+        eligible = [i for i, load in enumerate(loads) if load <= ceiling]
+        longest = max(matched[i] for i in eligible)
+        best = [i for i in eligible if matched[i] == longest]
+        chosen = best[_least([loads[i] for i in best], rng)]
+        return Pick(chosen, cache_hit=longest > 0)
+
+
 class CostAware:
     """Least estimated outstanding cost: (tokens in flight + this request's tokens) x price per token.
     Among equal costs (e.g. all free) the endpoint with fewer outstanding tokens wins."""
@@ -208,6 +241,7 @@ _FACTORIES: dict[str, Callable[[ModelConfig], Strategy]] = {
     "kv_aware": lambda _model: KvAware(),
     "cost_aware": lambda _model: CostAware(),
     "resource_aware": lambda model: ResourceAware(model.resource_aware),
+    "prefix_aware": lambda model: PrefixAware(model.prefix_aware),
 }
 assert tuple(_FACTORIES) == STRATEGY_NAMES, "config.StrategyName and the factories must list the same names"
 

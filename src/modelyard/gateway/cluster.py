@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from modelyard.balancing import Strategy, build_strategy
+from modelyard.balancing.prefix import PrefixIndex
 from modelyard.balancing.routes import (
     ALL_SUBSETS,
     IMPLICIT_ROUTE,
@@ -73,6 +74,11 @@ class Cluster:
         self._subsets: dict[str, tuple[Endpoint, ...]] = {}
         self._vanished: set[str] = set()  # subsets an endpoint update removed (see vanished_subset)
         self.routes: tuple[CompiledRoute, ...] = compile_routes(config.routes)
+        # What each endpoint was sent, for prefix_aware; kept across strategy switches, so a switch
+        # back finds what it learnt.
+        self.prefixes = PrefixIndex(
+            config.prefix_aware.chunk_chars, config.prefix_aware.max_chunks_per_endpoint
+        )
         self.replace_endpoints(config.endpoints)
 
     # --- endpoints ------------------------------------------------------------------------------
@@ -108,6 +114,7 @@ class Cluster:
         }
         # Tries still running on a removed endpoint finish as they are; nobody aborts them now.
         self._awaiting = {e: f for e, f in self._awaiting.items() if e in endpoints}
+        self.prefixes.keep_only(e.name for e in endpoints)
         self.endpoints = tuple(endpoints)
         self._vanished = (self._vanished | set(self._subsets)) - set(subsets)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}

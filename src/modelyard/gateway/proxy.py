@@ -66,13 +66,18 @@ class Proxy:
         if Need.AFFINITY in cluster.strategy.needs:
             key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
             remembered = await self._state.get(key)
+        chunks: list[int] | None = None
+        held: dict[str, int] | None = None
+        if Need.PREFIX in cluster.strategy.needs and routing.prompt:
+            chunks = cluster.prefixes.chunks(routing.prompt)
+            held = cluster.prefixes.matches(chunks, (e.name for e in cluster.endpoints))
         request_id = request.headers.get(REQUEST_ID_HEADER) or self._new_request_id()
         request[REQUEST_ID] = request_id
         ex = Exchange(
             cluster,
             route,
             subset,
-            RoutingContext(routing, cluster.next_seq(), remembered, now=time.monotonic()),
+            RoutingContext(routing, cluster.next_seq(), remembered, now=time.monotonic(), prefix=held),
             request.method,
             request.raw_path,
             forwarded_request_headers(request.headers.items(), request_id),
@@ -87,6 +92,8 @@ class Proxy:
             attempt = await self._attempts.run(ex)
             if key is not None:
                 await self._remember(ex, attempt, key)
+            if chunks is not None and attempt.response.status < 500:
+                cluster.prefixes.record(chunks, attempt.endpoint.name)  # it now caches this prompt
             headers = relayed_response_headers(attempt.response.headers)
             headers[BACKEND_HEADER] = attempt.endpoint.name
             headers[STRATEGY_HEADER] = cluster.strategy.name

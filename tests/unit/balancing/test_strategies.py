@@ -267,6 +267,7 @@ def test_config_lists_every_strategy() -> None:
         "kv_aware",
         "cost_aware",
         "resource_aware",
+        "prefix_aware",
     }
 
 
