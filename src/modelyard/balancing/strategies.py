@@ -149,6 +149,8 @@ class PrefixAware:
 
     def __init__(self, params: PrefixAwareConfig) -> None:
         self.margin = params.load_margin
+        self.chunk_chars = params.chunk_chars
+        self.queue_cost = params.queue_cost_chars
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         loads = [e.in_flight for e in endpoints]
@@ -156,6 +158,10 @@ class PrefixAware:
         matched = [held.get(e.name, 0) for e in endpoints]
         ceiling = min(loads) + self.margin
         eligible = [i for i, load in enumerate(loads) if load <= ceiling]
+        if self.queue_cost is not None:
+            cost = {i: loads[i] * self.queue_cost - matched[i] * self.chunk_chars for i in eligible}
+            lowest = min(cost.values())
+            eligible = [i for i in eligible if cost[i] == lowest]
         longest = max(matched[i] for i in eligible)
         best = [i for i in eligible if matched[i] == longest]
         chosen = best[_least([loads[i] for i in best], rng)]

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from modelyard import __version__
 from modelyard.cli.agent import agent
+from modelyard.cli.bench import bench
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.demo_placement import AGENT_PORT, SCHEDULER_PORT, start_demo_placement
 from modelyard.cli.graph import app as graph_app
@@ -38,6 +39,7 @@ app.add_typer(server_app, name="server")
 app.command("sim-worker")(sim_worker)
 app.command("scheduler")(scheduler)
 app.command("agent")(agent)
+app.command("bench")(bench)
 
 err = Console(stderr=True, highlight=False)
 

@@ -89,3 +89,20 @@ def test_equal_prefixes_go_to_the_least_loaded_of_them():
 def test_bad_parameters_are_config_errors(bad):
     with pytest.raises(ValueError):
         ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], prefix_aware=bad)
+
+
+def test_with_a_queue_cost_a_long_prefix_may_wait_behind_a_short_queue():
+    def pick_with(queue_cost: int, loads: dict[str, int], held: dict[str, int]) -> str:
+        model = ModelConfig(
+            name="m",
+            endpoints=[{"url": "http://127.0.0.1:1"}],
+            prefix_aware={"load_margin": 2, "queue_cost_chars": queue_cost, "chunk_chars": 64},
+        )
+        views = [FakeEndpoint(name, load) for name, load in loads.items()]
+        ctx = RoutingContext(RoutingRequest("m"), prefix=held)
+        return views[build_strategy("prefix_aware", model).pick(views, ctx, random.Random(0)).index].name
+
+    # b holds 30 chunks (1920 characters) and has one request in flight; a is idle and holds 10.
+    assert pick_with(1000, {"a": 0, "b": 1}, {"a": 10, "b": 30}) == "b"  # 1000 - 1920 < 0 - 640
+    assert pick_with(1500, {"a": 0, "b": 1}, {"a": 10, "b": 30}) == "a"  # 1500 - 1920 > -640
+    assert pick_with(1000, {"a": 0, "b": 3}, {"a": 10, "b": 30}) == "a"  # beyond load_margin 2

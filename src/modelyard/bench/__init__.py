@@ -1,0 +1,23 @@
+"""`modelyard bench`: a load generator for choosing a routing strategy.
+
+workload  WorkloadSpec (what to send) and the named profiles (`inferflow`); the request list
+runner    sending the requests at a concurrency or a rate, recording each outcome
+spawn     sim-workers and a gateway of our own per strategy (`--spawn N`)
+report    per-run summaries (latency percentiles, TTFT, req/s, backend split, cached share),
+          the table, and the JSON/CSV files
+"""
+
+from modelyard.bench.report import Summary, summarize
+from modelyard.bench.runner import Outcome, run_workload
+from modelyard.bench.workload import PROFILES, BenchRequest, WorkloadSpec, build_requests
+
+__all__ = [
+    "PROFILES",
+    "BenchRequest",
+    "Outcome",
+    "Summary",
+    "WorkloadSpec",
+    "build_requests",
+    "run_workload",
+    "summarize",
+]

@@ -1,0 +1,102 @@
+"""Summaries of bench runs: the table people compare strategies by, and the JSON/CSV files."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+from rich.table import Table
+
+from modelyard.bench.runner import Outcome
+
+
+def _percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (the value below which `pct` % of the values fall)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
+
+
+@dataclass
+class Summary:
+    label: str  # the strategy, or the URL
+    requests: int
+    errors: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    ttft_p50_ms: float | None
+    req_per_s: float
+    cached_share: float  # prompt tokens served from cache / prompt tokens
+    busiest_share: float  # the busiest backend's share of the answered requests
+    backends: dict[str, int] = field(default_factory=dict)
+
+
+def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
+    ok = [o for o in outcomes if o.status == 200]
+    latencies = [o.latency * 1000 for o in ok]
+    ttfts = [o.ttft * 1000 for o in ok if o.ttft is not None]
+    prompt = sum(o.prompt_tokens for o in ok)
+    split = Counter(o.backend or "?" for o in ok)
+    return Summary(
+        label=label,
+        requests=len(outcomes),
+        errors=len(outcomes) - len(ok),
+        p50_ms=_percentile(latencies, 50),
+        p95_ms=_percentile(latencies, 95),
+        p99_ms=_percentile(latencies, 99),
+        mean_ms=statistics.fmean(latencies) if latencies else 0.0,
+        ttft_p50_ms=_percentile(ttfts, 50) if ttfts else None,
+        req_per_s=len(ok) / wall if wall > 0 else 0.0,
+        cached_share=sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
+        busiest_share=max(split.values()) / len(ok) if ok else 0.0,
+        backends=dict(sorted(split.items())),
+    )
+
+
+def table(summaries: Sequence[Summary], title: str) -> Table:
+    out = Table(title=title)
+    columns = ("strategy", "P50 ms", "P95 ms", "P99 ms", "mean ms", "TTFT p50 ms", "req/s", "errors")
+    for column in (*columns, "cached", "busiest", "backend split"):
+        out.add_column(column, justify="left" if column in ("strategy", "backend split") else "right")
+    for s in summaries:
+        out.add_row(
+            s.label,
+            f"{s.p50_ms:.0f}",
+            f"{s.p95_ms:.0f}",
+            f"{s.p99_ms:.0f}",
+            f"{s.mean_ms:.0f}",
+            "-" if s.ttft_p50_ms is None else f"{s.ttft_p50_ms:.0f}",
+            f"{s.req_per_s:.1f}",
+            str(s.errors),
+            f"{s.cached_share:.0%}",
+            f"{s.busiest_share:.0%}",
+            " ".join(f"{name}:{count}" for name, count in s.backends.items()),
+        )
+    return out
+
+
+def write(path: Path, summaries: Sequence[Summary], command: str) -> None:
+    """JSON (`.json`: the command and every summary) or CSV (anything else: one row each)."""
+    if path.suffix == ".json":
+        path.write_bytes(
+            orjson.dumps(
+                {"command": command, "runs": [asdict(s) for s in summaries]}, option=orjson.OPT_INDENT_2
+            )
+        )
+        return
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        names = [f for f in Summary.__dataclass_fields__ if f != "backends"]
+        writer.writerow([*names, "backends"])
+        for s in summaries:
+            row = asdict(s)
+            writer.writerow([row[n] for n in names] + [" ".join(f"{k}:{v}" for k, v in s.backends.items())])

@@ -1,0 +1,164 @@
+"""`--spawn N`: N sim-workers and a gateway over them, as child processes, fresh for each strategy.
+
+Child processes (not tasks in the bench's own loop), so the load generator, the gateway and the
+workers do not share an event loop: what the table measures is the gateway's routing, as it would
+be in front of real servers. The ports are picked free on 127.0.0.1; every child is stopped (SIGTERM,
+then SIGKILL after 5 s) when the run ends, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+import aiohttp
+
+from modelyard.bench.workload import SimShape
+from modelyard.errors import ModelyardError
+
+MODEL = "bench"
+# Characters per sim-worker token: words from the bench vocabulary average ~6 letters and a space.
+_CHARS_PER_TOKEN = 7
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def gateway_config(
+    strategy: str,
+    worker_urls: list[str],
+    sims: SimShape,
+    port: int,
+    prefix_aware: dict[str, object] | None = None,
+) -> dict[str, object]:
+    """The gateway's config for one run: one model over the workers, the strategy under test, and
+    prefix_aware's index sized like the workers' prefix caches."""
+    cache_chars = sims.cache_blocks * sims.block_tokens * _CHARS_PER_TOKEN
+    chunk_chars = 64
+    sized: dict[str, object] = {
+        "chunk_chars": chunk_chars,
+        "max_chunks_per_endpoint": max(1, cache_chars // chunk_chars),
+    }
+    return {
+        "listen": {"host": "127.0.0.1", "port": port, "drain_seconds": 0},
+        "models": [
+            {
+                "name": MODEL,
+                "strategy": strategy,
+                "endpoints": [{"url": url, "name": f"w{i}"} for i, url in enumerate(worker_urls)],
+                "prefix_aware": sized | (prefix_aware or {}),
+            }
+        ],
+    }
+
+
+async def _wait_ready(url: str, process: subprocess.Popen[bytes], within: float = 30.0) -> None:
+    until = time.monotonic() + within
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < until:
+            if process.poll() is not None:
+                raise ModelyardError(f"{' '.join(process.args)} exited with {process.returncode}")  # type: ignore[arg-type]
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)  # a bounded poll for a child process that is starting
+    raise ModelyardError(f"{url} was not ready within {within:g}s")
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def _launch(
+    strategy: str,
+    workers: int,
+    sims: SimShape,
+    seed: int,
+    tmp: Path,
+    out: BinaryIO,
+    prefix_aware: dict[str, object] | None,
+) -> tuple[list[subprocess.Popen[bytes]], list[str], int]:
+    """Start the workers and the gateway; (their processes, the workers' URLs, the gateway's port)."""
+    command = [sys.executable, "-m", "modelyard"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    processes: list[subprocess.Popen[bytes]] = []
+    *ports, gateway_port = _free_ports(workers + 1)
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    try:
+        for i, port in enumerate(ports):
+            args = [
+                *command,
+                "sim-worker",
+                "--port", str(port),
+                "--model", MODEL,
+                "--max-concurrency", str(sims.max_concurrency),
+                "--prefill-ms-per-token", str(sims.prefill_ms_per_token),
+                "--decode-ms-per-token", str(sims.decode_ms_per_token),
+                "--cache-blocks", str(sims.cache_blocks),
+                "--block-tokens", str(sims.block_tokens),
+                "--seed", str(seed + i),
+            ]  # fmt: skip
+            processes.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env))
+        config = tmp / "gateway.yaml"
+        config.write_text(json.dumps(gateway_config(strategy, urls, sims, gateway_port, prefix_aware)))
+        gateway = [*command, "serve", "-c", str(config), "--log-level", "warning"]
+        processes.append(subprocess.Popen(gateway, stdout=out, stderr=subprocess.STDOUT, env=env))
+    except BaseException:
+        _stop(processes)
+        raise
+    return processes, urls, gateway_port
+
+
+@contextlib.asynccontextmanager
+async def spawned(
+    strategy: str, workers: int, sims: SimShape, seed: int = 0, prefix_aware: dict[str, object] | None = None
+) -> AsyncIterator[str]:
+    """Start the workers and a gateway routing with `strategy`; yields the gateway's URL."""
+    with tempfile.TemporaryDirectory(prefix="modelyard-bench-") as tmp:
+        log = Path(tmp) / "children.log"
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            with log.open("ab") as out:
+                processes, urls, gateway_port = _launch(
+                    strategy, workers, sims, seed, Path(tmp), out, prefix_aware
+                )
+            for url, process in zip(urls, processes, strict=False):
+                await _wait_ready(url + "/health", process)
+            gateway_url = f"http://127.0.0.1:{gateway_port}"
+            await _wait_ready(gateway_url + "/readyz", processes[-1])
+            yield gateway_url
+        except ModelyardError as error:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise ModelyardError(f"{error.message}\n{tail}") from None
+        finally:
+            await asyncio.to_thread(_stop, processes)

@@ -1,0 +1,242 @@
+"""`modelyard bench`: send a workload to an OpenAI-compatible URL, or spawn workers and a gateway per
+strategy and compare them in one table."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from modelyard.balancing import check_strategy_name
+from modelyard.bench import PROFILES, Summary, WorkloadSpec, build_requests, run_workload, summarize
+from modelyard.bench.report import table, write
+from modelyard.bench.spawn import MODEL, spawned
+from modelyard.bench.workload import SimShape
+from modelyard.config import PrefixAwareConfig
+from modelyard.errors import ModelyardError, UnknownStrategy
+
+_WORKLOAD_FLAGS = {
+    "requests": "--requests",
+    "duration": "--duration",
+    "concurrency": "--concurrency",
+    "rate": "--rate",
+    "repeat_share": "--repeat-share",
+    "pool_size": "--pool-size",
+    "zipf_s": "--zipf",
+    "shared_prefix_share": "--shared-prefix-share",
+    "system_prompts": "--system-prompts",
+    "system_prompt_tokens": "--system-prompt-tokens",
+    "prompt_tokens": "--prompt-tokens",
+    "output_tokens": "--output-tokens",
+    "stream": "--stream",
+    "seed": "--seed",
+}
+
+
+def bench(
+    url: Annotated[
+        str | None, typer.Argument(help="An OpenAI-compatible base URL (omit with --spawn).")
+    ] = None,
+    model: Annotated[str, typer.Option(help="The model name requests carry (with a URL).")] = "sim-model",
+    spawn: Annotated[
+        int, typer.Option(help="Start this many sim-workers and a gateway of our own per strategy.")
+    ] = 0,
+    strategies: Annotated[
+        str, typer.Option(help="With --spawn: comma-separated strategies, one fresh run each.")
+    ] = "least_pending,prefix_aware",
+    profile: Annotated[
+        str | None, typer.Option(help=f"A named workload and worker shape: {', '.join(PROFILES)}.")
+    ] = None,
+    runs: Annotated[int, typer.Option(help="Runs per strategy; the table shows each column's median.")] = 1,
+    requests: Annotated[int | None, typer.Option(help="Requests per run.")] = None,
+    duration: Annotated[float | None, typer.Option(help="Seconds per run instead of a count.")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Requests in flight (closed loop).")] = None,
+    rate: Annotated[float | None, typer.Option(help="Requests per second (open loop).")] = None,
+    repeat_share: Annotated[float | None, typer.Option(help="Share of prompts repeated from a pool.")] = None,
+    pool_size: Annotated[int | None, typer.Option(help="Prompts in the repeated pool.")] = None,
+    zipf: Annotated[float | None, typer.Option(help="Zipf exponent of the pool's popularity.")] = None,
+    shared_prefix_share: Annotated[
+        float | None, typer.Option(help="Share of prompts starting with a shared system prompt.")
+    ] = None,
+    system_prompts: Annotated[int | None, typer.Option(help="Distinct shared system prompts.")] = None,
+    system_prompt_tokens: Annotated[int | None, typer.Option(help="Words per system prompt.")] = None,
+    prompt_tokens: Annotated[int | None, typer.Option(help="Words per user prompt.")] = None,
+    output_tokens: Annotated[int | None, typer.Option(help="max_tokens of each request.")] = None,
+    stream: Annotated[bool | None, typer.Option("--stream/--no-stream", help="Stream the answers.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the prompts.")] = None,
+    slots: Annotated[int | None, typer.Option(help="With --spawn: request slots per worker.")] = None,
+    prefill_ms: Annotated[
+        float | None, typer.Option(help="With --spawn: prefill ms per uncached token.")
+    ] = None,
+    decode_ms: Annotated[float | None, typer.Option(help="With --spawn: decode ms per output token.")] = None,
+    cache_blocks: Annotated[
+        int | None, typer.Option(help="With --spawn: prefix cache blocks per worker.")
+    ] = None,
+    prefix_aware: Annotated[
+        str | None,
+        typer.Option(
+            help="With --spawn: prefix_aware settings of the gateway, as JSON (e.g. '{\"load_margin\": 1}')."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the summaries to FILE (.json, else CSV).")
+    ] = None,
+) -> None:
+    """Measure latency, throughput, backend split and prompt-cache reuse of a workload.
+
+    Against a URL it runs the workload once. With --spawn N it starts N sim-workers and a gateway
+    over them for each of --strategies (fresh ones per run, so no strategy inherits another's
+    caches) and prints one row per strategy. --profile inferflow reproduces the shape of
+    InferFlow's published experiment.
+    """
+    # Piped or captured, rich would fold the table to 80 columns: give it room instead.
+    console = Console(width=None if sys.stdout.isatty() else 170)
+    chosen = PROFILES.get(profile) if profile else None
+    if profile and chosen is None:
+        _fail(f"--profile: unknown profile {profile!r}; one of: {', '.join(PROFILES)}")
+    base = chosen.workload if chosen else WorkloadSpec()
+    sims = chosen.sims if chosen else SimShape()
+    overrides = {
+        "requests": requests,
+        "duration": duration,
+        "concurrency": concurrency,
+        "rate": rate,
+        "repeat_share": repeat_share,
+        "pool_size": pool_size,
+        "zipf_s": zipf,
+        "shared_prefix_share": shared_prefix_share,
+        "system_prompts": system_prompts,
+        "system_prompt_tokens": system_prompt_tokens,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "stream": stream,
+        "seed": seed,
+    }
+    try:
+        spec = WorkloadSpec.model_validate(
+            {**base.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
+        )
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        flag = (
+            _WORKLOAD_FLAGS.get(str(problem["loc"][0]), str(problem["loc"][0]))
+            if problem["loc"]
+            else "options"
+        )
+        _fail(f"{flag}: {problem['msg']}")
+    sims = SimShape(
+        max_concurrency=slots if slots is not None else sims.max_concurrency,
+        prefill_ms_per_token=prefill_ms if prefill_ms is not None else sims.prefill_ms_per_token,
+        decode_ms_per_token=decode_ms if decode_ms is not None else sims.decode_ms_per_token,
+        cache_blocks=cache_blocks if cache_blocks is not None else sims.cache_blocks,
+        block_tokens=sims.block_tokens,
+    )
+    if runs < 1:
+        _fail("--runs: must be at least 1")
+    settings = None
+    if prefix_aware is not None:
+        try:
+            settings = PrefixAwareConfig.model_validate_json(prefix_aware).model_dump(exclude_unset=True)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(str(p) for p in problem["loc"])
+            _fail(f"--prefix-aware: {where + ': ' if where else ''}{problem['msg']}")
+    if spawn < 0 or (spawn == 0) == (url is None):
+        _fail("give a URL, or --spawn N (N >= 1) to start workers and a gateway per strategy")
+    names = [s.strip() for s in strategies.split(",") if s.strip()]
+    if spawn:
+        try:
+            for name in names:
+                check_strategy_name(name)
+        except UnknownStrategy as error:
+            _fail(f"--strategies: {error.message}")
+    command = "modelyard bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    try:
+        summaries: list[Summary] = asyncio.run(
+            _bench(console, url, model, spawn, names, spec, sims, runs, settings)
+        )
+    except ModelyardError as error:
+        _fail(error.message)
+    where = f"{spawn} spawned sim-workers" if spawn else str(url)
+    console.print(
+        table(
+            summaries,
+            f"{spec.requests if not spec.duration else f'{spec.duration:g}s of'} requests, "
+            f"concurrency {spec.concurrency}, against {where}"
+            + (f" (median of {runs} runs)" if runs > 1 else ""),
+        )
+    )
+    console.print(f"[dim]{command}[/dim]")
+    if out is not None:
+        write(out, summaries, command)
+        console.print(f"wrote {out}")
+
+
+def _fail(line: str) -> None:
+    typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(1)
+
+
+async def _bench(
+    console: Console,
+    url: str | None,
+    model: str,
+    spawn: int,
+    strategies: list[str],
+    spec: WorkloadSpec,
+    sims: SimShape,
+    runs: int,
+    prefix_settings: dict[str, object] | None = None,
+) -> list[Summary]:
+    requests = build_requests(spec)
+    summaries = []
+    labels = strategies if spawn else [url or ""]
+    for label in labels:
+        per_run = []
+        for number in range(1, runs + 1):
+            title = f"{label} (run {number}/{runs})" if runs > 1 else label
+            if spawn:
+                async with spawned(
+                    label, spawn, sims, seed=spec.seed, prefix_aware=prefix_settings
+                ) as gateway:
+                    outcomes, wall = await _with_progress(console, title, gateway, MODEL, spec, requests)
+            else:
+                assert url is not None
+                outcomes, wall = await _with_progress(console, title, url, model, spec, requests)
+            per_run.append(summarize(label, outcomes, wall))
+        summaries.append(_median(per_run))
+    return summaries
+
+
+async def _with_progress(
+    console: Console, title: str, url: str, model: str, spec: WorkloadSpec, requests: Any
+) -> Any:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        total = None if spec.duration else len(requests)
+        task = progress.add_task(title, total=total)
+        return await run_workload(url, model, spec, requests, progress=lambda _o: progress.advance(task))
+
+
+def _median(runs: list[Summary]) -> Summary:
+    """Each numeric column's median over the runs; the backend split of the run with the median P95."""
+    if len(runs) == 1:
+        return runs[0]
+    middle = sorted(runs, key=lambda s: s.p95_ms)[len(runs) // 2]
+    fields: dict[str, Any] = {}
+    for name in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "req_per_s", "cached_share", "busiest_share"):
+        fields[name] = statistics.median(getattr(s, name) for s in runs)
+    ttfts = [s.ttft_p50_ms for s in runs if s.ttft_p50_ms is not None]
+    fields["ttft_p50_ms"] = statistics.median(ttfts) if ttfts else None
+    fields["errors"] = sum(s.errors for s in runs)
+    fields["requests"] = sum(s.requests for s in runs)
+    return replace(middle, **fields)

@@ -1,0 +1,90 @@
+"""modelyard bench: the workload a spec makes, and the summaries of outcomes."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from modelyard.bench import Outcome, WorkloadSpec, build_requests, summarize
+from modelyard.bench.report import write
+from modelyard.bench.workload import PROFILES
+
+
+def test_the_same_spec_makes_the_same_requests_and_another_seed_others():
+    spec = WorkloadSpec(requests=50)
+    assert build_requests(spec) == build_requests(spec)
+    assert build_requests(spec) != build_requests(spec.model_copy(update={"seed": 1}))
+
+
+def test_shares_of_repeats_and_shared_prefixes_follow_the_spec():
+    spec = WorkloadSpec(
+        requests=2000, repeat_share=0.5, shared_prefix_share=0.75, system_prompts=4, pool_size=40
+    )
+    requests = build_requests(spec)
+    repeats = [r for r in requests if r.kind == "repeat"]
+    assert 0.45 < len(repeats) / len(requests) < 0.55
+    assert 0.70 < sum(1 for r in requests if r.system) / len(requests) < 0.80
+    assert len({r.system for r in requests if r.system}) == 4
+    # Zipf popularity: the most asked pooled prompt is asked far more than the median one.
+    counts = sorted((sum(1 for r in repeats if r.user == u) for u in {r.user for r in repeats}), reverse=True)
+    assert counts[0] > 5 * counts[len(counts) // 2]
+    assert len({r.user for r in requests if r.kind == "fresh"}) == len(requests) - len(
+        repeats
+    )  # never repeated
+
+
+def test_a_request_body_is_an_openai_chat_request():
+    spec = WorkloadSpec(requests=1, shared_prefix_share=1.0, stream=True, output_tokens=7)
+    body = build_requests(spec)[0].body("m", spec)
+    assert body["model"] == "m" and body["max_tokens"] == 7 and body["stream"] is True
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert len(body["messages"][0]["content"].split()) == spec.system_prompt_tokens + 2  # "system N:" + words
+
+
+def test_the_inferflow_profile_has_its_published_shape():
+    profile = PROFILES["inferflow"]
+    assert (profile.workload.requests, profile.workload.concurrency, profile.workload.repeat_share) == (
+        300,
+        3,
+        0.5,
+    )
+    assert profile.workload.system_prompts == 4
+    assert (
+        profile.sims.max_concurrency,
+        profile.sims.prefill_ms_per_token,
+        profile.sims.decode_ms_per_token,
+    ) == (
+        1,
+        0.8,
+        2.5,
+    )
+
+
+def _outcome(latency: float, backend: str, prompt: int = 100, cached: int = 0, status: int = 200) -> Outcome:
+    return Outcome(status, latency, None, backend, prompt, cached, "fresh")
+
+
+def test_a_summary_has_percentiles_cache_share_and_the_busiest_backend():
+    outcomes = [
+        _outcome(0.1 * (i + 1), "w0" if i < 6 else "w1", cached=50 if i % 2 else 0) for i in range(10)
+    ]
+    outcomes.append(_outcome(0.0, "", status=0))
+    summary = summarize("least_pending", outcomes, wall=2.0)
+    assert (summary.requests, summary.errors) == (11, 1)
+    assert summary.p50_ms == pytest.approx(500) and summary.p95_ms == pytest.approx(1000)
+    assert summary.mean_ms == pytest.approx(550)
+    assert summary.cached_share == pytest.approx(0.25)
+    assert summary.busiest_share == pytest.approx(0.6) and summary.backends == {"w0": 6, "w1": 4}
+    assert summary.req_per_s == pytest.approx(5.0)
+
+
+def test_summaries_are_written_as_json_or_csv(tmp_path):
+    summary = summarize("prefix_aware", [_outcome(0.2, "w0", cached=30)], wall=1.0)
+    write(tmp_path / "out.json", [summary], "modelyard bench --spawn 3")
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["command"] == "modelyard bench --spawn 3" and data["runs"][0]["label"] == "prefix_aware"
+    write(tmp_path / "out.csv", [summary], "cmd")
+    rows = list(csv.DictReader((tmp_path / "out.csv").open()))
+    assert rows[0]["label"] == "prefix_aware" and rows[0]["backends"] == "w0:1"
