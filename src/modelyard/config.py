@@ -143,18 +143,12 @@ class PrefixAwareConfig(_Strict):
         description="chunks remembered per endpoint, least recently used dropped: size it "
         "like a server's prefix cache (its tokens x about 4 characters / chunk_chars)",
     )
-    queue_cost_chars: int | None = Field(
-        None,
-        ge=1,
-        description="when set, a request in flight counts as this many characters of prompt prefix: "
-        "among the endpoints within load_margin, the least (in flight x queue_cost_chars - prefix "
-        "held) wins, so a long cached prefix may wait behind a short queue",
-    )
     load_margin: int = Field(
-        0,
+        1,
         ge=0,
-        description="requests in flight an endpoint may have beyond the least loaded one and "
-        "still get a request for the prefix it caches (0: the cache decides among the least loaded)",
+        description="requests in flight an endpoint may have beyond the least loaded one and still be "
+        "chosen for the prefix it holds, when it would finish the request first (0: the cache only "
+        "decides among the least loaded)",
     )
 
 

@@ -304,7 +304,12 @@ async def test_a_new_version_that_fails_where_it_replaces_the_old_leaves_the_old
     stop, load = await _serving_v1(stack, tmp_path, answers, replicas=2)
     try:
         await stack.apply("m", model_source(tmp_path, "broken", fail_load=True), replicas=2)
-        failed = await stack.wait_for("m", lambda m: m["state"] == "ModelFailed", "version 2 ModelFailed")
+        failed = await stack.wait_for(
+            "m",
+            lambda m: versions_of(m).get(2) == {"0": "LoadFailed", "1": "LoadFailed"},
+            "version 2 LoadFailed on both replicas",
+        )
+        assert failed["state"] == "ModelFailed"
         before = len(answers.seen)
         await wait_until(answers.enough(before + 40), attempts=1000, interval=0.01)
     finally:

@@ -76,3 +76,67 @@ class PrefixIndex:
     def sizes(self) -> Mapping[str, int]:
         """Chunks held per endpoint (for metrics and tests)."""
         return {endpoint: len(held) for endpoint, held in self._held.items()}
+
+
+class ServiceModel:
+    """How long a request takes, learnt from the answers: seconds = `per_char` x uncached prompt
+    characters + `base`, a least-squares line over recent requests that started on an idle endpoint
+    (so the time is the server's, not a queue's), older ones weighing less (`decay` per sample)."""
+
+    def __init__(self, decay: float = 0.98, min_samples: int = 8) -> None:
+        self.decay = decay
+        self.min_samples = min_samples
+        self.samples = 0
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+
+    def observe(self, uncached_chars: int, seconds: float) -> None:
+        d = self.decay
+        x, y = float(uncached_chars), seconds
+        self._w = self._w * d + 1.0
+        self._x = self._x * d + x
+        self._y = self._y * d + y
+        self._xx = self._xx * d + x * x
+        self._xy = self._xy * d + x * y
+        self.samples += 1
+
+    def line(self) -> tuple[float, float] | None:
+        """(per_char, base) in seconds, or None until `min_samples` answers were seen."""
+        if self.samples < self.min_samples:
+            return None
+        spread = self._w * self._xx - self._x * self._x
+        per_char = (self._w * self._xy - self._x * self._y) / spread if spread > 1e-9 else 0.0
+        per_char = max(0.0, per_char)
+        base = max(0.0, (self._y - per_char * self._x) / self._w)
+        return per_char, base
+
+
+class Flights:
+    """Requests this gateway has in flight per endpoint, each with when it was sent and how long it
+    was expected to take, oldest first (an answer ends the oldest: near enough for a server that
+    serves in order). `wait` is how long a new request would queue behind them, assuming one
+    request slot per endpoint: a server with more slots looks busier than it is, so prefix_aware
+    then errs towards the less loaded endpoint."""
+
+    def __init__(self) -> None:
+        self._flights: dict[str, list[tuple[float, float]]] = {}
+
+    def start(self, endpoint: str, now: float, expected: float) -> None:
+        self._flights.setdefault(endpoint, []).append((now, expected))
+
+    def end(self, endpoint: str) -> None:
+        flights = self._flights.get(endpoint)
+        if flights:
+            flights.pop(0)
+            if not flights:
+                del self._flights[endpoint]
+
+    def count(self, endpoint: str) -> int:
+        return len(self._flights.get(endpoint, ()))
+
+    def wait(self, endpoint: str, now: float) -> float:
+        """Seconds until the endpoint is free, as expected: each flight starts when the one before
+        it is expected to end."""
+        end = float("-inf")
+        for sent, expected in self._flights.get(endpoint, ()):
+            end = max(end, sent) + expected
+        return max(0.0, end - now)

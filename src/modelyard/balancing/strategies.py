@@ -34,6 +34,10 @@ class RoutingContext:
     affinity: str | None = None
     now: float = 0.0  # the caller's clock, for snapshot freshness
     prefix: Mapping[str, int] | None = None  # prefix_aware: endpoint name -> prompt chunks it holds
+    # prefix_aware with a learnt service time: endpoint name -> seconds a request would queue there,
+    # and (seconds per uncached prompt character, base seconds)
+    waits: Mapping[str, float] | None = None
+    service: tuple[float, float] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,17 +136,21 @@ class KvAware:
 
 
 class PrefixAware:
-    """The endpoint holding the longest prefix of the prompt (the model's PrefixIndex, over the
-    whole prompt, not its first N characters), unless it has more than `load_margin` requests in
-    flight beyond the least loaded endpoint: among the endpoints within that margin, the longest
-    prefix wins, then the fewest in flight, then chance. With no prefix held anywhere within the
-    margin it is least_pending. So a hot prefix spreads to a second endpoint as soon as its first
-    one is busier, instead of piling up (kv_aware's hotspot), and the cache still decides among
-    endpoints about equally loaded.
+    """Where the request will finish first, by what each endpoint holds of the prompt and by its
+    queue. Among the endpoints with at most `load_margin` requests in flight beyond the least
+    loaded one: once the gateway has learnt the servers' speed (seconds per uncached prompt
+    character, from answers of idle endpoints: `ServiceModel`), the one whose expected queue
+    (`Flights`) plus the prefill of what it does not hold (the model's PrefixIndex, over the whole
+    prompt, not its first N characters) is shortest; until then only among the least loaded. Among
+    equals, the one holding the longest prefix, then the fewest in flight, then chance. With no
+    prefix held anywhere it is least_pending. So a prompt waits for its prefix only behind a request
+    about to end, a hot prefix spreads as soon as its endpoint is busier (not kv_aware's hotspot),
+    and the endpoints beyond the margin are never chosen.
 
     Differs from SGLang's cache-aware router, which switches the whole model between cache-first
-    and shortest-queue by a global imbalance test: here each request weighs its own prefix against
-    the load of the endpoints that hold it."""
+    and shortest-queue by a global imbalance test, and from vLLM's router, which scores prefix
+    match and load with fixed weights: here each request weighs the prefill it saves against the
+    queue it joins, in seconds learnt from the servers' answers."""
 
     name = "prefix_aware"
     needs = frozenset({Need.PREFIX})
@@ -150,18 +158,28 @@ class PrefixAware:
     def __init__(self, params: PrefixAwareConfig) -> None:
         self.margin = params.load_margin
         self.chunk_chars = params.chunk_chars
-        self.queue_cost = params.queue_cost_chars
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         loads = [e.in_flight for e in endpoints]
         held = ctx.prefix or {}
         matched = [held.get(e.name, 0) for e in endpoints]
-        ceiling = min(loads) + self.margin
+        # Until the servers' speed is learnt, a busier endpoint's queue cannot be weighed against
+        # the prefill it saves: the cache decides among the least loaded only.
+        learnt = ctx.service is not None and ctx.waits is not None
+        ceiling = min(loads) + (self.margin if learnt else 0)
         eligible = [i for i, load in enumerate(loads) if load <= ceiling]
-        if self.queue_cost is not None:
-            cost = {i: loads[i] * self.queue_cost - matched[i] * self.chunk_chars for i in eligible}
-            lowest = min(cost.values())
-            eligible = [i for i in eligible if cost[i] == lowest]
+        if ctx.service is not None and ctx.waits is not None and len(eligible) > 1:
+            # The endpoint where this request would finish first: its queue, then the prefill of
+            # what it does not hold (the base cost is the same everywhere).
+            per_char, _base = ctx.service
+            chars = len(ctx.request.prompt)
+            finish = {
+                i: ctx.waits.get(endpoints[i].name, 0.0)
+                + per_char * max(0, chars - matched[i] * self.chunk_chars)
+                for i in eligible
+            }
+            soonest = min(finish.values())
+            eligible = [i for i in eligible if finish[i] <= soonest + 1e-9]
         longest = max(matched[i] for i in eligible)
         best = [i for i in eligible if matched[i] == longest]
         chosen = best[_least([loads[i] for i in best], rng)]

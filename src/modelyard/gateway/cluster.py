@@ -15,10 +15,11 @@ never writes them itself:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from modelyard.balancing import Strategy, build_strategy
-from modelyard.balancing.prefix import PrefixIndex
+from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
 from modelyard.balancing.routes import (
     ALL_SUBSETS,
     IMPLICIT_ROUTE,
@@ -79,6 +80,8 @@ class Cluster:
         self.prefixes = PrefixIndex(
             config.prefix_aware.chunk_chars, config.prefix_aware.max_chunks_per_endpoint
         )
+        self.service = ServiceModel()  # prefix_aware: seconds per uncached prompt character, learnt
+        self.flights = Flights()  # prefix_aware: what each endpoint has in flight, and for how long
         self.replace_endpoints(config.endpoints)
 
     # --- endpoints ------------------------------------------------------------------------------
@@ -176,11 +179,13 @@ class Cluster:
 
     # --- load -----------------------------------------------------------------------------------
 
-    def acquire(self, endpoint: Endpoint, tokens: int) -> None:
+    def acquire(self, endpoint: Endpoint, tokens: int, expected: float = 0.0) -> None:
         endpoint.load.acquire(tokens)
+        self.flights.start(endpoint.name, time.monotonic(), expected)
 
     def release(self, endpoint: Endpoint, tokens: int) -> None:
         endpoint.load.release(tokens)
+        self.flights.end(endpoint.name)
         if len(self.capacity):
             self.capacity.wake(endpoint.subset)
 

@@ -29,6 +29,9 @@ class Exchange:
     started: float  # perf_counter
     request_id: str = ""
     counted: bool = True  # False for shadow copies: client metrics describe what clients got
+    # prefix_aware: (uncached prompt characters, when sent, whether the endpoint was idle) of the
+    # last try, for learning the service time
+    service_sample: tuple[int, float, bool] | None = None
 
     def shadow(self, route: RouteConfig, subset: str) -> Exchange:
         """A copy of this exchange for the mirror subset (marked, so servers can tell)."""

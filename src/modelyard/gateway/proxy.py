@@ -68,16 +68,30 @@ class Proxy:
             remembered = await self._state.get(key)
         chunks: list[int] | None = None
         held: dict[str, int] | None = None
+        waits: dict[str, float] | None = None
+        line = None
         if Need.PREFIX in cluster.strategy.needs and routing.prompt:
             chunks = cluster.prefixes.chunks(routing.prompt)
             held = cluster.prefixes.matches(chunks, (e.name for e in cluster.endpoints))
+            line = cluster.service.line()
+            if line is not None:
+                now = time.monotonic()
+                waits = {e.name: cluster.flights.wait(e.name, now) for e in cluster.endpoints}
         request_id = request.headers.get(REQUEST_ID_HEADER) or self._new_request_id()
         request[REQUEST_ID] = request_id
         ex = Exchange(
             cluster,
             route,
             subset,
-            RoutingContext(routing, cluster.next_seq(), remembered, now=time.monotonic(), prefix=held),
+            RoutingContext(
+                routing,
+                cluster.next_seq(),
+                remembered,
+                now=time.monotonic(),
+                prefix=held,
+                waits=waits,
+                service=line,
+            ),
             request.method,
             request.raw_path,
             forwarded_request_headers(request.headers.items(), request_id),
@@ -102,7 +116,11 @@ class Proxy:
             headers[REQUEST_ID_HEADER] = request_id
             if attempt.pick.cache_hit is not None:
                 headers[CACHE_HIT_HEADER] = "true" if attempt.pick.cache_hit else "false"
-            return await self._relay.respond(request, ex, attempt, headers, capture)
+            response = await self._relay.respond(request, ex, attempt, headers, capture)
+            sample = ex.service_sample
+            if sample is not None and sample[2] and response.status == 200:
+                cluster.service.observe(sample[0], time.monotonic() - sample[1])  # a clean sample
+            return response
         finally:
             cluster.budget.request_ended()
             if capture is not None:

@@ -67,11 +67,22 @@ def test_each_endpoint_keeps_its_most_recent_chunks_up_to_capacity_heads_last():
     assert index.sizes() == {}
 
 
-def test_the_longest_prefix_wins_among_endpoints_within_the_margin():
-    assert pick({"a": 0, "b": 1, "c": 0}, {"a": 2, "b": 9, "c": 0}) == ("b", True)
-    # b is 2 busier than the least loaded: beyond the margin, so the longest prefix within it
-    assert pick({"a": 0, "b": 2, "c": 0}, {"a": 2, "b": 9, "c": 0}) == ("a", True)
-    assert pick({"a": 0, "b": 2, "c": 0}, {"a": 2, "b": 9, "c": 0}, margin=2) == ("b", True)
+def test_until_the_speed_is_learnt_the_cache_decides_among_the_least_loaded_only():
+    assert pick({"a": 0, "b": 1, "c": 0}, {"a": 2, "b": 9, "c": 0}) == ("a", True)
+    assert pick({"a": 0, "b": 1, "c": 0}, {"a": 2, "b": 9, "c": 0}, margin=3) == ("a", True)
+
+
+def test_an_endpoint_beyond_the_margin_is_never_chosen_however_much_it_holds():
+    model = ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], prefix_aware={"load_margin": 1})
+    strategy = build_strategy("prefix_aware", model)
+    views = [FakeEndpoint("a", 0), FakeEndpoint("b", 2)]
+    ctx = RoutingContext(
+        RoutingRequest("m", prompt="x" * 6400),
+        prefix={"b": 100},
+        waits={"a": 0.0, "b": 0.0},
+        service=(1.0, 0.0),
+    )
+    assert views[strategy.pick(views, ctx, random.Random(0)).index].name == "a"
 
 
 def test_with_no_prefix_held_it_is_least_pending_and_says_no_hit():
@@ -91,18 +102,39 @@ def test_bad_parameters_are_config_errors(bad):
         ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], prefix_aware=bad)
 
 
-def test_with_a_queue_cost_a_long_prefix_may_wait_behind_a_short_queue():
-    def pick_with(queue_cost: int, loads: dict[str, int], held: dict[str, int]) -> str:
-        model = ModelConfig(
-            name="m",
-            endpoints=[{"url": "http://127.0.0.1:1"}],
-            prefix_aware={"load_margin": 2, "queue_cost_chars": queue_cost, "chunk_chars": 64},
-        )
-        views = [FakeEndpoint(name, load) for name, load in loads.items()]
-        ctx = RoutingContext(RoutingRequest("m"), prefix=held)
-        return views[build_strategy("prefix_aware", model).pick(views, ctx, random.Random(0)).index].name
+def test_the_service_model_learns_seconds_per_uncached_character():
+    from modelyard.balancing.prefix import ServiceModel
 
-    # b holds 30 chunks (1920 characters) and has one request in flight; a is idle and holds 10.
-    assert pick_with(1000, {"a": 0, "b": 1}, {"a": 10, "b": 30}) == "b"  # 1000 - 1920 < 0 - 640
-    assert pick_with(1500, {"a": 0, "b": 1}, {"a": 10, "b": 30}) == "a"  # 1500 - 1920 > -640
-    assert pick_with(1000, {"a": 0, "b": 3}, {"a": 10, "b": 30}) == "a"  # beyond load_margin 2
+    model = ServiceModel(min_samples=4)
+    for chars in (0, 1000, 2000, 500):
+        assert model.line() is None or chars == 500
+        model.observe(chars, 0.05 + chars * 0.0001)
+    per_char, base = model.line()  # type: ignore[misc]
+    assert per_char == pytest.approx(0.0001) and base == pytest.approx(0.05)
+
+
+def test_flights_queue_one_after_another():
+    from modelyard.balancing.prefix import Flights
+
+    flights = Flights()
+    flights.start("a", now=10.0, expected=0.3)
+    flights.start("a", now=10.1, expected=0.2)  # starts once the first ends, at 10.3
+    assert flights.wait("a", 10.1) == pytest.approx(0.4) and flights.count("a") == 2
+    flights.end("a")
+    assert flights.wait("a", 10.2) == pytest.approx(0.1) and flights.wait("b", 10.2) == 0.0
+
+
+def test_with_a_learnt_speed_a_prompt_waits_for_its_prefix_only_behind_a_request_about_to_end():
+    model = ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], prefix_aware={"chunk_chars": 64})
+    strategy = build_strategy("prefix_aware", model)
+    views = [FakeEndpoint("idle", 0), FakeEndpoint("holder", 1)]
+    prompt = RoutingRequest("m", prompt="x" * 2560)  # 40 chunks, all held by "holder"
+
+    def chosen(wait: float) -> str:
+        ctx = RoutingContext(
+            prompt, prefix={"holder": 40}, waits={"idle": 0.0, "holder": wait}, service=(0.0001, 0.05)
+        )
+        return views[strategy.pick(views, ctx, random.Random(0)).index].name
+
+    assert chosen(0.1) == "holder"  # 0.1 s of queue saves 0.256 s of prefill
+    assert chosen(0.3) == "idle"
