@@ -20,7 +20,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import BinaryIO
 
 import aiohttp
 
@@ -99,63 +98,63 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait(timeout=5)
 
 
-def _launch(
-    strategy: str,
-    workers: int,
-    sims: SimShape,
-    seed: int,
-    tmp: Path,
-    out: BinaryIO,
-    prefix_aware: dict[str, object] | None,
-) -> tuple[list[subprocess.Popen[bytes]], list[str], int]:
-    """Start the workers and the gateway; (their processes, the workers' URLs, the gateway's port)."""
-    command = [sys.executable, "-m", "modelyard"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    processes: list[subprocess.Popen[bytes]] = []
-    *ports, gateway_port = _free_ports(workers + 1)
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
-    try:
-        for i, port in enumerate(ports):
-            args = [
-                *command,
-                "sim-worker",
-                "--port", str(port),
-                "--model", MODEL,
-                "--max-concurrency", str(sims.max_concurrency),
-                "--prefill-ms-per-token", str(sims.prefill_ms_per_token),
-                "--decode-ms-per-token", str(sims.decode_ms_per_token),
-                "--cache-blocks", str(sims.cache_blocks),
-                "--block-tokens", str(sims.block_tokens),
-                "--seed", str(seed + i),
-            ]  # fmt: skip
-            processes.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env))
-        config = tmp / "gateway.yaml"
-        config.write_text(json.dumps(gateway_config(strategy, urls, sims, gateway_port, prefix_aware)))
-        gateway = [*command, "serve", "-c", str(config), "--log-level", "warning"]
-        processes.append(subprocess.Popen(gateway, stdout=out, stderr=subprocess.STDOUT, env=env))
-    except BaseException:
-        _stop(processes)
-        raise
-    return processes, urls, gateway_port
+_COMMAND = [sys.executable, "-m", "modelyard"]
+
+
+def _child(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:  # the child keeps its own copy of the file
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return subprocess.Popen([*_COMMAND, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _launch_workers(
+    workers: int, sims: SimShape, seed: int, log: Path, processes: list[subprocess.Popen[bytes]]
+) -> list[str]:
+    """Start the workers (appended to `processes` as they start); their URLs."""
+    urls = []
+    for i, port in enumerate(_free_ports(workers)):
+        args = [
+            "sim-worker",
+            "--port", str(port),
+            "--model", MODEL,
+            "--max-concurrency", str(sims.max_concurrency),
+            "--prefill-ms-per-token", str(sims.prefill_ms_per_token),
+            "--decode-ms-per-token", str(sims.decode_ms_per_token),
+            "--cache-blocks", str(sims.cache_blocks),
+            "--block-tokens", str(sims.block_tokens),
+            "--seed", str(seed + i),
+        ]  # fmt: skip
+        processes.append(_child(args, log))
+        urls.append(f"http://127.0.0.1:{port}")
+    return urls
+
+
+def _launch_gateway(config: dict[str, object], tmp: Path, log: Path) -> subprocess.Popen[bytes]:
+    path = tmp / "gateway.yaml"
+    path.write_text(json.dumps(config))
+    return _child(["serve", "-c", str(path), "--log-level", "warning"], log)
 
 
 @contextlib.asynccontextmanager
 async def spawned(
     strategy: str, workers: int, sims: SimShape, seed: int = 0, prefix_aware: dict[str, object] | None = None
 ) -> AsyncIterator[str]:
-    """Start the workers and a gateway routing with `strategy`; yields the gateway's URL."""
+    """Start the workers, then (once they answer, so its first health checks pass) a gateway
+    routing with `strategy`; yields the gateway's URL."""
     with tempfile.TemporaryDirectory(prefix="modelyard-bench-") as tmp:
         log = Path(tmp) / "children.log"
         processes: list[subprocess.Popen[bytes]] = []
         try:
-            with log.open("ab") as out:
-                processes, urls, gateway_port = _launch(
-                    strategy, workers, sims, seed, Path(tmp), out, prefix_aware
-                )
-            for url, process in zip(urls, processes, strict=False):
+            urls = _launch_workers(workers, sims, seed, log, processes)
+            for url, process in zip(urls, processes, strict=True):
                 await _wait_ready(url + "/health", process)
-            gateway_url = f"http://127.0.0.1:{gateway_port}"
-            await _wait_ready(gateway_url + "/readyz", processes[-1])
+            (port,) = _free_ports(1)
+            gateway = _launch_gateway(
+                gateway_config(strategy, urls, sims, port, prefix_aware), Path(tmp), log
+            )
+            processes.append(gateway)
+            gateway_url = f"http://127.0.0.1:{port}"
+            await _wait_ready(gateway_url + "/readyz", gateway)
             yield gateway_url
         except ModelyardError as error:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""

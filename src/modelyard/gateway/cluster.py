@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from modelyard.balancing import Strategy, build_strategy
+from modelyard.balancing import Need, Strategy, build_strategy
 from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
 from modelyard.balancing.routes import (
     ALL_SUBSETS,
@@ -82,6 +82,7 @@ class Cluster:
         )
         self.service = ServiceModel()  # prefix_aware: seconds per uncached prompt character, learnt
         self.flights = Flights()  # prefix_aware: what each endpoint has in flight, and for how long
+        self._tracks_flights = Need.PREFIX in self.strategy.needs  # only what needs it pays for it
         self.replace_endpoints(config.endpoints)
 
     # --- endpoints ------------------------------------------------------------------------------
@@ -171,6 +172,7 @@ class Cluster:
     def set_strategy(self, name: object) -> None:
         """Switch to a new strategy built with this model's parameters (UnknownStrategy if none)."""
         self.strategy = build_strategy(name, self.config)
+        self._tracks_flights = Need.PREFIX in self.strategy.needs
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -181,7 +183,8 @@ class Cluster:
 
     def acquire(self, endpoint: Endpoint, tokens: int, expected: float = 0.0) -> None:
         endpoint.load.acquire(tokens)
-        self.flights.start(endpoint.name, time.monotonic(), expected)
+        if self._tracks_flights:
+            self.flights.start(endpoint.name, time.monotonic(), expected)
 
     def release(self, endpoint: Endpoint, tokens: int) -> None:
         endpoint.load.release(tokens)
