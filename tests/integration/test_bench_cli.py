@@ -70,8 +70,16 @@ def test_bad_input_is_one_line_and_exit_1():
         (["bench", "--spawn", "2", "--profile", "nope"], "--profile: unknown profile 'nope'"),
         (["bench", "http://127.0.0.1:1", "--repeat-share", "2"], "--repeat-share: "),
         (["bench", "http://127.0.0.1:1", "--spawn", "2"], "give a URL, or --spawn N"),
+        (["bench", "--spawn", "2", "--strategies", ","], "--strategies: name at least one strategy"),
+        (["bench", "--spawn", "2", "--prefix-aware", '{"load_margin": -1}'], "--prefix-aware: load_margin"),
     ]
     for args, expected in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 1, (args, result.output)
         assert expected in result.output, (args, result.output)
+
+
+def test_a_run_where_every_request_failed_says_why_and_exits_1(tmp_path):
+    done = bench("http://127.0.0.1:9", "--requests", "3")  # the discard port: nothing listens
+    assert done.returncode == 1
+    assert "every request failed (ClientConnectorError x3)" in done.stderr

@@ -103,40 +103,42 @@ class ServiceModel:
         """(per_char, base) in seconds, or None until `min_samples` answers were seen."""
         if self.samples < self.min_samples:
             return None
-        spread = self._w * self._xx - self._x * self._x
-        per_char = (self._w * self._xy - self._x * self._y) / spread if spread > 1e-9 else 0.0
-        per_char = max(0.0, per_char)
+        # The weighted variance of the uncached lengths: with (nearly) one length seen, no slope can
+        # be told from rounding noise, so the line is flat at the mean time.
+        variance = (self._xx - self._x * self._x / self._w) / self._w
+        per_char = 0.0
+        if variance > 1.0:  # characters squared
+            spread = self._w * self._xx - self._x * self._x
+            per_char = max(0.0, (self._w * self._xy - self._x * self._y) / spread)
         base = max(0.0, (self._y - per_char * self._x) / self._w)
         return per_char, base
 
 
 class Flights:
     """Requests this gateway has in flight per endpoint, each with when it was sent and how long it
-    was expected to take, oldest first (an answer ends the oldest: near enough for a server that
-    serves in order). `wait` is how long a new request would queue behind them, assuming one
-    request slot per endpoint: a server with more slots looks busier than it is, so prefix_aware
-    then errs towards the less loaded endpoint."""
+    was expected to take, under the key of its exchange (so an answer ends exactly its own flight).
+    `wait` is how long a new request would queue behind them, assuming one request slot per
+    endpoint: a server with more slots looks busier than it is, so prefix_aware then errs towards
+    the less loaded endpoint."""
 
     def __init__(self) -> None:
-        self._flights: dict[str, list[tuple[float, float]]] = {}
+        self._flights: dict[str, dict[int, tuple[float, float]]] = {}
 
-    def start(self, endpoint: str, now: float, expected: float) -> None:
-        self._flights.setdefault(endpoint, []).append((now, expected))
+    def start(self, endpoint: str, key: int, now: float, expected: float) -> None:
+        self._flights.setdefault(endpoint, {})[key] = (now, expected)
 
-    def end(self, endpoint: str) -> None:
+    def end(self, endpoint: str, key: int) -> None:
         flights = self._flights.get(endpoint)
-        if flights:
-            flights.pop(0)
-            if not flights:
-                del self._flights[endpoint]
+        if flights is not None and flights.pop(key, None) is not None and not flights:
+            del self._flights[endpoint]
 
     def count(self, endpoint: str) -> int:
         return len(self._flights.get(endpoint, ()))
 
     def wait(self, endpoint: str, now: float) -> float:
-        """Seconds until the endpoint is free, as expected: each flight starts when the one before
-        it is expected to end."""
+        """Seconds until the endpoint is free, as expected: each flight, in the order they were sent,
+        starts when the one before it is expected to end."""
         end = float("-inf")
-        for sent, expected in self._flights.get(endpoint, ()):
+        for sent, expected in sorted(self._flights.get(endpoint, {}).values()):
             end = max(end, sent) + expected
         return max(0.0, end - now)

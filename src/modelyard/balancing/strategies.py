@@ -143,7 +143,8 @@ class PrefixAware:
     (`Flights`) plus the prefill of what it does not hold (the model's PrefixIndex, over the whole
     prompt, not its first N characters) is shortest; until then only among the least loaded. Among
     equals, the one holding the longest prefix, then the fewest in flight, then chance. With no
-    prefix held anywhere it is least_pending. So a prompt waits for its prefix only behind a request
+    prefix held anywhere it is the endpoint expected to be free first (least_pending until the
+    speed is learnt). So a prompt waits for its prefix only behind a request
     about to end, a hot prefix spreads as soon as its endpoint is busier (not kv_aware's hotspot),
     and the endpoints beyond the margin are never chosen.
 

@@ -9,7 +9,7 @@ report    per-run summaries (latency percentiles, TTFT, req/s, backend split, ca
 
 from modelyard.bench.report import Summary, summarize
 from modelyard.bench.runner import Outcome, run_workload
-from modelyard.bench.workload import PROFILES, BenchRequest, WorkloadSpec, build_requests
+from modelyard.bench.workload import PROFILES, BenchRequest, WorkloadSpec, build_requests, iter_requests
 
 __all__ = [
     "PROFILES",
@@ -18,6 +18,7 @@ __all__ = [
     "Summary",
     "WorkloadSpec",
     "build_requests",
+    "iter_requests",
     "run_workload",
     "summarize",
 ]

@@ -38,6 +38,7 @@ class Summary:
     cached_share: float  # prompt tokens served from cache / prompt tokens
     busiest_share: float  # the busiest backend's share of the answered requests
     backends: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)  # why requests failed: status or error
 
 
 def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
@@ -59,6 +60,9 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
         cached_share=sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
         busiest_share=max(split.values()) / len(ok) if ok else 0.0,
         backends=dict(sorted(split.items())),
+        failures=dict(
+            sorted(Counter(o.error or f"HTTP {o.status}" for o in outcomes if o.status != 200).items())
+        ),
     )
 
 
@@ -95,7 +99,7 @@ def write(path: Path, summaries: Sequence[Summary], command: str) -> None:
         return
     with path.open("w", newline="") as out:
         writer = csv.writer(out)
-        names = [f for f in Summary.__dataclass_fields__ if f != "backends"]
+        names = [f for f in Summary.__dataclass_fields__ if f not in ("backends", "failures")]
         writer.writerow([*names, "backends"])
         for s in summaries:
             row = asdict(s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -52,8 +52,11 @@ async def _send(
     spec: WorkloadSpec,
     request: BenchRequest,
     request_timeout: float,
+    scheduled: float | None = None,
 ) -> Outcome:
-    started = time.perf_counter()
+    # An open loop's latency counts from when the request was due, so waiting for a free client
+    # slot shows (coordinated omission); a closed loop's from the send.
+    started = scheduled if scheduled is not None else time.perf_counter()
     ttft = None
     try:
         async with http.post(
@@ -87,34 +90,28 @@ async def run_workload(
     url: str,
     model: str,
     spec: WorkloadSpec,
-    requests: list[BenchRequest],
+    requests: Iterable[BenchRequest],
     *,
     request_timeout: float = 120.0,
     progress: Callable[[Outcome], None] = lambda outcome: None,
 ) -> tuple[list[Outcome], float]:
-    """Send `requests` (cycled when `spec.duration` asks for more); returns the outcomes in
-    completion order and the wall time the run took."""
+    """Send `requests` until they run out or `spec.duration` is over, whichever comes first;
+    returns the outcomes in completion order and the wall time the run took."""
     url = url.rstrip("/")
     outcomes: list[Outcome] = []
     started = time.perf_counter()
     deadline = started + spec.duration if spec.duration else None
     connector = aiohttp.TCPConnector(limit=spec.concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
-        next_index = 0
+        pending = iter(requests)
 
         def take() -> BenchRequest | None:
-            nonlocal next_index
-            if deadline is not None:
-                if time.perf_counter() >= deadline:
-                    return None
-            elif next_index >= len(requests):
+            if deadline is not None and time.perf_counter() >= deadline:
                 return None
-            request = requests[next_index % len(requests)]
-            next_index += 1
-            return request
+            return next(pending, None)
 
-        async def record(request: BenchRequest) -> None:
-            outcome = await _send(http, url, model, spec, request, request_timeout)
+        async def record(request: BenchRequest, scheduled: float | None = None) -> None:
+            outcome = await _send(http, url, model, spec, request, request_timeout, scheduled)
             outcomes.append(outcome)
             progress(outcome)
 
@@ -132,12 +129,13 @@ async def run_workload(
             due = time.perf_counter()
             while (request := take()) is not None:
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))  # the open loop's pace
+                scheduled = due
                 due += interval
-                await slots.acquire()
+                await slots.acquire()  # at most `concurrency` in flight: later ones wait, and it shows
 
-                async def one(request: BenchRequest = request) -> None:
+                async def one(request: BenchRequest = request, scheduled: float = scheduled) -> None:
                     try:
-                        await record(request)
+                        await record(request, scheduled)
                     finally:
                         slots.release()
 

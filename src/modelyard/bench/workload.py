@@ -15,7 +15,9 @@ prefill 0.8 ms/token and decode 2.5 ms/token.
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -148,18 +150,22 @@ def _words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(_VOCABULARY) for _ in range(count))
 
 
-def build_requests(spec: WorkloadSpec, count: int | None = None) -> list[BenchRequest]:
-    """`count` (default `spec.requests`) requests, the same for the same spec and seed."""
+def iter_requests(spec: WorkloadSpec) -> Iterator[BenchRequest]:
+    """The workload's requests, one after another without end (a `--duration` run takes as many as
+    it sends): the same sequence for the same spec and seed; fresh prompts never repeat."""
     rng = random.Random(spec.seed)
     systems = [f"system {i}: " + _words(rng, spec.system_prompt_tokens) for i in range(spec.system_prompts)]
     pool = [f"pooled {i}: " + _words(rng, spec.prompt_tokens) for i in range(spec.pool_size)]
     weights = [1.0 / (rank**spec.zipf_s) for rank in range(1, spec.pool_size + 1)]
-    requests = []
-    for n in range(count if count is not None else spec.requests):
+    for n in itertools.count():
         system = rng.choice(systems) if rng.random() < spec.shared_prefix_share else ""
         if rng.random() < spec.repeat_share:
             user, kind = rng.choices(pool, weights=weights)[0], "repeat"
         else:
             user, kind = f"fresh {n}: " + _words(rng, spec.prompt_tokens), "fresh"
-        requests.append(BenchRequest(system, user, kind))
-    return requests
+        yield BenchRequest(system, user, kind)
+
+
+def build_requests(spec: WorkloadSpec, count: int | None = None) -> list[BenchRequest]:
+    """The first `count` (default `spec.requests`) requests of `iter_requests`."""
+    return list(itertools.islice(iter_requests(spec), count if count is not None else spec.requests))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import signal
 import statistics
 import sys
 from dataclasses import replace
@@ -17,7 +18,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelyard.balancing import check_strategy_name
-from modelyard.bench import PROFILES, Summary, WorkloadSpec, build_requests, run_workload, summarize
+from modelyard.bench import (
+    PROFILES,
+    Summary,
+    WorkloadSpec,
+    build_requests,
+    iter_requests,
+    run_workload,
+    summarize,
+)
 from modelyard.bench.report import table, write
 from modelyard.bench.spawn import MODEL, spawned
 from modelyard.bench.workload import SimShape
@@ -153,6 +162,8 @@ def bench(
     if spawn < 0 or (spawn == 0) == (url is None):
         _fail("give a URL, or --spawn N (N >= 1) to start workers and a gateway per strategy")
     names = [s.strip() for s in strategies.split(",") if s.strip()]
+    if spawn and not names:
+        _fail("--strategies: name at least one strategy")
     if spawn:
         try:
             for name in names:
@@ -160,18 +171,21 @@ def bench(
         except UnknownStrategy as error:
             _fail(f"--strategies: {error.message}")
     command = "modelyard bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    # SIGTERM stops the run as Ctrl-C does, so the spawned workers and gateway are stopped too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         summaries: list[Summary] = asyncio.run(
             _bench(console, url, model, spawn, names, spec, sims, runs, settings)
         )
     except ModelyardError as error:
         _fail(error.message)
+    pace = f", {spec.rate:g} req/s" if spec.rate else ""
     where = f"{spawn} spawned sim-workers" if spawn else str(url)
     console.print(
         table(
             summaries,
             f"{spec.requests if not spec.duration else f'{spec.duration:g}s of'} requests, "
-            f"concurrency {spec.concurrency}, against {where}"
+            f"concurrency {spec.concurrency}{pace}, against {where}"
             + (f" (median of {runs} runs)" if runs > 1 else ""),
         )
     )
@@ -179,6 +193,16 @@ def bench(
     if out is not None:
         write(out, summaries, command)
         console.print(f"wrote {out}")
+    failed = [s for s in summaries if s.requests and s.errors == s.requests]
+    if failed:
+        for s in failed:
+            reasons = ", ".join(f"{why} x{count}" for why, count in s.failures.items())
+            typer.echo(f"error: {s.label}: every request failed ({reasons})", err=True)
+        raise typer.Exit(1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(line: str) -> None:
@@ -197,13 +221,13 @@ async def _bench(
     runs: int,
     prefix_settings: dict[str, object] | None = None,
 ) -> list[Summary]:
-    requests = build_requests(spec)
     summaries = []
     labels = strategies if spawn else [url or ""]
     for label in labels:
         per_run = []
         for number in range(1, runs + 1):
             title = f"{label} (run {number}/{runs})" if runs > 1 else label
+            requests = iter_requests(spec) if spec.duration else build_requests(spec)
             if spawn:
                 async with spawned(
                     label, spawn, sims, seed=spec.seed, prefix_aware=prefix_settings
@@ -222,7 +246,7 @@ async def _with_progress(
 ) -> Any:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        total = None if spec.duration else len(requests)
+        total = None if spec.duration else spec.requests
         task = progress.add_task(title, total=total)
         return await run_workload(url, model, spec, requests, progress=lambda _o: progress.advance(task))
 

@@ -75,7 +75,7 @@ class AttemptLoop:
                 try:
                     outcome = await self._try(ex, endpoint, deadline, flight)
                 except BaseException as exc:  # cancelled (the client left), or the route's time is up
-                    cluster.release(endpoint, ex.tokens)
+                    cluster.release(endpoint, ex.tokens, id(ex))
                     code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
                     self._observe(ex, endpoint, code, started)
                     raise
@@ -111,7 +111,7 @@ class AttemptLoop:
                         self._metrics.retries.labels(cluster.name, route.name, outcome.reason).inc()
                         if outcome.response is not None:
                             outcome.response.close()
-                        cluster.release(endpoint, ex.tokens)
+                        cluster.release(endpoint, ex.tokens, id(ex))
                         if charge:
                             cluster.budget.retry_started()
                             charged = True
@@ -124,7 +124,7 @@ class AttemptLoop:
                     return Attempt(endpoint, pick, outcome.response)  # not retried: relay it as it is
                 if outcome.response is not None:
                     outcome.response.close()
-                cluster.release(endpoint, ex.tokens)
+                cluster.release(endpoint, ex.tokens, id(ex))
                 self._observe(ex, endpoint, 504 if out_of_time else outcome.code, started)
                 if out_of_time:
                     raise _out_of_time(ex)
@@ -143,7 +143,7 @@ class AttemptLoop:
         """The end of an exchange that got an answer: the connection back to its pool (or closed),
         the endpoint's slot freed, the request counted once with the status it really ended with."""
         attempt.response.close()
-        ex.cluster.release(attempt.endpoint, ex.tokens)
+        ex.cluster.release(attempt.endpoint, ex.tokens, id(ex))
         self._observe(ex, attempt.endpoint, code, ex.started)
 
     async def _try(self, ex: Exchange, endpoint: Endpoint, deadline: float | None, flight: Flight) -> _Try:
@@ -207,7 +207,7 @@ class AttemptLoop:
                     ex.service_sample = (uncached, time.monotonic(), idle)
                     if ex.ctx.service is not None:
                         expected = ex.ctx.service[0] * uncached + ex.ctx.service[1]
-                cluster.acquire(endpoint, ex.tokens, expected)
+                cluster.acquire(endpoint, ex.tokens, id(ex), expected)
                 return endpoint, pick
             if until is None:
                 until = time.monotonic() + capacity.config.queue_timeout

@@ -119,6 +119,9 @@ class Cluster:
         # Tries still running on a removed endpoint finish as they are; nobody aborts them now.
         self._awaiting = {e: f for e, f in self._awaiting.items() if e in endpoints}
         self.prefixes.keep_only(e.name for e in endpoints)
+        for endpoint in endpoints:
+            if endpoint.name not in stayed:  # new, or the same name at another URL: nothing cached
+                self.prefixes.forget(endpoint.name)
         self.endpoints = tuple(endpoints)
         self._vanished = (self._vanished | set(self._subsets)) - set(subsets)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}
@@ -181,14 +184,15 @@ class Cluster:
 
     # --- load -----------------------------------------------------------------------------------
 
-    def acquire(self, endpoint: Endpoint, tokens: int, expected: float = 0.0) -> None:
+    def acquire(self, endpoint: Endpoint, tokens: int, key: int = 0, expected: float = 0.0) -> None:
+        """Count a try on `endpoint`; `key` names it (its exchange) for prefix_aware's flights."""
         endpoint.load.acquire(tokens)
         if self._tracks_flights:
-            self.flights.start(endpoint.name, time.monotonic(), expected)
+            self.flights.start(endpoint.name, key, time.monotonic(), expected)
 
-    def release(self, endpoint: Endpoint, tokens: int) -> None:
+    def release(self, endpoint: Endpoint, tokens: int, key: int = 0) -> None:
         endpoint.load.release(tokens)
-        self.flights.end(endpoint.name)
+        self.flights.end(endpoint.name, key)  # a no-op for a try started before prefix_aware
         if len(self.capacity):
             self.capacity.wake(endpoint.subset)
 

@@ -106,7 +106,7 @@ class Proxy:
             attempt = await self._attempts.run(ex)
             if key is not None:
                 await self._remember(ex, attempt, key)
-            if chunks is not None and attempt.response.status < 500:
+            if chunks is not None and 200 <= attempt.response.status < 300:
                 cluster.prefixes.record(chunks, attempt.endpoint.name)  # it now caches this prompt
             headers = relayed_response_headers(attempt.response.headers)
             headers[BACKEND_HEADER] = attempt.endpoint.name

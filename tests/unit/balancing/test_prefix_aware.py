@@ -113,15 +113,27 @@ def test_the_service_model_learns_seconds_per_uncached_character():
     assert per_char == pytest.approx(0.0001) and base == pytest.approx(0.05)
 
 
-def test_flights_queue_one_after_another():
+def test_flights_queue_one_after_another_and_each_answer_ends_its_own():
     from modelyard.balancing.prefix import Flights
 
     flights = Flights()
-    flights.start("a", now=10.0, expected=0.3)
-    flights.start("a", now=10.1, expected=0.2)  # starts once the first ends, at 10.3
+    flights.start("a", 1, now=10.0, expected=0.3)
+    flights.start("a", 2, now=10.1, expected=0.2)  # starts once the first ends, at 10.3
     assert flights.wait("a", 10.1) == pytest.approx(0.4) and flights.count("a") == 2
-    flights.end("a")
-    assert flights.wait("a", 10.2) == pytest.approx(0.1) and flights.wait("b", 10.2) == 0.0
+    flights.end("a", 2)  # the quick one answered first: the long one stays
+    assert flights.wait("a", 10.2) == pytest.approx(0.1)
+    flights.end("a", 7)  # a try started before the flights were kept: nothing to end
+    assert flights.count("a") == 1 and flights.wait("b", 10.2) == 0.0
+
+
+def test_the_service_model_draws_no_slope_from_one_length():
+    from modelyard.balancing.prefix import ServiceModel
+
+    model = ServiceModel(min_samples=4)
+    for seconds in (1.5, 1.6, 1.5, 1.58):
+        model.observe(6000, seconds)
+    per_char, base = model.line()  # type: ignore[misc]
+    assert per_char == 0.0 and base == pytest.approx(1.545, abs=0.01)
 
 
 def test_with_a_learnt_speed_a_prompt_waits_for_its_prefix_only_behind_a_request_about_to_end():

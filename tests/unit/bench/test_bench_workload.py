@@ -88,3 +88,14 @@ def test_summaries_are_written_as_json_or_csv(tmp_path):
     write(tmp_path / "out.csv", [summary], "cmd")
     rows = list(csv.DictReader((tmp_path / "out.csv").open()))
     assert rows[0]["label"] == "prefix_aware" and rows[0]["backends"] == "w0:1"
+
+
+def test_a_duration_run_gets_fresh_prompts_without_end():
+    import itertools
+
+    from modelyard.bench import iter_requests
+
+    spec = WorkloadSpec(requests=10, repeat_share=0.0)
+    many = list(itertools.islice(iter_requests(spec), 500))
+    assert len({r.user for r in many}) == 500  # never the first 10 again
+    assert many[:10] == build_requests(spec)

@@ -203,3 +203,31 @@ def test_switching_strategy_builds_a_new_one_and_keeps_the_sequence() -> None:
     with pytest.raises(UnknownStrategy):
         c.set_strategy("fastest")
     assert c.strategy.name == "least_pending"
+
+
+def test_what_an_endpoint_cached_is_forgotten_when_it_goes_or_moves() -> None:
+    c = cluster("a", "b", strategy="prefix_aware")
+    chunks = c.prefixes.chunks("a prompt long enough to fill a couple of chunks " * 4)
+    for name in ("a", "b"):
+        c.prefixes.record(chunks, name)
+    a, _b = c.endpoints
+    c.replace_endpoints(
+        [EndpointConfig(name="a", url=a.url), EndpointConfig(name="b", url="http://127.0.0.1:1")]
+    )
+    assert c.prefixes.match(chunks, "a") == len(chunks)  # stayed: its cache is still there
+    assert c.prefixes.match(chunks, "b") == 0  # same name, another server: nothing cached
+    c.replace_endpoints([EndpointConfig(name="a", url=a.url)])
+    assert set(c.prefixes.sizes()) == {"a"}
+
+
+def test_each_answer_ends_its_own_flight_and_only_prefix_aware_keeps_them() -> None:
+    c = cluster("a", strategy="least_pending")
+    (a,) = c.endpoints
+    c.acquire(a, 10, key=1, expected=0.5)
+    assert c.flights.count("a") == 0  # least_pending: nothing kept
+    c.set_strategy("prefix_aware")
+    c.acquire(a, 10, key=2, expected=0.5)
+    c.release(a, 10, key=1)  # the try started before the switch ends nothing of the new one's
+    assert c.flights.count("a") == 1
+    c.release(a, 10, key=2)
+    assert c.flights.count("a") == 0
