@@ -131,6 +131,12 @@ class KvAwareConfig(_Strict):
 
     prefix_chars: int = Field(512, ge=1)
     ttl: Seconds = 600.0
+    load_margin: int | None = Field(
+        1,
+        ge=0,
+        description="the remembered endpoint is skipped for the least loaded one when it has more than "
+        "this many requests in flight beyond it (null: always the remembered one, as InferFlow)",
+    )
 
 
 class PrefixAwareConfig(_Strict):
@@ -262,7 +268,16 @@ class ResourceMetricNames(_Strict):
 
     queue_depth: str = "vllm:num_requests_waiting"
     running: str = "vllm:num_requests_running"
-    kv_cache_usage: str = "vllm:gpu_cache_usage_perc"
+    kv_cache_usage: list[str] = Field(
+        default_factory=lambda: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        description="the first name present is read: vLLM V1's, then V0's (a single name is accepted)",
+    )
+
+    @field_validator("kv_cache_usage", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
     sm_utilization: list[str] = Field(
         default_factory=lambda: ["DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_GPU_UTIL"]
     )

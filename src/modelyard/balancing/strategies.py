@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from modelyard.cluster import EndpointView, ResourceSnapshot
-from modelyard.config import STRATEGY_NAMES, ModelConfig, PrefixAwareConfig, ResourceAwareConfig
+from modelyard.config import (
+    STRATEGY_NAMES,
+    KvAwareConfig,
+    ModelConfig,
+    PrefixAwareConfig,
+    ResourceAwareConfig,
+)
 from modelyard.errors import UnknownStrategy
 from modelyard.types import RoutingRequest
 
@@ -122,16 +128,26 @@ class LeastPending:
 
 class KvAware:
     """Prefix affinity: a prompt prefix seen before goes back to the endpoint that served it, whose
-    KV cache likely still holds it; a new prefix goes to the least pending endpoint."""
+    KV cache likely still holds it, unless that endpoint has more than `load_margin` requests in
+    flight beyond the least loaded one (InferFlow's version has no such guard, and piles prompts
+    sharing a system prompt onto one server); a new prefix goes to the least pending endpoint."""
 
     name = "kv_aware"
     needs = frozenset({Need.AFFINITY})
+
+    def __init__(self, params: KvAwareConfig | None = None) -> None:
+        self.margin = params.load_margin if params is not None else None
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         if ctx.affinity is not None:
             for i, e in enumerate(endpoints):
                 if e.name == ctx.affinity:
-                    return Pick(i, cache_hit=True)
+                    if (
+                        self.margin is None
+                        or e.in_flight <= min(x.in_flight for x in endpoints) + self.margin
+                    ):
+                        return Pick(i, cache_hit=True)
+                    break  # too busy: the least pending one instead
         return Pick(_least([e.in_flight for e in endpoints], rng), cache_hit=False)
 
 
@@ -263,7 +279,7 @@ _FACTORIES: dict[str, Callable[[ModelConfig], Strategy]] = {
     "round_robin": lambda _model: RoundRobin(),
     "random": lambda _model: Random(),
     "least_pending": lambda _model: LeastPending(),
-    "kv_aware": lambda _model: KvAware(),
+    "kv_aware": lambda model: KvAware(model.kv_aware),
     "cost_aware": lambda _model: CostAware(),
     "resource_aware": lambda model: ResourceAware(model.resource_aware),
     "prefix_aware": lambda model: PrefixAware(model.prefix_aware),

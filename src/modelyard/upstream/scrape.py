@@ -92,11 +92,12 @@ def snapshot_from_metrics(
     in_flight: int,
 ) -> ResourceSnapshot:
     """Queue and running are summed over series (vLLM exports one per model), KV cache usage is the
-    fullest series, SM use the mean over GPUs of the first name present, memory the frame buffer
-    used over its total, summed over GPUs. A signal with no finite sample is None."""
+    fullest series of the first name present (vLLM V1's `vllm:kv_cache_usage_perc`, then V0's),
+    SM use the mean over GPUs of the first name present, memory the frame buffer used over its
+    total, summed over GPUs. A signal with no finite sample is None."""
     queue = _values(families, names.queue_depth)
     running = _values(families, names.running)
-    kv = _values(families, names.kv_cache_usage)
+    kv = next((found for name in names.kv_cache_usage if (found := _values(families, name))), [])
     used, free = _values(families, names.memory_used), _values(families, names.memory_free)
     total = sum(used) + sum(free)
     return ResourceSnapshot(
@@ -138,9 +139,11 @@ class ResourceScraper:
         self._clock = clock
         self._on_error = on_error or self._log_error
         names = config.metrics
-        self._wanted = frozenset(
-            (names.queue_depth, names.running, names.kv_cache_usage, names.memory_used, names.memory_free)
-        ) | frozenset(names.sm_utilization)
+        self._wanted = (
+            frozenset((names.queue_depth, names.running, names.memory_used, names.memory_free))
+            | frozenset(names.sm_utilization)
+            | frozenset(names.kv_cache_usage)
+        )
         self._failing: set[str] = set()  # endpoints whose last scrape failed (default logging only)
         self._task: asyncio.Task[None] | None = None
 

@@ -167,7 +167,7 @@ def test_least_pending_breaks_ties_across_all_tied_endpoints() -> None:
 
 
 def test_kv_aware_returns_remembered_endpoint_as_cache_hit() -> None:
-    eps = endpoints("a", "b", "c", in_flight=(0, 9, 0))
+    eps = endpoints("a", "b", "c", in_flight=(0, 1, 0))
     pick = get_strategy("kv_aware").pick(eps, context(affinity="b"), random.Random(0))
     assert pick == Pick(1, cache_hit=True)
 
@@ -288,3 +288,20 @@ def test_affinity_key_ignores_text_beyond_prefix_chars() -> None:
     assert affinity_key("m", prefix + "What", len(prefix) + 1) != affinity_key(
         "m", prefix + "Xhat", len(prefix) + 1
     )
+
+
+def test_kv_aware_leaves_a_remembered_endpoint_too_far_ahead_of_the_least_loaded() -> None:
+    def pick(margin: object, loads: tuple[int, ...]) -> tuple[int, object]:
+        model = ModelConfig(
+            name="m", endpoints=[{"url": "http://127.0.0.1:1"}], kv_aware={"load_margin": margin}
+        )
+        chosen = build_strategy("kv_aware", model).pick(
+            endpoints("a", "b", in_flight=loads),
+            RoutingContext(RoutingRequest("m"), affinity="a"),
+            random.Random(0),
+        )
+        return chosen.index, chosen.cache_hit
+
+    assert pick(1, (1, 0)) == (0, True)  # within the margin: back to the cache
+    assert pick(1, (2, 0)) == (1, False)  # beyond it: the least pending
+    assert pick(None, (9, 0)) == (0, True)  # no guard: InferFlow's behaviour

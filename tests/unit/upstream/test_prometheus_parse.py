@@ -171,3 +171,15 @@ def test_custom_names_are_read() -> None:
     names = ResourceMetricNames(queue_depth="tgi_queue_size", running="tgi_batch_current_size")
     snap = snapshot("tgi_queue_size 7\ntgi_batch_current_size 3\n", names=names)
     assert (snap.queue_depth, snap.running) == (7.0, 3.0)
+
+
+def test_vllm_v1s_kv_cache_name_is_read_first_and_v0s_still_works() -> None:
+    v1 = "vllm:kv_cache_usage_perc 0.4\n"
+    v0 = "vllm:gpu_cache_usage_perc 0.9\n"
+    assert snapshot(v1).kv_cache_usage == 0.4
+    assert snapshot(v0).kv_cache_usage == 0.9
+    assert snapshot(v1 + v0).kv_cache_usage == 0.4  # V1's when a server exports both
+    # A config naming one metric, as before, still works.
+    custom = ResourceMetricNames(kv_cache_usage="my_kv")  # type: ignore[arg-type]
+    assert custom.kv_cache_usage == ["my_kv"]
+    assert snapshot("my_kv 0.5\n" + v1, names=custom).kv_cache_usage == 0.5
