@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from typing import Any
 
@@ -56,3 +57,29 @@ async def metric_value(http: aiohttp.ClientSession, url: str, name: str, **label
         ):
             return float(value)
     return 0.0
+
+
+async def scheduler_model(http: aiohttp.ClientSession, scheduler_url: str, name: str) -> dict[str, Any]:
+    """`GET /v1/models/{name}` from a scheduler, asserting it answered 200."""
+    async with http.get(f"{scheduler_url}/v1/models/{name}") as response:
+        assert response.status == 200, await response.text()
+        return dict(await response.json())
+
+
+async def wait_for_model(
+    http: aiohttp.ClientSession, scheduler_url: str, name: str, check: Any, what: str, within: float = 30
+) -> dict[str, Any]:
+    """Poll the scheduler's view of `name` until `check(model)` holds; the model then. Fails naming
+    `what` and the last model seen after `within` seconds."""
+    seen: dict[str, Any] = {}
+
+    async def reached() -> bool:
+        seen.clear()
+        seen.update(await scheduler_model(http, scheduler_url, name))
+        return bool(check(seen))
+
+    try:
+        await wait_until(reached, attempts=int(within / 0.05), interval=0.05)
+    except AssertionError:
+        raise AssertionError(f"{name}: {what} never happened; last: {json.dumps(seen)}") from None
+    return seen

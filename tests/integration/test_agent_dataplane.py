@@ -248,3 +248,14 @@ async def test_a_client_leaving_during_a_reload_does_not_stop_it(setup, http, tm
     assert status == 200 and body["model_name"] == "a"
     assert agent.state.get("a").status.value == "loaded"
     assert await resident(http, worker) == {"a": 600}
+
+
+async def test_a_body_over_the_limit_gets_413_in_the_protocols_envelope(setup, http, tmp_path):
+    _fake, agent, _worker = await start(setup, max_body_bytes=1000)
+    big = {"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["y" * 2000]}]}
+    async with http.post(f"{agent.url}/v2/models/a/infer", json=big) as response:
+        assert response.status == 413
+        assert "max_body_bytes (1000 bytes)" in (await response.json())["error"]
+    chat = {"model": "a", "messages": [{"role": "user", "content": "y" * 2000}]}
+    async with http.post(f"{agent.url}/v1/chat/completions", json=chat) as response:
+        assert response.status == 413 and (await response.json())["error"]["type"] == "invalid_request_error"

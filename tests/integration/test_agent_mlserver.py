@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 from test_graph_mlserver import SETOSA, TRAIN, VIRGINICA, _mlserver_venv, _wait_ready, infer_body
 
 from fake_agent_scheduler import FakeScheduler
 from modelyard.agent import AgentConfig, start_agent
-from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
+from modelyard.rpc.agent_v1 import agent_pb2
 from support import free_ports, wait_until
 
 Event = agent_pb2.ModelEvent
@@ -91,19 +90,6 @@ def mlserver_repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
-
-
-@pytest.fixture
-async def scheduler() -> AsyncIterator[tuple[FakeScheduler, str]]:
-    fake = FakeScheduler()
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield fake, f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0)
 
 
 async def test_agent_loads_serves_and_unloads_on_mlserver(mlserver_repo, scheduler, http):

@@ -25,7 +25,7 @@ from modelyard.agent import Agent, AgentConfig, start_agent
 from modelyard.config import validate_config
 from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from modelyard.scheduler import RunningScheduler, SchedulerConfig, start_scheduler
-from support import free_ports, wait_until
+from support import free_ports, scheduler_model, wait_for_model, wait_until
 
 MB = 1_000_000
 OIP_BODY = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
@@ -73,23 +73,10 @@ class Stack:
             return dict(await response.json())
 
     async def model(self, name: str) -> dict[str, Any]:
-        async with self.http.get(f"{self.scheduler.url}/v1/models/{name}") as response:
-            assert response.status == 200, await response.text()
-            return dict(await response.json())
+        return await scheduler_model(self.http, self.scheduler.url, name)
 
     async def wait_for(self, name: str, check: Any, what: str, within: float = 30) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
-
-        async def reached() -> bool:
-            seen.clear()
-            seen.update(await self.model(name))
-            return bool(check(seen))
-
-        try:
-            await wait_until(reached, attempts=int(within / 0.05), interval=0.05)
-        except AssertionError:
-            raise AssertionError(f"{name}: {what} never happened; last: {json.dumps(seen)}") from None
-        return seen
+        return await wait_for_model(self.http, self.scheduler.url, name, check, what, within)
 
     async def repository(self, index: int) -> dict[str, Any]:
         async with self.http.get(f"{self.workers[index].url}/sim/repository") as response:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -32,8 +32,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelyard.agent.metrics import AgentMetrics
 from modelyard.agent.residency import Residency
 from modelyard.agent.state import LocalState, ModelStatus
-from modelyard.errors import ModelNotResident, ModelyardError, UpstreamError
-from modelyard.protocols import error_body, protocol_for_path
+from modelyard.errors import ModelNotResident, ModelyardError, PayloadTooLarge, UpstreamError
+from modelyard.serving import envelope
 from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
 from modelyard.upstream.http1 import Http1Client, UpstreamResponse
 
@@ -43,6 +43,7 @@ _OIP_MODEL = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?(/[a-z_]+)?$")
 _V1_MODEL = re.compile(r"^/v1/models/([^/:]+):[a-z]+$")
 _OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 _JSON = "application/json"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def model_of(path: str, body: bytes) -> str | None:
@@ -58,6 +59,23 @@ def model_of(path: str, body: bytes) -> str | None:
         model = parsed.get("model") if isinstance(parsed, dict) else None
         return model if isinstance(model, str) and model else None
     return None
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The data plane's one error handler: modelyard's errors, and a body over the limit, in the
+    envelope of the protocol the path speaks (`serving.envelope`)."""
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        error: ModelyardError = PayloadTooLarge(
+            f"request body is larger than the agent's max_body_bytes ({request.client_max_size} bytes)"
+        )
+    except ModelyardError as caught:
+        error = caught
+    return web.Response(
+        body=envelope(request.path, error), status=error.status, content_type=_JSON, headers=error.headers
+    )
 
 
 class DataPlane:
@@ -81,7 +99,7 @@ class DataPlane:
         self._client = Http1Client(max_connections=max_connections, connect_timeout=5.0)
 
     def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(client_max_size=max_body_bytes)
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
         app.router.add_get("/metrics", self._metrics_page)
         app.router.add_route("*", "/{tail:.*}", self._proxy)
         return app
@@ -121,17 +139,11 @@ class DataPlane:
                 else:  # the 404 is about something else (a path, a version): it is the answer
                     return self._answer_bytes(label, 404, answer, upstream)
             return await self._relay(request, label, upstream)
-        except ModelyardError as error:
+        except ModelyardError as error:  # counted here; `_errors` renders it
             if isinstance(error, UpstreamError):
                 log.warning("%s %s: %s", request.method, path, error.message)
-            response = web.Response(
-                body=error_body(protocol_for_path(path), error),
-                status=error.status,
-                content_type=_JSON,
-                headers=error.headers,
-            )
             self._metrics.requests.labels(label, str(error.status)).inc()
-            return response
+            raise
         finally:
             if pinned:
                 assert name is not None

@@ -199,15 +199,7 @@ class AttemptLoop:
             if candidates:
                 pick = cluster.strategy.pick(candidates, ex.ctx, self._rng)
                 endpoint = candidates[pick.index]
-                expected = 0.0
-                if ex.ctx.prefix is not None:  # prefix_aware: how long this try should take there
-                    held = ex.ctx.prefix.get(endpoint.name, 0) * cluster.config.prefix_aware.chunk_chars
-                    uncached = max(0, len(ex.ctx.request.prompt) - held)
-                    idle = cluster.flights.count(endpoint.name) == 0
-                    ex.service_sample = (uncached, time.monotonic(), idle)
-                    if ex.ctx.service is not None:
-                        expected = ex.ctx.service[0] * uncached + ex.ctx.service[1]
-                cluster.acquire(endpoint, ex.tokens, id(ex), expected)
+                ex.service_sample = cluster.acquire(endpoint, ex.tokens, id(ex), ex.ctx)
                 return endpoint, pick
             if until is None:
                 until = time.monotonic() + capacity.config.queue_timeout

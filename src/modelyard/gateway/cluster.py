@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from modelyard.balancing import Need, Strategy, build_strategy
+from modelyard.balancing import Need, RoutingContext, Strategy, build_strategy
 from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
 from modelyard.balancing.routes import (
     ALL_SUBSETS,
@@ -184,11 +184,23 @@ class Cluster:
 
     # --- load -----------------------------------------------------------------------------------
 
-    def acquire(self, endpoint: Endpoint, tokens: int, key: int = 0, expected: float = 0.0) -> None:
-        """Count a try on `endpoint`; `key` names it (its exchange) for prefix_aware's flights."""
+    def acquire(
+        self, endpoint: Endpoint, tokens: int, key: int = 0, ctx: RoutingContext | None = None
+    ) -> tuple[int, float, bool] | None:
+        """Count a try on `endpoint`. For prefix_aware (`ctx` carrying what each endpoint holds), also
+        keep it among the endpoint's flights under `key` (its exchange), with how long it should
+        take there, and return the sample it makes for the service model: (uncached prompt
+        characters, when sent, whether the endpoint was idle)."""
         endpoint.load.acquire(tokens)
-        if self._tracks_flights:
-            self.flights.start(endpoint.name, key, time.monotonic(), expected)
+        if not self._tracks_flights or ctx is None or ctx.prefix is None:
+            return None
+        held = ctx.prefix.get(endpoint.name, 0) * self.config.prefix_aware.chunk_chars
+        uncached = max(0, len(ctx.request.prompt) - held)
+        expected = ctx.service[0] * uncached + ctx.service[1] if ctx.service is not None else 0.0
+        now = time.monotonic()
+        idle = self.flights.count(endpoint.name) == 0
+        self.flights.start(endpoint.name, key, now, expected)
+        return uncached, now, idle
 
     def release(self, endpoint: Endpoint, tokens: int, key: int = 0) -> None:
         endpoint.load.release(tokens)

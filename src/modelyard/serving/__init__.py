@@ -6,7 +6,15 @@ never reach the application, the drain on SIGTERM/SIGINT and the bounded stop af
 from modelyard.serving.connection import ListenerStats
 from modelyard.serving.drain import draining
 from modelyard.serving.process import run, serve_until_signal
-from modelyard.serving.responses import answer_response
+from modelyard.serving.responses import answer_response, envelope
 from modelyard.serving.server import HttpServer
 
-__all__ = ["HttpServer", "ListenerStats", "answer_response", "draining", "run", "serve_until_signal"]
+__all__ = [
+    "HttpServer",
+    "ListenerStats",
+    "answer_response",
+    "draining",
+    "envelope",
+    "run",
+    "serve_until_signal",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tarfile
@@ -130,13 +131,8 @@ async def test_missing_sources_and_bad_names_are_clear_errors(tmp_path):
         await artefacts.fetch("../escape", str(tmp_path))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("fsspec") is not None, reason="fsspec is installed")
 async def test_s3_without_fsspec_says_what_to_install(tmp_path):
-    try:
-        import fsspec  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("fsspec is installed")
     with pytest.raises(Exception, match="fsspec"):
         await Artefacts(tmp_path / "repo", max_bytes=1, timeout=10).fetch("iris", "s3://bucket/iris")
 

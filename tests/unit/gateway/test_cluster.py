@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from modelyard.balancing import RoutingContext
 from modelyard.cluster import BackendLoad
 from modelyard.config import EndpointConfig, ModelConfig
 from modelyard.errors import EndpointTakenOut, NotFound, RoutesInvalid, UnknownStrategy, UpstreamError
 from modelyard.gateway.cluster import Cluster
+from modelyard.types import RoutingRequest
 
 
 class Recorder:
@@ -223,10 +225,13 @@ def test_what_an_endpoint_cached_is_forgotten_when_it_goes_or_moves() -> None:
 def test_each_answer_ends_its_own_flight_and_only_prefix_aware_keeps_them() -> None:
     c = cluster("a", strategy="least_pending")
     (a,) = c.endpoints
-    c.acquire(a, 10, key=1, expected=0.5)
+    ctx = RoutingContext(RoutingRequest("m", prompt="p" * 100), prefix={"a": 1}, service=(0.001, 0.01))
+    assert c.acquire(a, 10, key=1, ctx=ctx) is None
     assert c.flights.count("a") == 0  # least_pending: nothing kept
     c.set_strategy("prefix_aware")
-    c.acquire(a, 10, key=2, expected=0.5)
+    uncached, _sent, idle = c.acquire(a, 10, key=2, ctx=ctx)  # type: ignore[misc]
+    assert (uncached, idle) == (36, True)  # 100 characters, one 64-character chunk held
+    assert c.flights.wait("a", _sent) == pytest.approx(0.046)  # 36 x 1 ms + 10 ms
     c.release(a, 10, key=1)  # the try started before the switch ends nothing of the new one's
     assert c.flights.count("a") == 1
     c.release(a, 10, key=2)
