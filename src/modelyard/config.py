@@ -156,6 +156,12 @@ class PrefixAwareConfig(_Strict):
         "chosen for the prefix it holds, when it would finish the request first (0: the cache only "
         "decides among the least loaded)",
     )
+    slots: int = Field(
+        1,
+        ge=1,
+        description="requests a server works on at once without slowing (its request slots or "
+        "batch size, as far as its latency stays flat): how many lanes the expected queue has",
+    )
 
 
 RetryOn = Literal["connect-failure", "reset", "5xx", "gateway-error", "retriable-4xx"]
@@ -337,13 +343,18 @@ class ModelConfig(_Strict):
 
 
 class StateConfig(_Strict):
-    """Where gateways keep shared routing state (kv_aware affinity)."""
+    """Where gateways keep shared routing state (kv_aware affinity, prefix_aware's index)."""
 
     backend: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "modelyard:"
     max_entries: int = Field(100_000, ge=1, description="bound on in-memory keys (LRU), also redis' fallback")
     timeout: Seconds = Field(0.25, description="redis: per-operation deadline before falling back")
+    share_prefix_index: bool = Field(
+        True,
+        description="redis: send what prefix_aware records (which endpoint was sent which prompt chunks) "
+        "to the other gateways on this Redis and key_prefix, and apply theirs, through pub/sub",
+    )
 
 
 class LimitsConfig(_Strict):

@@ -1,14 +1,19 @@
-"""`modelyard bench` end to end: spawned workers and gateways per strategy, a URL, and bad input."""
+"""`modelyard bench` end to end: spawned workers and gateways per strategy, a URL, the chart, and bad
+input."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from modelyard.cli.main import app
+
+PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -18,24 +23,33 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_spawn_compares_strategies_in_one_table_and_writes_json(tmp_path):
-    out = tmp_path / "bench.json"
+def test_spawn_compares_strategies_in_one_table_and_writes_json_and_a_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    out, chart = tmp_path / "bench.json", tmp_path / "chart.png"
     done = bench(
         "--spawn", "2", "--strategies", "least_pending,prefix_aware", "--requests", "16",
         "--concurrency", "2", "--prompt-tokens", "20", "--system-prompt-tokens", "40",
-        "--output-tokens", "3", "--out", str(out),
+        "--output-tokens", "3", "--out", str(out), "--chart", str(chart),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "least_pending" in done.stdout and "prefix_aware" in done.stdout and "P95 ms" in done.stdout
+    assert chart.read_bytes().startswith(PNG) and f"wrote {chart}" in done.stdout
+    assert not (tmp_path / "bench.png").exists()  # --chart says where: none beside --out
     runs = json.loads(out.read_text())["runs"]
     assert [r["label"] for r in runs] == ["least_pending", "prefix_aware"]
     for run in runs:
         assert run["requests"] == 16 and run["errors"] == 0
+        assert "latencies_ms" not in run  # the chart's, not the summary's
         assert set(run["backends"]) == {"w0", "w1"}  # through the spawned gateway
         assert run["cached_share"] > 0  # repeated prompts were served from the workers' caches
+    # The bound printed under the table: no run caches more than the workload repeats.
+    bound = re.search(r"an unbounded prefix cache would serve (\d+)% of these prompt tokens", done.stdout)
+    assert bound is not None, done.stdout
+    assert all(run["cached_share"] * 100 <= int(bound[1]) + 0.5 for run in runs)
 
 
-async def test_a_url_is_benched_as_it_is(sim_workers, tmp_path):
+async def test_a_url_is_benched_as_it_is_with_a_chart_beside_out(sim_workers, tmp_path):
+    pytest.importorskip("matplotlib")
     (worker,) = await sim_workers(1)
     out = tmp_path / "bench.csv"
     done = await _in_thread(
@@ -54,6 +68,7 @@ async def test_a_url_is_benched_as_it_is(sim_workers, tmp_path):
     assert worker.url in done.stdout
     header, row = out.read_text().splitlines()[:2]
     assert header.startswith("label,requests,errors") and row.startswith(f"{worker.url},10,0")
+    assert (tmp_path / "bench.png").read_bytes().startswith(PNG)  # matplotlib is there: drawn beside
 
 
 async def _in_thread(*args: str) -> subprocess.CompletedProcess[str]:
@@ -77,6 +92,15 @@ def test_bad_input_is_one_line_and_exit_1():
         result = runner.invoke(app, args)
         assert result.exit_code == 1, (args, result.output)
         assert expected in result.output, (args, result.output)
+
+
+def test_a_chart_without_matplotlib_fails_before_the_run(tmp_path, monkeypatch):
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(app, ["bench", "--spawn", "2", "--chart", str(tmp_path / "c.png")])
+    assert result.exit_code == 1
+    assert "error: --chart: needs matplotlib: pip install 'modelyard[bench]'" in result.output
 
 
 def test_a_run_where_every_request_failed_says_why_and_exits_1(tmp_path):

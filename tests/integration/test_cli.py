@@ -104,6 +104,7 @@ async def test_embedded_demo_serves_chat_and_oip():
         scheduler = re.search(r"placement: scheduler (http://\S+)", banner)
         assert scheduler and not scheduler.group(1).endswith(":9004"), banner
         assert f"MODELYARD_SCHEDULER={scheduler.group(1)} " in banner
+        assert f"dashboard: {url}/dashboard" in banner
         chat = orjson.dumps({"model": "demo-llm", "messages": [{"role": "user", "content": "Hello!"}]})
         infer = orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]})
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
@@ -116,6 +117,8 @@ async def test_embedded_demo_serves_chat_and_oip():
             ):
                 async with http.post(url + path, data=body) as response:
                     assert response.status == 200, path
+            async with http.get(url + "/dashboard") as response:
+                assert response.status == 200 and response.content_type == "text/html"
             async with http.get(scheduler.group(1) + "/v1/servers") as response:
                 servers = (await response.json())["servers"]
             assert [len(s["replicas"]) for s in servers] == [2]

@@ -2,7 +2,9 @@
 
 A prompt is cut into chunks of `chunk_chars` characters; chunk i is named by a hash of chunk i
 and the name of chunk i-1, so a name stands for the whole prefix up to it (vLLM's block hashes,
-over characters instead of tokens: the gateway has no tokenizer). For each endpoint the index
+over characters instead of tokens: the gateway has no tokenizer). The hash is a 64-bit BLAKE2b,
+not Python's `hash()`, so that every process names a prompt alike and gateways can share what
+they learnt (gateway/prefix_sharing.py). For each endpoint the index
 keeps the names of the chunks it was sent, least recently used first, at most `capacity` of them
 (size it like the servers' prefix cache). Matching a prompt against an endpoint counts its
 leading chunks that endpoint holds: the length of the prefix it likely has cached.
@@ -15,8 +17,10 @@ endpoint's entry goes when the server would have evicted it, not after a fixed a
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from hashlib import blake2b as _blake2b
 
 
 class PrefixIndex:
@@ -30,11 +34,14 @@ class PrefixIndex:
     def chunks(self, prompt: str) -> list[int]:
         """The chain of chunk names for `prompt` (a trailing partial chunk counts too)."""
         names: list[int] = []
-        previous = 0
+        previous = bytes(8)
         size = self.chunk_chars
+        # An ASCII prompt is encoded once: its characters are its bytes.
+        data = prompt.encode() if prompt.isascii() else None
         for start in range(0, len(prompt), size):
-            previous = hash((previous, prompt[start : start + size]))
-            names.append(previous)
+            chunk = data[start : start + size] if data is not None else prompt[start : start + size].encode()
+            previous = _blake2b(previous + chunk, digest_size=8).digest()
+            names.append(int.from_bytes(previous, "big"))
         return names
 
     def match(self, chunks: Sequence[int], endpoint: str) -> int:
@@ -117,9 +124,9 @@ class ServiceModel:
 class Flights:
     """Requests this gateway has in flight per endpoint, each with when it was sent and how long it
     was expected to take, under the key of its exchange (so an answer ends exactly its own flight).
-    `wait` is how long a new request would queue behind them, assuming one request slot per
-    endpoint: a server with more slots looks busier than it is, so prefix_aware then errs towards
-    the less loaded endpoint."""
+    `wait` is how long a new request would queue behind them on a server that serves `slots` at
+    once (prefix_aware.slots): a server with more slots than that looks busier than it is, so
+    prefix_aware then errs towards the less loaded endpoint."""
 
     def __init__(self) -> None:
         self._flights: dict[str, dict[int, tuple[float, float]]] = {}
@@ -135,10 +142,13 @@ class Flights:
     def count(self, endpoint: str) -> int:
         return len(self._flights.get(endpoint, ()))
 
-    def wait(self, endpoint: str, now: float) -> float:
-        """Seconds until the endpoint is free, as expected: each flight, in the order they were sent,
-        starts when the one before it is expected to end."""
-        end = float("-inf")
-        for sent, expected in sorted(self._flights.get(endpoint, {}).values()):
-            end = max(end, sent) + expected
-        return max(0.0, end - now)
+    def wait(self, endpoint: str, now: float, slots: int = 1) -> float:
+        """Seconds until the endpoint has a free slot, as expected: the flights, in the order they
+        were sent, each take the slot that frees first."""
+        flights = self._flights.get(endpoint)
+        if not flights or len(flights) < slots:
+            return 0.0
+        lanes = [float("-inf")] * slots
+        for sent, expected in sorted(flights.values()):
+            heapq.heapreplace(lanes, max(lanes[0], sent) + expected)
+        return max(0.0, lanes[0] - now)

@@ -223,8 +223,12 @@ class CostAware:
 
 
 class ResourceAware:
-    """The best score from each endpoint's scraped load (see `resource_score`); endpoints whose
-    scrape is stale or whose queue is full are skipped; with nothing fresh, least_pending."""
+    """The endpoints with the fewest requests waiting or running (`load`: this gateway's own, live,
+    plus the others' as of the last scrape), and among those the best score from the scraped
+    signals (see `resource_score`). Endpoints whose scrape is stale or whose queue is full are
+    skipped; with nothing fresh, least_pending. A 5-second-old scrape cannot see 300 ms requests
+    come and go, but the live count can: between scrapes it is never worse than least_pending,
+    and the scrape adds what this gateway cannot see (other gateways' requests, GPU and KV use)."""
 
     name = "resource_aware"
     needs = frozenset({Need.RESOURCES})
@@ -233,16 +237,26 @@ class ResourceAware:
         self.params = params
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
-        scores: list[tuple[float, int]] = []
+        scored: list[tuple[float, float, int]] = []  # (load, score, index)
         for i, endpoint in enumerate(endpoints):
             score = resource_score(endpoint, self.params, ctx.now)
             if score is not None:
-                scores.append((score, i))
-        if not scores:
+                assert endpoint.resources is not None  # scored: fresh
+                scored.append((load(endpoint, endpoint.resources), score, i))
+        if not scored:
             return Pick(_least([e.in_flight for e in endpoints], rng))
-        best = max(score for score, _ in scores)
-        ties = [i for score, i in scores if math.isclose(score, best, rel_tol=1e-12)]
+        least = min(entry[0] for entry in scored)
+        candidates = [entry for entry in scored if entry[0] == least]
+        best = max(score for _, score, _ in candidates)
+        ties = [i for _, score, i in candidates if math.isclose(score, best, rel_tol=1e-12)]
         return Pick(ties[0] if len(ties) == 1 else rng.choice(ties))
+
+
+def load(endpoint: EndpointView, snapshot: ResourceSnapshot) -> float:
+    """Requests waiting or running on the endpoint: this gateway's in flight now, plus what the
+    scrape counted beyond this gateway's own at the time (other clients' requests)."""
+    scraped = (snapshot.queue_depth or 0.0) + (snapshot.running or 0.0)
+    return endpoint.in_flight + max(0.0, scraped - snapshot.in_flight_at_scrape)
 
 
 def queue_depth(endpoint: EndpointView, snapshot: ResourceSnapshot) -> float:

@@ -5,6 +5,8 @@ runner    sending the requests at a concurrency or a rate, recording each outcom
 spawn     sim-workers and a gateway of our own per strategy (`--spawn N`)
 report    per-run summaries (latency percentiles, TTFT, req/s, backend split, cached share),
           the table, and the JSON/CSV files
+chart     the PNG (`--chart`): each request's latency and the backend split per strategy; needs
+          matplotlib (`modelyard[bench]`), imported only when a chart is drawn
 """
 
 from modelyard.bench.report import Summary, summarize

@@ -15,7 +15,7 @@ from rich.table import Table
 from modelyard.bench.runner import Outcome
 
 
-def _percentile(values: Sequence[float], pct: float) -> float:
+def percentile(values: Sequence[float], pct: float) -> float:
     """Nearest-rank percentile (the value below which `pct` % of the values fall)."""
     if not values:
         return 0.0
@@ -39,6 +39,8 @@ class Summary:
     busiest_share: float  # the busiest backend's share of the answered requests
     backends: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)  # why requests failed: status or error
+    # The answered requests' latencies, in the order sent: for the chart, not in the JSON/CSV.
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
 
 
 def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
@@ -51,11 +53,11 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
         label=label,
         requests=len(outcomes),
         errors=len(outcomes) - len(ok),
-        p50_ms=_percentile(latencies, 50),
-        p95_ms=_percentile(latencies, 95),
-        p99_ms=_percentile(latencies, 99),
+        p50_ms=percentile(latencies, 50),
+        p95_ms=percentile(latencies, 95),
+        p99_ms=percentile(latencies, 99),
         mean_ms=statistics.fmean(latencies) if latencies else 0.0,
-        ttft_p50_ms=_percentile(ttfts, 50) if ttfts else None,
+        ttft_p50_ms=percentile(ttfts, 50) if ttfts else None,
         req_per_s=len(ok) / wall if wall > 0 else 0.0,
         cached_share=sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
         busiest_share=max(split.values()) / len(ok) if ok else 0.0,
@@ -63,6 +65,7 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
         failures=dict(
             sorted(Counter(o.error or f"HTTP {o.status}" for o in outcomes if o.status != 200).items())
         ),
+        latencies_ms=latencies,
     )
 
 
@@ -93,14 +96,20 @@ def write(path: Path, summaries: Sequence[Summary], command: str) -> None:
     if path.suffix == ".json":
         path.write_bytes(
             orjson.dumps(
-                {"command": command, "runs": [asdict(s) for s in summaries]}, option=orjson.OPT_INDENT_2
+                {"command": command, "runs": [_fields(s) for s in summaries]}, option=orjson.OPT_INDENT_2
             )
         )
         return
     with path.open("w", newline="") as out:
         writer = csv.writer(out)
-        names = [f for f in Summary.__dataclass_fields__ if f not in ("backends", "failures")]
+        names = [f for f in Summary.__dataclass_fields__ if f not in ("backends", "failures", "latencies_ms")]
         writer.writerow([*names, "backends"])
         for s in summaries:
-            row = asdict(s)
+            row = _fields(s)
             writer.writerow([row[n] for n in names] + [" ".join(f"{k}:{v}" for k, v in s.backends.items())])
+
+
+def _fields(summary: Summary) -> dict[str, object]:
+    row = asdict(summary)
+    del row["latencies_ms"]
+    return row

@@ -52,12 +52,14 @@ def gateway_config(
     prefix_aware: dict[str, object] | None = None,
 ) -> dict[str, object]:
     """The gateway's config for one run: one model over the workers, the strategy under test, and
-    prefix_aware's index sized like the workers' prefix caches."""
+    prefix_aware told what the workers are: its index sized like their prefix caches, its queue
+    model given their request slots."""
     cache_chars = sims.cache_blocks * sims.block_tokens * _CHARS_PER_TOKEN
     chunk_chars = 64
     sized: dict[str, object] = {
         "chunk_chars": chunk_chars,
         "max_chunks_per_endpoint": max(1, cache_chars // chunk_chars),
+        "slots": sims.max_concurrency,
     }
     return {
         "listen": {"host": "127.0.0.1", "port": port, "drain_seconds": 0},

@@ -1,11 +1,12 @@
 """What a bench run sends: a `WorkloadSpec`, and the list of chat requests it makes (seeded).
 
-A request's prompt is a system prompt (with probability `shared_prefix_share`, one of
-`system_prompts` long shared prompts) and a user prompt: a *repeat* (with probability
-`repeat_share`) drawn from a pool of `pool_size` prompts by Zipf popularity (exponent `zipf_s`:
-a few are asked again and again), else a fresh one nobody asked before. Words come from a fixed
-vocabulary, so prompts of N words are about N tokens to the sim-worker (and to any tokenizer,
-roughly).
+A request is a *repeat* (with probability `repeat_share`): a whole prompt drawn from a pool of
+`pool_size` prompts by Zipf popularity (exponent `zipf_s`: a few are asked again and again), else
+a fresh prompt nobody asked before. A prompt is a system prompt (with probability
+`shared_prefix_share`, one of `system_prompts` long shared prompts) and a user prompt; a pooled
+prompt keeps its system prompt each time it is asked, as the same question from the same app
+does. Words come from a fixed vocabulary, so prompts of N words are about N tokens to the
+sim-worker (and to any tokenizer, roughly).
 
 `inferflow` reproduces the shape of InferFlow's published experiment: 300 requests at
 concurrency 3, half of them repeats of a Zipf-popular pool, many sharing one of 4 long system
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from modelyard.simworker.latency import PrefixCache, block_hashes
+from modelyard.simworker.text import chat_prompt, tokenize
 
 _VOCABULARY = [
     "amber",
@@ -121,8 +125,9 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     # Calibrated to InferFlow's published least_pending run (P95 about 335 ms, mean about 251 ms, 29%
-    # of prompt tokens cached): prompts of about 360 tokens (a 120-token system prompt on 3 in 4 of
-    # them, 240 tokens of user text), 20 output tokens, a cache of about 5 prompts per worker.
+    # of prompt tokens cached; benchmarks/routing_sim.py gives 345 / 247 / 26%): prompts of about
+    # 360 tokens (a 120-token system prompt on 3 in 4 of them, 240 tokens of user text), 20 output
+    # tokens, a cache of about 5 prompts per worker. An unbounded cache would serve 52% of it.
     "inferflow": Profile(
         WorkloadSpec(system_prompt_tokens=120, prompt_tokens=240, output_tokens=20),
         SimShape(max_concurrency=1, prefill_ms_per_token=0.8, decode_ms_per_token=2.5, cache_blocks=112),
@@ -155,17 +160,41 @@ def iter_requests(spec: WorkloadSpec) -> Iterator[BenchRequest]:
     it sends): the same sequence for the same spec and seed; fresh prompts never repeat."""
     rng = random.Random(spec.seed)
     systems = [f"system {i}: " + _words(rng, spec.system_prompt_tokens) for i in range(spec.system_prompts)]
-    pool = [f"pooled {i}: " + _words(rng, spec.prompt_tokens) for i in range(spec.pool_size)]
+
+    def system() -> str:
+        return rng.choice(systems) if rng.random() < spec.shared_prefix_share else ""
+
+    pool = [
+        BenchRequest(system(), f"pooled {i}: " + _words(rng, spec.prompt_tokens), "repeat")
+        for i in range(spec.pool_size)
+    ]
     weights = [1.0 / (rank**spec.zipf_s) for rank in range(1, spec.pool_size + 1)]
     for n in itertools.count():
-        system = rng.choice(systems) if rng.random() < spec.shared_prefix_share else ""
         if rng.random() < spec.repeat_share:
-            user, kind = rng.choices(pool, weights=weights)[0], "repeat"
+            yield rng.choices(pool, weights=weights)[0]
         else:
-            user, kind = f"fresh {n}: " + _words(rng, spec.prompt_tokens), "fresh"
-        yield BenchRequest(system, user, kind)
+            yield BenchRequest(system(), f"fresh {n}: " + _words(rng, spec.prompt_tokens), "fresh")
 
 
 def build_requests(spec: WorkloadSpec, count: int | None = None) -> list[BenchRequest]:
     """The first `count` (default `spec.requests`) requests of `iter_requests`."""
     return list(itertools.islice(iter_requests(spec), count if count is not None else spec.requests))
+
+
+def prompt_tokens(request: BenchRequest) -> list[str]:
+    """The request's prompt as the sim-worker counts it (a word a token, roles included)."""
+    return tokenize(chat_prompt(request.body("", WorkloadSpec())["messages"]))  # type: ignore[arg-type]
+
+
+def cacheable_share(requests: Iterable[BenchRequest], block_tokens: int = 16) -> float:
+    """The share of prompt tokens that repeat an earlier request's prompt prefix (whole blocks of
+    `block_tokens`, as the sim-worker and vLLM cache them): what one cache without a size limit
+    would serve, so what no router can beat on this workload."""
+    cache = PrefixCache(1 << 62)
+    cached = total = 0
+    for request in requests:
+        tokens = prompt_tokens(request)
+        hit = cache.match_and_insert(block_hashes(tokens, block_tokens)) * block_tokens
+        cached += min(len(tokens), hit)
+        total += len(tokens)
+    return cached / total if total else 0.0

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelyard.balancing import check_strategy_name
@@ -27,9 +28,10 @@ from modelyard.bench import (
     run_workload,
     summarize,
 )
+from modelyard.bench import chart as charts
 from modelyard.bench.report import table, write
 from modelyard.bench.spawn import MODEL, spawned
-from modelyard.bench.workload import SimShape
+from modelyard.bench.workload import SimShape, cacheable_share
 from modelyard.config import PrefixAwareConfig
 from modelyard.errors import ModelyardError, UnknownStrategy
 
@@ -98,6 +100,14 @@ def bench(
     ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Also write the summaries to FILE (.json, else CSV).")
+    ] = None,
+    chart: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also draw a PNG: per strategy, each request's latency (P50 and P95 marked) and the "
+            "backend split. Needs matplotlib (the bench extra). With --out and no --chart, it is "
+            "drawn beside the file (its name with .png) when matplotlib is installed."
+        ),
     ] = None,
 ) -> None:
     """Measure latency, throughput, backend split and prompt-cache reuse of a workload.
@@ -170,6 +180,10 @@ def bench(
                 check_strategy_name(name)
         except UnknownStrategy as error:
             _fail(f"--strategies: {error.message}")
+    if chart is not None and not charts.available():
+        _fail(f"--chart: needs matplotlib: {charts.INSTALL}")
+    if chart is not None and not chart.parent.is_dir():
+        _fail(f"--chart: {chart.parent}: no such directory")
     command = "modelyard bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
     # SIGTERM stops the run as Ctrl-C does, so the spawned workers and gateway are stopped too.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -181,24 +195,52 @@ def bench(
         _fail(error.message)
     pace = f", {spec.rate:g} req/s" if spec.rate else ""
     where = f"{spawn} spawned sim-workers" if spawn else str(url)
-    console.print(
-        table(
-            summaries,
-            f"{spec.requests if not spec.duration else f'{spec.duration:g}s of'} requests, "
-            f"concurrency {spec.concurrency}{pace}, against {where}"
-            + (f" (median of {runs} runs)" if runs > 1 else ""),
-        )
+    title = (
+        f"{spec.requests if not spec.duration else f'{spec.duration:g}s of'} requests, "
+        f"concurrency {spec.concurrency}{pace}, against {where}"
     )
+    console.print(table(summaries, title + (f" (median of {runs} runs)" if runs > 1 else "")))
+    if not spec.duration:
+        # The bound on the "cached" column: what this workload repeats at all.
+        share = cacheable_share(build_requests(spec), sims.block_tokens)
+        console.print(f"an unbounded prefix cache would serve {share:.0%} of these prompt tokens")
     console.print(f"[dim]{command}[/dim]")
     if out is not None:
         write(out, summaries, command)
         console.print(f"wrote {out}")
+    _draw(
+        console,
+        summaries,
+        title + (f" (of {runs} runs, the one with the median P95)" if runs > 1 else ""),
+        chart,
+        out,
+    )
     failed = [s for s in summaries if s.requests and s.errors == s.requests]
     if failed:
         for s in failed:
             reasons = ", ".join(f"{why} x{count}" for why, count in s.failures.items())
             typer.echo(f"error: {s.label}: every request failed ({reasons})", err=True)
         raise typer.Exit(1)
+
+
+def _draw(
+    console: Console, summaries: list[Summary], title: str, chart: Path | None, out: Path | None
+) -> None:
+    """The chart asked for, or one beside --out when matplotlib is there to draw it."""
+    if chart is None:
+        if out is None or out.suffix.lower() == ".png":
+            return
+        if not charts.available():
+            console.print(f"[dim]no chart beside {out}: {escape(charts.INSTALL)} for one[/dim]")
+            return
+        chart = out.with_suffix(".png")
+    try:
+        charts.write_chart(summaries, chart, title)
+    except ModelyardError as error:
+        _fail(f"--chart: {error.message}")
+    except OSError as error:
+        _fail(f"--chart: {chart}: {error.strerror or error}")
+    console.print(f"wrote {chart}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -252,7 +294,8 @@ async def _with_progress(
 
 
 def _median(runs: list[Summary]) -> Summary:
-    """Each numeric column's median over the runs; the backend split of the run with the median P95."""
+    """Each numeric column's median over the runs; the backend split and the latencies (the chart's)
+    of the run with the median P95."""
     if len(runs) == 1:
         return runs[0]
     middle = sorted(runs, key=lambda s: s.p95_ms)[len(runs) // 2]

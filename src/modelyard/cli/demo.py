@@ -114,6 +114,7 @@ def demo_banner(
 ) -> str:
     lines = [
         f"modelyard gateway (embedded demo) listening on {url}",
+        f"dashboard: {url}/dashboard",
         "simulated workers: " + ", ".join(f"sim-{name} {w.url}" for name, w in workers),
         "models: demo-llm (OpenAI, round_robin), demo-echo (Open Inference Protocol v2, least_pending)",
         "graphs: demo-pipeline (Sequence -> Ensemble), demo-route (Switch)",

@@ -1,4 +1,5 @@
-"""Admin endpoints: strategies, routes, canaries and graphs, read and changed at runtime.
+"""Admin endpoints: strategies, routes, canaries and graphs, read and changed at runtime; the
+overview and the routing log the dashboard shows.
 
 With `admin.token` set, every /admin/* and /strategy call needs `Authorization: Bearer <token>`
 (the scheme in any letter case); with `admin.protect_graph_views` too, so do the graph listing
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
+import time
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from modelyard.config import STRATEGY_NAMES
@@ -21,10 +25,16 @@ from modelyard.errors import BadRequest, GraphInvalid, Unauthorized
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.inference import json_response, read_body
+from modelyard.gateway.overview import overview
+from modelyard.gateway.routing_log import RoutingRecord
 from modelyard.graph import Graph
 from modelyard.protocols.openai import parse_json_object
 
 _REALM = 'Bearer realm="modelyard admin"'
+HEARTBEAT_SECONDS = 15.0  # a comment on an idle log stream, so that proxies keep it open
+# A log stream writes what came in this long after its first record at once: one wakeup and one
+# write per batch, not per request, keeps a followed log cheap under load.
+BATCH_SECONDS = 0.1
 
 
 def check_admin(request: web.Request, *, graph_view: bool = False) -> None:
@@ -159,3 +169,63 @@ async def delete_graph(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     request.app[GATEWAY].graphs.delete(name)
     return json_response({"deleted": name})
+
+
+# --- the overview and the routing log ----------------------------------------------------------
+
+
+async def get_overview(request: web.Request) -> web.Response:
+    """Per model: its strategy, and each endpoint's health, in-flight, ejection and circuit state."""
+    check_admin(request)
+    return json_response(overview(request.app[GATEWAY], time.monotonic()))
+
+
+async def get_log(request: web.Request) -> web.Response:
+    """The routing log's recent records, oldest first."""
+    check_admin(request)
+    return json_response({"records": request.app[GATEWAY].metrics.routing_log.recent()})
+
+
+async def stream_log(request: web.Request) -> web.StreamResponse:
+    """The routing log as server-sent events, one `data:` record each with its `seq` as the `id:`.
+    With `Last-Event-ID: <seq>` the records kept after it come first (0: every record kept). A
+    reader that falls behind gets `event: dropped` with how many it lost. Ends when the gateway
+    stops."""
+    check_admin(request)
+    log = request.app[GATEWAY].metrics.routing_log
+    last = request.headers.get("Last-Event-ID", "").strip()
+    # Subscribed and the backlog read with no await between: nothing is missed or sent twice.
+    subscription = log.subscribe()
+    backlog = log.recent(int(last)) if last.isascii() and last.isdigit() else []
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    try:
+        await response.prepare(request)
+        await response.write(b": modelyard routing log\n\n" + b"".join(map(_event, backlog)))
+        ended = False
+        while not ended:
+            first = await subscription.next(HEARTBEAT_SECONDS)
+            if first is None:
+                await response.write(b": heartbeat\n\n")
+                continue
+            if isinstance(first, RoutingRecord):
+                await asyncio.sleep(BATCH_SECONDS)
+            events = []
+            for entry in itertools.chain((first,), subscription.ready()):  # all queued, one write
+                if not isinstance(entry, RoutingRecord):  # END: the gateway is stopping
+                    ended = True
+                    break
+                events.append(_event(entry))
+            dropped = subscription.take_dropped()
+            if dropped:
+                events.append(b"event: dropped\ndata: " + orjson.dumps({"dropped": dropped}) + b"\n\n")
+            await response.write(b"".join(events))
+        await response.write_eof()
+    finally:
+        log.unsubscribe(subscription)
+    return response
+
+
+def _event(record: RoutingRecord) -> bytes:
+    return b"id: %d\ndata: %s\n\n" % (record.seq, orjson.dumps(record))

@@ -9,6 +9,7 @@ from modelyard.gateway import admin, inference
 from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.openapi import openapi_handler
+from modelyard.gateway.ui import dashboard_handlers
 from modelyard.graph import Graph
 from modelyard.state import SharedState
 
@@ -31,7 +32,11 @@ def create_app(
         yield
         await gateway.stop()
 
+    async def end_log_streams(_app: web.Application) -> None:
+        gateway.metrics.routing_log.close()  # before the server waits for handlers to finish
+
     app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(end_log_streams)
     add = app.router.add_route
     add("POST", "/v1/chat/completions", inference.openai_handler("chat"))
     add("POST", "/v1/completions", inference.openai_handler("completions"))
@@ -61,4 +66,10 @@ def create_app(
     for path in ("/admin/strategy", "/strategy"):  # /strategy: InferFlow's path
         add("GET", path, admin.get_strategy)
         add("PUT", path, admin.put_strategy)
+    add("GET", "/admin/overview", admin.get_overview)
+    add("GET", "/admin/log", admin.get_log)
+    add("GET", "/admin/log/stream", admin.stream_log)
+    page, asset = dashboard_handlers()
+    add("GET", "/dashboard", page)
+    add("GET", "/dashboard/{asset}", asset)
     return app

@@ -53,6 +53,7 @@ class AttemptLoop:
     def __init__(self, pool: UpstreamPool, metrics: GatewayMetrics, rng: random.Random) -> None:
         self._pool = pool
         self._metrics = metrics
+        self._log = metrics.routing_log
         self._rng = rng
 
     async def run(self, ex: Exchange) -> Attempt:
@@ -77,7 +78,7 @@ class AttemptLoop:
                 except BaseException as exc:  # cancelled (the client left), or the route's time is up
                     cluster.release(endpoint, ex.tokens, id(ex))
                     code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
-                    self._observe(ex, endpoint, code, started)
+                    self._observe(ex, endpoint, code, started, pick.cache_hit)
                     raise
                 finally:
                     cluster.answered(endpoint, flight)
@@ -106,7 +107,7 @@ class AttemptLoop:
                 ):
                     charge = policy.charged_to_budget(outcome.error)
                     if not charge or self._budget_allows(ex):
-                        self._observe(ex, endpoint, outcome.code, started)
+                        self._observe(ex, endpoint, outcome.code, started, pick.cache_hit)
                         retries += 1
                         self._metrics.retries.labels(cluster.name, route.name, outcome.reason).inc()
                         if outcome.response is not None:
@@ -125,7 +126,7 @@ class AttemptLoop:
                 if outcome.response is not None:
                     outcome.response.close()
                 cluster.release(endpoint, ex.tokens, id(ex))
-                self._observe(ex, endpoint, 504 if out_of_time else outcome.code, started)
+                self._observe(ex, endpoint, 504 if out_of_time else outcome.code, started, pick.cache_hit)
                 if out_of_time:
                     raise _out_of_time(ex)
                 assert outcome.error is not None
@@ -144,7 +145,7 @@ class AttemptLoop:
         the endpoint's slot freed, the request counted once with the status it really ended with."""
         attempt.response.close()
         ex.cluster.release(attempt.endpoint, ex.tokens, id(ex))
-        self._observe(ex, attempt.endpoint, code, ex.started)
+        self._observe(ex, attempt.endpoint, code, ex.started, attempt.pick.cache_hit)
 
     async def _try(self, ex: Exchange, endpoint: Endpoint, deadline: float | None, flight: Flight) -> _Try:
         route = ex.route
@@ -187,6 +188,7 @@ class AttemptLoop:
             if not healthy:
                 if ex.counted:
                     self._metrics.observe_request(cluster.name, "", cluster.strategy.name, 503, 0.0)
+                    self._unrouted(ex, 503)
                 raise NoHealthyEndpoint(
                     f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
                     headers={"Retry-After": "1"},
@@ -207,9 +209,10 @@ class AttemptLoop:
                     until = min(until, deadline)
             try:
                 await capacity.wait(ex.subset, until)
-            except ModelyardError:
+            except ModelyardError as exc:
                 if ex.counted:
                     self._metrics.overloaded.labels(cluster.name).inc()
+                    self._unrouted(ex, exc.status)
                 raise
 
     def _budget_allows(self, ex: Exchange) -> bool:
@@ -218,12 +221,27 @@ class AttemptLoop:
         self._metrics.retry_budget_exhausted.labels(ex.cluster.name, ex.route.name).inc()
         return False
 
-    def _observe(self, ex: Exchange, endpoint: Endpoint, code: int, started: float) -> None:
+    def _observe(
+        self, ex: Exchange, endpoint: Endpoint, code: int, started: float, cache_hit: bool | None
+    ) -> None:
+        """Count a try that ended here, or an answer: metrics and the routing log."""
         if ex.counted:
             seconds = time.perf_counter() - started
-            self._metrics.observe_request(
-                ex.cluster.name, endpoint.name, ex.cluster.strategy.name, code, seconds
-            )
+            cluster = ex.cluster
+            strategy = cluster.strategy.name
+            self._metrics.observe_request(cluster.name, endpoint.name, strategy, code, seconds)
+            self._log.record(
+                cluster.name, ex.route.name, ex.subset, endpoint.name, strategy, code, seconds, cache_hit,
+                ex.request_id,
+            )  # fmt: skip
+
+    def _unrouted(self, ex: Exchange, code: int) -> None:
+        """A request that got no endpoint (none healthy, or no room in time): logged without one."""
+        cluster = ex.cluster
+        self._log.record(
+            cluster.name, ex.route.name, ex.subset, "", cluster.strategy.name, code,
+            time.perf_counter() - ex.started, None, ex.request_id,
+        )  # fmt: skip
 
 
 def _out_of_time(ex: Exchange) -> UpstreamTimeout:

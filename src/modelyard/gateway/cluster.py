@@ -198,7 +198,7 @@ class Cluster:
         uncached = max(0, len(ctx.request.prompt) - held)
         expected = ctx.service[0] * uncached + ctx.service[1] if ctx.service is not None else 0.0
         now = time.monotonic()
-        idle = self.flights.count(endpoint.name) == 0
+        idle = self.flights.count(endpoint.name) < self.config.prefix_aware.slots  # it starts at once
         self.flights.start(endpoint.name, key, now, expected)
         return uncached, now, idle
 

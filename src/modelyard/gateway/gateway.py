@@ -18,6 +18,7 @@ from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
+from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import Proxy
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.state import SharedState, open_state
@@ -51,7 +52,19 @@ class Gateway:
             )
         )
         self.pool = UpstreamPool(config.upstream)
-        self.proxy = Proxy(self.pool, self.state, self.metrics, random.Random(seed))
+        # Gateways on one Redis share prefix_aware's index; a gateway alone has nobody to tell.
+        self.prefix_sharing = (
+            PrefixSharing(self.state, self.clusters, self.metrics)
+            if config.state.backend == "redis" and config.state.share_prefix_index
+            else None
+        )
+        self.proxy = Proxy(
+            self.pool,
+            self.state,
+            self.metrics,
+            random.Random(seed),
+            share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
+        )
         self.health = HealthChecker(self.clusters.values(), self.pool)
         self.scrapers: dict[str, tuple[ResourceScraper, Http1Client]] = {}
         invoker = GatewayInvoker(
@@ -123,6 +136,8 @@ class Gateway:
             self._serve_needs(cluster)
         if self.follower is not None:
             await self.follower.start()
+        if self.prefix_sharing is not None:
+            self.prefix_sharing.start()
 
     async def stop(self) -> None:
         if self.follower is not None:
@@ -134,6 +149,8 @@ class Gateway:
         self.scrapers.clear()
         await asyncio.gather(*self._retiring, return_exceptions=True)
         await self.pool.close()
+        if self.prefix_sharing is not None:
+            await self.prefix_sharing.stop()
         await self.state.close()
 
     @staticmethod

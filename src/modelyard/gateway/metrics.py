@@ -1,4 +1,5 @@
-"""The gateway's Prometheus metrics, in a registry of its own so that two gateways can share a process."""
+"""The gateway's Prometheus metrics, in a registry of its own so that two gateways can share a process,
+and its routing log (routing_log.py), which the same outcomes feed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from modelyard.cluster import BackendLoad
+from modelyard.gateway.routing_log import RoutingLog
 from modelyard.serving import ListenerStats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -64,6 +66,7 @@ class _ListenerCollector(Collector):
 
 class GatewayMetrics:
     def __init__(self, loads: Callable[[], Iterable[BackendLoad]]) -> None:
+        self.routing_log = RoutingLog()
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "modelyard_requests_total",
@@ -96,6 +99,13 @@ class GatewayMetrics:
         self.state_writebacks = Counter(
             "modelyard_state_writeback_total",
             "Affinities written back to shared state after it returned (a SET NX that took)",
+            registry=self.registry,
+        )
+        self.prefix_index_shared = Counter(
+            "modelyard_prefix_index_shared_total",
+            "prefix_aware index records shared through Redis: sent to the other gateways, received "
+            "from them and applied, or dropped (queue full, or Redis away)",
+            ["direction"],
             registry=self.registry,
         )
         self.health_transitions = Counter(

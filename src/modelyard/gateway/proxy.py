@@ -15,6 +15,7 @@ import itertools
 import os
 import random
 import time
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -41,12 +42,22 @@ ROUTE_HEADER = "X-Modelyard-Route"
 SUBSET_HEADER = "X-Modelyard-Subset"
 REQUEST_ID_HEADER = "X-Request-Id"
 
+PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
+
 
 class Proxy:
     def __init__(
-        self, pool: UpstreamPool, state: SharedState, metrics: GatewayMetrics, rng: random.Random
+        self,
+        pool: UpstreamPool,
+        state: SharedState,
+        metrics: GatewayMetrics,
+        rng: random.Random,
+        *,
+        share_prefix: PrefixRecorded | None = None,
     ) -> None:
         self._state = state
+        # What prefix_aware records goes to the other gateways too (prefix_sharing.py).
+        self._share_prefix = share_prefix or _not_shared
         self._metrics = metrics
         self._rng = rng
         self._attempts = AttemptLoop(pool, metrics, rng)
@@ -76,7 +87,8 @@ class Proxy:
             line = cluster.service.line()
             if line is not None:
                 now = time.monotonic()
-                waits = {e.name: cluster.flights.wait(e.name, now) for e in cluster.endpoints}
+                slots = cluster.config.prefix_aware.slots
+                waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
         request_id = request.headers.get(REQUEST_ID_HEADER) or self._new_request_id()
         request[REQUEST_ID] = request_id
         ex = Exchange(
@@ -108,6 +120,7 @@ class Proxy:
                 await self._remember(ex, attempt, key)
             if chunks is not None and 200 <= attempt.response.status < 300:
                 cluster.prefixes.record(chunks, attempt.endpoint.name)  # it now caches this prompt
+                self._share_prefix(cluster.name, attempt.endpoint.name, chunks)
             headers = relayed_response_headers(attempt.response.headers)
             headers[BACKEND_HEADER] = attempt.endpoint.name
             headers[STRATEGY_HEADER] = cluster.strategy.name
@@ -183,3 +196,7 @@ class Proxy:
 
     def _new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):016x}"
+
+
+def _not_shared(model: str, endpoint: str, chunks: Sequence[int]) -> None:
+    pass

@@ -1,4 +1,5 @@
-"""Shared routing state (kv_aware affinity) behind one protocol: in memory, or in Redis."""
+"""Shared routing state (kv_aware affinity; channels for prefix_aware's index) behind one protocol:
+in memory, or in Redis."""
 
 from modelyard.state.base import Entry, RemoteState, SharedState
 from modelyard.state.factory import open_state

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -16,11 +16,25 @@ class Entry(NamedTuple):
 
 
 class SharedState(Protocol):
-    """A small TTL key/value store. Values are short strings (endpoint names)."""
+    """A small TTL key/value store. Values are short strings (endpoint names). Besides, channels:
+    messages to every gateway on the same store, at most once, lost when nobody listens (Redis
+    pub/sub); a store of one gateway's own delivers them in its process only."""
 
     async def get(self, key: str) -> str | None: ...
 
     async def set(self, key: str, value: str, ttl: float) -> None: ...
+
+    async def publish(self, channel: str, payload: bytes) -> bool:
+        """Send `payload` to the subscribers of `channel`; True when the store took it, False when
+        it was dropped because the store is away (a store that reports failures raises
+        StateUnavailable instead)."""
+        ...
+
+    def subscribe(self, channel: str) -> AsyncIterator[bytes]:
+        """What is published on `channel` from when the iteration starts until it is closed or
+        cancelled. Never raises for a store that goes away: it reconnects in the background, and
+        what was published meanwhile is lost."""
+        ...
 
     async def close(self) -> None: ...
 

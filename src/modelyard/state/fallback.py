@@ -12,6 +12,9 @@ write-back or by a request since, wins, and `get` reads the remote first, so eve
 it. What waits for write-back is bounded by the local store's `max_entries`; a write-back that
 fails part way stops, and the rest goes on the next return. `on_writeback` gets the number of keys
 each write-back set (0 when other gateways' values were there first).
+
+Channels go to the remote store only: a message published while it is away is dropped at once
+(`publish` answers False), and a subscription waits for it to return (the remote reconnects).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from modelyard.errors import StateUnavailable
 from modelyard.state.base import RemoteState
@@ -91,6 +94,20 @@ class FallbackState:
         else:
             self._unsynced.pop(key, None)  # the remote holds the newest value
             self._succeeded()
+
+    async def publish(self, channel: str, payload: bytes) -> bool:
+        if self.degraded:
+            return False
+        try:
+            await self._remote.publish(channel, payload)
+        except StateUnavailable as exc:
+            self._failed(exc)
+            return False
+        self._succeeded()
+        return True
+
+    def subscribe(self, channel: str) -> AsyncIterator[bytes]:
+        return self._remote.subscribe(channel)
 
     async def close(self) -> None:
         self._closed = True

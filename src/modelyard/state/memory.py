@@ -1,13 +1,17 @@
-"""In-process state: a TTL map bounded to `max_entries` with least-recently-used eviction."""
+"""In-process state: a TTL map bounded to `max_entries` with least-recently-used eviction, and
+channels delivered within the process (a gateway alone has no peers; tests run several in one)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 from modelyard.state.base import Entry
+
+_SUBSCRIBER_QUEUE = 1024  # messages a slow subscriber may fall behind by before it loses some
 
 
 class MemoryState:
@@ -16,6 +20,7 @@ class MemoryState:
         self._max_entries = max_entries
         self._clock = clock
         self._epoch = uuid.uuid4().hex  # what is set here lives as long as this object
+        self._subscribers: dict[str, set[asyncio.Queue[bytes]]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -68,6 +73,24 @@ class MemoryState:
             if held is not None and held[1] > now:
                 found.append(Entry(key, held[0], held[1] - now))
         return found
+
+    async def publish(self, channel: str, payload: bytes) -> bool:
+        for queue in self._subscribers.get(channel, ()):
+            if not queue.full():  # one that falls behind loses messages, as on Redis
+                queue.put_nowait(payload)
+        return True
+
+    async def subscribe(self, channel: str) -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[bytes] = asyncio.Queue(_SUBSCRIBER_QUEUE)
+        subscribers = self._subscribers.setdefault(channel, set())
+        subscribers.add(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            subscribers.discard(queue)
+            if not subscribers and self._subscribers.get(channel) is subscribers:
+                del self._subscribers[channel]
 
     async def close(self) -> None:
         self._entries.clear()

@@ -3,6 +3,7 @@ within a load margin)."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 
@@ -52,6 +53,19 @@ def test_the_chain_names_a_whole_prefix_so_prompts_diverging_later_share_only_th
     assert index.match(a, "w0") == len(a)
     assert index.match(a, "w1") == 0
     assert index.chunks("") == []
+
+
+def test_chunk_names_are_a_chained_blake2b_the_same_in_every_process():
+    """Not Python's hash(), which each process seeds anew: gateways share these names."""
+    index = PrefixIndex(chunk_chars=4, capacity=100)
+    assert index.chunks("abcdefghij") == [16365864867884416859, 14823669105871815314, 1219151702360748407]
+    prompt = "héllo wörld, ça va?"  # characters, not bytes, are cut into chunks
+    expected, previous = [], bytes(8)
+    for start in range(0, len(prompt), 4):
+        previous = hashlib.blake2b(previous + prompt[start : start + 4].encode(), digest_size=8).digest()
+        expected.append(int.from_bytes(previous, "big"))
+    assert index.chunks(prompt) == expected
+    assert all(0 <= name < 2**64 for name in expected)
 
 
 def test_each_endpoint_keeps_its_most_recent_chunks_up_to_capacity_heads_last():
@@ -124,6 +138,19 @@ def test_flights_queue_one_after_another_and_each_answer_ends_its_own():
     assert flights.wait("a", 10.2) == pytest.approx(0.1)
     flights.end("a", 7)  # a try started before the flights were kept: nothing to end
     assert flights.count("a") == 1 and flights.wait("b", 10.2) == 0.0
+
+
+def test_on_a_server_with_two_slots_a_request_waits_only_when_both_are_taken():
+    from modelyard.balancing.prefix import Flights
+
+    flights = Flights()
+    flights.start("a", 1, now=10.0, expected=0.3)
+    assert flights.wait("a", 10.0, slots=2) == 0.0  # the second slot is free
+    flights.start("a", 2, now=10.1, expected=0.5)
+    assert flights.wait("a", 10.1, slots=2) == pytest.approx(0.2)  # the first ends at 10.3
+    flights.start("a", 3, now=10.15, expected=0.1)  # takes the slot freed at 10.3, to 10.4
+    assert flights.wait("a", 10.1, slots=2) == pytest.approx(0.3)
+    assert flights.wait("a", 10.1) == pytest.approx(0.8)  # one slot: all three in a row
 
 
 def test_the_service_model_draws_no_slope_from_one_length():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from modelyard.balancing import RoutingContext, build_strategy
-from modelyard.balancing.strategies import ResourceAware, resource_score
+from modelyard.balancing.strategies import ResourceAware, load, resource_score
 from modelyard.cluster import ResourceSnapshot
 from modelyard.config import ModelConfig, ResourceAwareConfig
 from modelyard.types import RoutingRequest
@@ -38,6 +38,8 @@ def snap(
     mem: float | None = None,
     kv: float | None = None,
     in_flight_at_scrape: int = 0,
+    running: float | None = None,
+    at_scrape: int | None = None,
 ) -> ResourceSnapshot:
     return ResourceSnapshot(
         taken_at=NOW - age,
@@ -45,7 +47,8 @@ def snap(
         kv_cache_usage=kv,
         sm_utilization=sm,
         memory_used=mem,
-        in_flight_at_scrape=in_flight_at_scrape,
+        running=running,
+        in_flight_at_scrape=in_flight_at_scrape if at_scrape is None else at_scrape,
     )
 
 
@@ -170,16 +173,33 @@ def test_equal_scores_are_broken_at_random() -> None:
 
 
 def test_the_strategy_is_built_with_its_models_own_parameters() -> None:
-    # An idle queue on a GPU that is busy with other work, against a long queue on an idle GPU.
-    queue_free = FakeEndpoint("queue-free", resources=snap(0, sm=0.95))
-    gpu_free = FakeEndpoint("gpu-free", resources=snap(12, sm=0.05))
+    # Equally loaded: a GPU busy with other work but a KV cache to spare, against an idle GPU
+    # whose KV cache is nearly full.
+    kv_free = FakeEndpoint("kv-free", resources=snap(0, sm=0.95, kv=0.1))
+    gpu_free = FakeEndpoint("gpu-free", resources=snap(0, sm=0.05, kv=0.9))
     ctx = RoutingContext(request=RoutingRequest(model="m"), now=NOW)
     endpoints = [{"url": "http://127.0.0.1:1"}]
-    queue_only = ModelConfig(name="m", endpoints=endpoints, resource_aware={"w_sm": 0, "w_mem": 0})
+    memory_only = ModelConfig(name="m", endpoints=endpoints, resource_aware={"w_sm": 0})
     defaults = ModelConfig(name="m", endpoints=endpoints)
-    eps = [queue_free, gpu_free]
+    eps = [kv_free, gpu_free]
 
     def chosen(config: ModelConfig) -> str:
         return eps[build_strategy("resource_aware", config).pick(eps, ctx, random.Random(0)).index].name
 
-    assert (chosen(queue_only), chosen(defaults)) == ("queue-free", "gpu-free")
+    assert (chosen(memory_only), chosen(defaults)) == ("kv-free", "gpu-free")
+
+
+def test_the_fewest_requests_go_first_whatever_the_scrape_says_of_the_gpu() -> None:
+    # Between scrapes the live count decides: an idle GPU with a request of ours running on it
+    # loses to a busy-looking GPU with nothing of ours (least_pending's choice, and the right one).
+    busy_now = FakeEndpoint("busy-now", in_flight=1, resources=snap(0, sm=0.0, kv=0.0))
+    free_now = FakeEndpoint("free-now", in_flight=0, resources=snap(0, sm=0.9, kv=0.9))
+    assert pick([busy_now, free_now]) == "free-now"
+
+
+def test_other_clients_requests_seen_by_the_scrape_count_as_load() -> None:
+    # The scrape saw 3 waiting or running where this gateway had 1 of its own: 2 are someone else's.
+    shared = FakeEndpoint("shared", in_flight=1, resources=snap(2, running=1, at_scrape=1))
+    ours = FakeEndpoint("ours", in_flight=2, resources=snap(0, running=2, at_scrape=2))
+    assert load(shared, shared.resources) == 3 and load(ours, ours.resources) == 2  # type: ignore[arg-type]
+    assert pick([shared, ours]) == "ours"

@@ -9,7 +9,7 @@ import pytest
 
 from modelyard.bench import Outcome, WorkloadSpec, build_requests, summarize
 from modelyard.bench.report import write
-from modelyard.bench.workload import PROFILES
+from modelyard.bench.workload import PROFILES, cacheable_share, prompt_tokens
 
 
 def test_the_same_spec_makes_the_same_requests_and_another_seed_others():
@@ -25,7 +25,8 @@ def test_shares_of_repeats_and_shared_prefixes_follow_the_spec():
     requests = build_requests(spec)
     repeats = [r for r in requests if r.kind == "repeat"]
     assert 0.45 < len(repeats) / len(requests) < 0.55
-    assert 0.70 < sum(1 for r in requests if r.system) / len(requests) < 0.80
+    fresh = [r for r in requests if r.kind == "fresh"]
+    assert 0.70 < sum(1 for r in fresh if r.system) / len(fresh) < 0.80
     assert len({r.system for r in requests if r.system}) == 4
     # Zipf popularity: the most asked pooled prompt is asked far more than the median one.
     counts = sorted((sum(1 for r in repeats if r.user == u) for u in {r.user for r in repeats}), reverse=True)
@@ -33,6 +34,28 @@ def test_shares_of_repeats_and_shared_prefixes_follow_the_spec():
     assert len({r.user for r in requests if r.kind == "fresh"}) == len(requests) - len(
         repeats
     )  # never repeated
+
+
+def test_a_repeat_is_the_whole_prompt_again_system_prompt_included():
+    requests = build_requests(WorkloadSpec(requests=1000, pool_size=10, shared_prefix_share=0.5))
+    systems: dict[str, set[str]] = {}
+    for r in requests:
+        if r.kind == "repeat":
+            systems.setdefault(r.user, set()).add(r.system)
+    assert len(systems) == 10
+    assert all(len(s) == 1 for s in systems.values())
+    assert {"" in s for s in systems.values()} == {True, False}  # some pooled prompts have none
+
+
+def test_the_cacheable_share_counts_prefixes_asked_before_in_whole_blocks():
+    once = WorkloadSpec(requests=200, repeat_share=0.0, shared_prefix_share=0.0)
+    assert cacheable_share(build_requests(once)) == 0.0  # nothing is asked twice
+    always = WorkloadSpec(requests=200, repeat_share=1.0, pool_size=1, shared_prefix_share=0.0)
+    requests = build_requests(always)
+    tokens = len(prompt_tokens(requests[0]))
+    whole = tokens // 16 * 16  # the partial last block is never cached
+    assert cacheable_share(requests) == pytest.approx(199 * whole / (200 * tokens))
+    assert 0.4 < cacheable_share(build_requests(PROFILES["inferflow"].workload)) < 0.6
 
 
 def test_a_request_body_is_an_openai_chat_request():

@@ -4,12 +4,13 @@ the remote returns), on a fake clock."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
 from modelyard.errors import StateUnavailable
 from modelyard.state import Entry, FallbackState, MemoryState
+from support import wait_until
 
 
 class FakeClock:
@@ -36,6 +37,7 @@ class FlakyRemote:
         self.batches_until_down: int | None = None
         self.calls = 0
         self.closed = False
+        self.published: list[tuple[str, bytes]] = []
 
     def _check(self) -> None:
         self.calls += 1
@@ -62,6 +64,16 @@ class FlakyRemote:
             self.data[key] = value
             self.ttls[key] = ttl
         return len(absent)
+
+    async def publish(self, channel: str, payload: bytes) -> bool:
+        self._check()
+        self.published.append((channel, payload))
+        return True
+
+    async def subscribe(self, channel: str) -> AsyncIterator[bytes]:
+        for published, payload in self.published:
+            if published == channel:
+                yield payload
 
     async def close(self) -> None:
         self.closed = True
@@ -191,6 +203,37 @@ async def test_memory_close_drops_everything() -> None:
     await state.set("k", "v", ttl=60)
     await state.close()
     assert await state.get("k") is None
+
+
+async def test_memory_channels_deliver_to_every_subscriber_of_the_channel_in_the_process() -> None:
+    state = MemoryState()
+    received: dict[str, list[bytes]] = {"a": [], "b": [], "other": []}
+
+    async def listen(name: str, channel: str) -> None:
+        async for payload in state.subscribe(channel):
+            received[name].append(payload)
+
+    tasks = [asyncio.create_task(listen(n, "other" if n == "other" else "c")) for n in received]
+    try:
+
+        async def both_listening() -> bool:  # a subscription starts with its iteration
+            await state.publish("c", b"probe")
+            return bool(received["a"]) and bool(received["b"])
+
+        await wait_until(both_listening)
+        assert await state.publish("c", b"hello")
+
+        async def delivered() -> bool:
+            return all(received[name][-1:] == [b"hello"] for name in ("a", "b"))
+
+        await wait_until(delivered)
+        assert received["a"].count(b"hello") == received["b"].count(b"hello") == 1
+        assert received["other"] == []
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert await state.publish("c", b"nobody listens")  # and nothing is kept for later
 
 
 # FallbackState
@@ -337,6 +380,31 @@ async def test_requests_in_flight_when_the_remote_fails_count_as_one_outage() ->
     assert len(reported) == 1
     clock.advance(0.6)  # past the first backoff step (0.5 s): the remote is asked again
     assert not state.degraded
+
+
+async def test_fallback_publishes_to_the_remote_and_drops_while_it_is_away() -> None:
+    state, remote, _, clock, reported = fallback_state()
+    assert await state.publish("c", b"one")
+    assert remote.published == [("c", b"one")]
+
+    remote.down = True
+    assert not await state.publish("c", b"two")  # dropped at once, and counted as an outage
+    assert len(reported) == 1 and state.degraded
+    calls = remote.calls
+    assert not await state.publish("c", b"three")  # during the backoff the remote is not asked
+    assert remote.calls == calls
+
+    remote.down = False
+    clock.advance(1.0)
+    assert await state.publish("c", b"four")
+    assert not state.degraded
+    assert [payload for _, payload in remote.published] == [b"one", b"four"]
+
+
+async def test_fallback_subscribes_on_the_remote() -> None:
+    state, remote, _, _, _ = fallback_state()
+    remote.published = [("c", b"one"), ("d", b"other"), ("c", b"two")]
+    assert [payload async for payload in state.subscribe("c")] == [b"one", b"two"]
 
 
 # FallbackState: write-back when the remote returns

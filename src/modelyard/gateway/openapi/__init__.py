@@ -50,7 +50,8 @@ def openapi_document(
             ),
         },
         "tags": [
-            {"name": name} for name in ("OpenAI", "OIP v2", "KServe v1", "Graphs", "Admin", "Operations")
+            {"name": name}
+            for name in ("OpenAI", "OIP v2", "KServe v1", "Graphs", "Admin", "Dashboard", "Operations")
         ],
         "paths": Paths(models, admin_token, graph_views_protected).build(),
         "components": {"schemas": schemas, "parameters": PARAMETERS},

@@ -8,11 +8,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from modelyard.gateway.ui import ASSETS
+
 Schema = dict[str, Any]
 
 JSON = "application/json"
 YAML = "application/yaml"
 SSE = "text/event-stream"
+HTML = "text/html"
 OPENAI = "OpenAIError"  # {"error": {"message", "type", "param", "code"}}: OpenAI paths, the gateway's own
 INFERENCE = "InferenceError"  # {"error": "<message>"}: OIP v2 and KServe v1 paths
 GRAPH_FAILURE = "GraphFailure"
@@ -143,6 +146,20 @@ PARAMETERS: dict[str, Schema] = {
         "required": True,
         "description": "the graph to add or replace (a Kubernetes name, as KServe requires)",
         "schema": {"type": "string", "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$"},
+    },
+    "LastEventId": {
+        "name": "Last-Event-ID",
+        "in": "header",
+        "required": False,
+        "description": "the `seq` of the last record seen: the kept records after it come first (0: all)",
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    },
+    "DashboardAsset": {
+        "name": "asset",
+        "in": "path",
+        "required": True,
+        "description": "one of the dashboard's files",
+        "schema": {"type": "string", "enum": list(ASSETS)},
     },
     "RequestId": {
         "name": "X-Request-Id",

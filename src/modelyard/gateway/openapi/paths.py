@@ -9,6 +9,7 @@ from modelyard.gateway.openapi.parts import (
     ALLOW,
     FORWARDED,
     GRAPH_FAILURE,
+    HTML,
     INFERENCE,
     JSON,
     METHODS,
@@ -364,6 +365,45 @@ class Paths:
                 ),
             },
         }
+        paths["/admin/overview"] = {
+            "get": self._admin_op(
+                "getOverview",
+                "Admin",
+                "Per model: its strategy, and each endpoint's health, in-flight, ejection and circuit",
+                [],
+                None,
+                answer("the overview (never the token)", ref("Overview")),
+                {},
+            )
+        }
+        paths["/admin/log"] = {
+            "get": self._admin_op(
+                "getRoutingLog",
+                "Admin",
+                "The routing log's recent records, oldest first",
+                [],
+                None,
+                answer("the records kept", ref("RoutingLog")),
+                {},
+            )
+        }
+        paths["/admin/log/stream"] = {
+            "get": self._admin_op(
+                "streamRoutingLog",
+                "Admin",
+                "The routing log as it happens: server-sent events until the gateway stops",
+                [param("LastEventId")],
+                None,
+                answer(
+                    "`id: <seq>` and `data: <RoutingRecord>` per record; `event: dropped` with "
+                    '`data: {"dropped": n}` when the reader fell behind and lost n; a comment '
+                    "line every 15 s while idle",
+                    {"type": "string"},
+                    SSE,
+                ),
+                {},
+            )
+        }
         for path, suffix in (("/admin/strategy", ""), ("/strategy", "InferFlow")):
             paths[path] = {
                 "get": self._admin_op(
@@ -397,6 +437,26 @@ class Paths:
 
     def _operations(self) -> dict[str, Any]:
         return {
+            "/dashboard": {
+                "get": {
+                    "operationId": "dashboard",
+                    "tags": ["Dashboard"],
+                    "summary": "The dashboard page (public; it asks for the admin token)",
+                    "responses": {"200": answer("the page", {"type": "string"}, HTML)},
+                }
+            },
+            "/dashboard/{asset}": {
+                "get": {
+                    "operationId": "dashboardAsset",
+                    "tags": ["Dashboard"],
+                    "summary": "The dashboard's script and style",
+                    "parameters": [param("DashboardAsset")],
+                    "responses": {
+                        "200": answer("the file", {"type": "string"}, HTML, "text/javascript", "text/css"),
+                        "404": error_response(OPENAI, "no such file"),
+                    },
+                }
+            },
             "/healthz": {"get": self._own("healthz", "Operations", "Liveness", ref("Health"))},
             "/readyz": {
                 "get": {

@@ -1,0 +1,305 @@
+"""Replay a `modelyard bench` workload against simulated workers in virtual time, to see what
+routing can reach on it: the real strategies (modelyard.balancing, fed as the gateway feeds them),
+a request-at-a-time oracle that knows every worker's true cache and queue, and the share of prompt
+tokens an unbounded cache would serve. A run takes seconds instead of minutes, and the same seed
+gives the same numbers on any machine (no clock is read).
+
+The workers follow the sim-worker's latency model (simworker.latency: the same block hashing, LRU
+prefix cache and per-token costs, one FIFO queue per worker), plus a fixed per-request overhead for
+the HTTP round trips. The clients are a closed loop of `concurrency`, as `modelyard bench` sends.
+
+    .venv/bin/python benchmarks/routing_sim.py                      # inferflow: c=3, 1 slot each
+    .venv/bin/python benchmarks/routing_sim.py --concurrency 6 --slots 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import random
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from modelyard.balancing import RoutingContext, build_strategy
+from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
+from modelyard.bench import PROFILES, BenchRequest, WorkloadSpec, build_requests
+from modelyard.bench.spawn import gateway_config
+from modelyard.bench.workload import cacheable_share, prompt_tokens
+from modelyard.config import ModelConfig
+from modelyard.protocols.openai import routing_request
+from modelyard.simworker.latency import PrefixCache, block_hashes
+
+BLOCK_TOKENS = 16
+OVERHEAD = 0.002  # seconds per request outside the server's prefill and decode (HTTP, parsing)
+
+
+@dataclass(slots=True)
+class Worker:
+    name: str
+    cache: PrefixCache
+    slots: int
+    running: int = 0
+    queue: list[int] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)  # when each running request ends
+    # what a strategy reads (EndpointView)
+    weight: int = 1
+    cost_per_1k_tokens: float = 0.0
+    in_flight: int = 0
+    outstanding_tokens: int = 0
+    resources: None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    prompt: str  # as the gateway sees it
+    tokens: int  # as the server counts them
+    blocks: list[bytes]
+    body: dict[str, object]
+
+
+class Cluster:
+    """The workers and their costs: what a request would take on a worker right now."""
+
+    def __init__(self, workers: list[Worker], prefill: float, decode: float, output_tokens: int) -> None:
+        self.workers = workers
+        self.prefill, self.decode, self.output_tokens = prefill, decode, output_tokens
+
+    def service(self, worker: Worker, job: Job) -> float:
+        cached = min(job.tokens, worker.cache.match(job.blocks) * BLOCK_TOKENS)
+        return (job.tokens - cached) * self.prefill + self.output_tokens * self.decode + OVERHEAD
+
+    def wait(self, worker: Worker, jobs: Sequence[Job], now: float) -> float:
+        """When a new request would start there: the running ones end, then the queue's, in order."""
+        free = sorted(max(0.0, end - now) for end in worker.ends)
+        free += [0.0] * (worker.slots - len(free))
+        for index in worker.queue:
+            start = heapq.heappop(free)
+            heapq.heappush(free, start + self.service(worker, jobs[index]))
+        return min(free)
+
+
+class Router:
+    """Picks a worker for each job, and hears when it ends."""
+
+    def pick(self, cluster: Cluster, jobs: Sequence[Job], index: int, now: float, rng: random.Random) -> int:
+        raise NotImplementedError
+
+    def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
+        pass
+
+
+class Strategy(Router):
+    """A modelyard strategy by name, with what the gateway's proxy and cluster give it."""
+
+    def __init__(self, name: str, prefix_aware: dict[str, object] | None = None) -> None:
+        model = ModelConfig.model_validate(
+            {
+                "name": "m",
+                "endpoints": [{"url": "http://x"}],
+                "strategy": name,
+                "prefix_aware": prefix_aware or {},
+            }
+        )
+        self.params = model.prefix_aware
+        self.strategy = build_strategy(name, model)
+        self.prefix_chars = model.kv_aware.prefix_chars
+        self.affinity: dict[str, str] = {}
+        self.index = PrefixIndex(self.params.chunk_chars, self.params.max_chunks_per_endpoint)
+        self.service = ServiceModel()
+        self.flights = Flights()
+        self.sent: dict[int, tuple[str, int, float, bool]] = {}  # job -> (worker, uncached, sent, idle)
+        self.chunk_chars = self.params.chunk_chars
+        self.prefix = "prefix" in {n.value for n in self.strategy.needs}
+
+    def pick(self, cluster: Cluster, jobs: Sequence[Job], index: int, now: float, rng: random.Random) -> int:
+        job = jobs[index]
+        request = routing_request(orjson.dumps(job.body), "chat")
+        names = [w.name for w in cluster.workers]
+        held = waits = line = None
+        if self.prefix:
+            chunks = self.index.chunks(request.prompt)
+            held = self.index.matches(chunks, names)
+            line = self.service.line()
+            if line is not None:
+                waits = {n: self.flights.wait(n, now, self.params.slots) for n in names}
+        ctx = RoutingContext(
+            request,
+            index,
+            self.affinity.get(job.prompt[: self.prefix_chars]),
+            now=now,
+            prefix=held,
+            waits=waits,
+            service=line,
+        )
+        chosen = self.strategy.pick(cluster.workers, ctx, rng).index
+        name = names[chosen]
+        self.affinity.setdefault(job.prompt[: self.prefix_chars], name)
+        if self.prefix:
+            assert held is not None
+            uncached = max(0, len(request.prompt) - held[name] * self.chunk_chars)
+            expected = line[0] * uncached + line[1] if line is not None else 0.0
+            self.sent[index] = (name, uncached, now, self.flights.count(name) < self.params.slots)
+            self.flights.start(name, index, now, expected)
+            self.index.record(self.index.chunks(request.prompt), name)
+        return chosen
+
+    def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
+        if index in self.sent:
+            name, uncached, sent, idle = self.sent.pop(index)
+            self.flights.end(name, index)
+            if idle:
+                self.service.observe(uncached, now - sent)
+
+
+class Oracle(Router):
+    """Knows each worker's true cache and queue: the worker where this request ends first (among
+    equals the one caching most). The best a router deciding one request at a time can do."""
+
+    def pick(self, cluster: Cluster, jobs: Sequence[Job], index: int, now: float, rng: random.Random) -> int:
+        job = jobs[index]
+        best = min(
+            (
+                cluster.wait(w, jobs, now) + cluster.service(w, job),
+                -w.cache.match(job.blocks),
+                rng.random(),
+                i,
+            )
+            for i, w in enumerate(cluster.workers)
+        )
+        return best[-1]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low = int(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def simulate(
+    router: Router, requests: list[BenchRequest], spec: WorkloadSpec, args: argparse.Namespace, seed: int
+) -> dict[str, float]:
+    shape = PROFILES[args.profile].sims
+    jobs = []
+    for r in requests:
+        body = r.body("m", spec)
+        tokens = prompt_tokens(r)
+        jobs.append(
+            Job(
+                routing_request(orjson.dumps(body), "chat").prompt,
+                len(tokens),
+                block_hashes(tokens, BLOCK_TOKENS),
+                body,
+            )
+        )
+    workers = [Worker(f"w{i}", PrefixCache(shape.cache_blocks), args.slots) for i in range(args.workers)]
+    cluster = Cluster(
+        workers, shape.prefill_ms_per_token / 1000, shape.decode_ms_per_token / 1000, spec.output_tokens
+    )
+    rng = random.Random(seed)
+    events: list[tuple[float, int, int]] = []  # (when it ends, job, worker)
+    sent_at: dict[int, float] = {}
+    latencies: list[float] = []
+    cached = total = 0
+    shares = [0] * len(workers)
+    following = iter(range(len(jobs)))
+
+    def start(w: int, index: int, now: float) -> None:
+        nonlocal cached, total
+        worker, job = workers[w], jobs[index]
+        seconds = cluster.service(worker, job)
+        hit = min(job.tokens, worker.cache.match_and_insert(job.blocks) * BLOCK_TOKENS)
+        cached, total = cached + hit, total + job.tokens
+        worker.running += 1
+        worker.ends.append(now + seconds)
+        heapq.heappush(events, (now + seconds, index, w))
+
+    def send(now: float) -> None:
+        index = next(following, None)
+        if index is None:
+            return
+        sent_at[index] = now
+        w = router.pick(cluster, jobs, index, now, rng)
+        worker = workers[w]
+        worker.in_flight += 1
+        shares[w] += 1
+        if worker.running < worker.slots:
+            start(w, index, now)
+        else:
+            worker.queue.append(index)
+
+    for _ in range(spec.concurrency):
+        send(0.0)
+    while events:
+        now, index, w = heapq.heappop(events)
+        worker = workers[w]
+        worker.running -= 1
+        worker.in_flight -= 1
+        worker.ends.remove(min(worker.ends, key=lambda end: abs(end - now)))
+        latencies.append(now - sent_at[index])
+        router.ended(worker, index, now, jobs[index])
+        if worker.queue:
+            start(w, worker.queue.pop(0), now)
+        send(now)
+    return {
+        "p95": percentile(latencies, 0.95) * 1000,
+        "mean": statistics.fmean(latencies) * 1000,
+        "cached": cached / total,
+        "busiest": max(shares) / sum(shares),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="inferflow", choices=sorted(PROFILES))
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--slots", type=int, default=1, help="request slots per worker")
+    parser.add_argument("--concurrency", type=int, default=None, help="default: the profile's")
+    parser.add_argument("--seeds", type=int, default=5, help="workload seeds; the table shows medians")
+    parser.add_argument("--strategies", default="least_pending,kv_aware,prefix_aware")
+    args = parser.parse_args()
+    base = PROFILES[args.profile].workload
+    spec = base.model_copy(update={"concurrency": args.concurrency or base.concurrency})
+    shape = dataclasses.replace(PROFILES[args.profile].sims, max_concurrency=args.slots)
+    settings = gateway_config("prefix_aware", [], shape, 0)["models"][0]["prefix_aware"]  # as bench --spawn
+    routers: dict[str, Callable[[], Router]] = {
+        n: (lambda n=n: Strategy(n, settings)) for n in args.strategies.split(",")
+    }
+    routers["oracle"] = Oracle
+    print(f"$ {' '.join(sys.argv)}")
+    print(
+        f"{args.workers} workers x {args.slots} slot(s), concurrency {spec.concurrency}, "
+        f"{spec.requests} requests, medians of {args.seeds} seeds"
+    )
+    rows: dict[str, dict[str, float]] = {}
+    ceilings = []
+    for name, make in routers.items():
+        runs = []
+        for seed in range(args.seeds):
+            requests = build_requests(spec.model_copy(update={"seed": seed}))
+            runs.append(simulate(make(), requests, spec, args, seed))
+            if name == "oracle":
+                ceilings.append(cacheable_share(requests))
+        rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    floor_p95 = rows["least_pending"]["p95"] if "least_pending" in rows else None
+    best_mean = rows["least_pending"]["mean"] if "least_pending" in rows else None
+    print(f"{'router':<15}{'P95 ms':>8}{'mean ms':>9}{'cached':>8}{'busiest':>9}{'P95/LP':>8}{'mean/LP':>9}")
+    for name, row in rows.items():
+        ratios = ""
+        if floor_p95 and best_mean:
+            ratios = f"{row['p95'] / floor_p95:>8.2f}{row['mean'] / best_mean:>9.2f}"
+        print(
+            f"{name:<15}{row['p95']:>8.0f}{row['mean']:>9.0f}{row['cached'] * 100:>7.1f}%"
+            f"{row['busiest'] * 100:>8.0f}%{ratios}"
+        )
+    print(f"an unbounded cache would serve {statistics.median(ceilings) * 100:.1f}% of prompt tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The bench chart: one PNG, a row per strategy. Left, each answered request's latency with the P50
+and P95 marked; right, the share of the requests each backend answered (and the failed ones).
+
+matplotlib is optional (`modelyard[bench]`) and imported only here, when a chart is drawn. The chart
+is a Figure of its own on the Agg canvas: no pyplot, no global backend or state.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modelyard.bench.report import Summary, percentile
+from modelyard.errors import ModelyardError
+
+if TYPE_CHECKING:
+    from matplotlib.typing import ColorType
+
+INSTALL = "pip install 'modelyard[bench]'"
+
+
+def available() -> bool:
+    """Whether matplotlib is installed (found, not imported: that takes a while)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+FAILED = "failed"
+
+
+def split_shares(summary: Summary) -> list[tuple[str, float]]:
+    """Each backend's share of one run's requests, then the failed ones' (when any). The split and
+    the failures are one run's (with --runs, the median run's), while `requests` and `errors` count
+    every run, so the shares are of what that run sent."""
+    parts = list(summary.backends.items())
+    failed = sum(summary.failures.values())
+    if failed:
+        parts.append((FAILED, failed))
+    sent = sum(count for _, count in parts)
+    return [(name, count / sent) for name, count in parts] if sent else []
+
+
+def write_chart(results: Sequence[Summary], path: Path, title: str = "") -> None:
+    """Draw `results` (a row each, in order; the latencies are each summary's `latencies_ms`) as a
+    PNG at `path`. Raises ModelyardError, saying what to install, without matplotlib."""
+    try:
+        from matplotlib import colormaps
+        from matplotlib.artist import Artist
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+        from matplotlib.ticker import PercentFormatter
+    except ImportError:
+        raise ModelyardError(f"a chart needs matplotlib: {INSTALL}") from None
+
+    rows = range(len(results))
+    figure = Figure(figsize=(13, 1.9 + 0.7 * max(len(results), 2)), layout="constrained")
+    FigureCanvasAgg(figure)
+    latency, split = figure.subplots(1, 2, sharey=True, width_ratios=(3, 2))
+    if title:
+        figure.suptitle(title, fontsize=10)
+
+    # Latency: a strip of dots (jittered up and down so that equal latencies stay visible).
+    jitter = random.Random(0)
+    labels = []
+    for row, summary in zip(rows, results, strict=True):
+        values = summary.latencies_ms
+        ys = [row + jitter.uniform(-0.28, 0.28) for _ in values]
+        alpha = min(0.6, max(0.08, 12 / len(values) ** 0.5)) if values else 0.0
+        latency.scatter(values, ys, s=12, color="C0", alpha=alpha, linewidths=0, zorder=3)
+        label = summary.label
+        if values:
+            p50, p95 = percentile(values, 50), percentile(values, 95)
+            # Behind the dots, which they would hide.
+            latency.vlines([p50], row - 0.4, row + 0.4, color="black", linewidth=2, zorder=2)
+            latency.vlines([p95], row - 0.4, row + 0.4, color="C3", linewidth=2, zorder=2)
+            label += f"\nP50 {p50:.0f} · P95 {p95:.0f} ms"
+        else:
+            label += "\nno answers"
+        if summary.errors:
+            label += f" · {summary.errors} failed"
+        labels.append(label)
+    latency.set_yticks(list(rows), labels, fontsize=9)
+    latency.set_ylim(len(results) - 0.5, -0.5)  # the first strategy on top, as in the table
+    latency.set_xlim(left=0)
+    latency.set_xlabel("latency ms (answered requests)")
+    latency.set_title("latency per request", fontsize=10)
+    latency.grid(axis="x", alpha=0.3)
+
+    # Backend split: stacked shares of all the requests sent, a colour per backend (from a palette
+    # apart from the latency panel's blue and red).
+    backends = sorted({name for summary in results for name in summary.backends})
+    palette = colormaps["Set2"]
+    colours = {name: palette(i % palette.N) for i, name in enumerate(backends)}
+    for row, summary in zip(rows, results, strict=True):
+        left = 0.0
+        for name, share in split_shares(summary):
+            colour: ColorType = colours.get(name, "0.75")
+            hatch = "//" if name == FAILED else ""
+            split.barh(row, share, left=left, height=0.6, color=colour, hatch=hatch, edgecolor="white")
+            if share >= 0.07:
+                split.text(
+                    left + share / 2, row, f"{name}\n{share:.0%}", ha="center", va="center", fontsize=8
+                )
+            left += share
+    if backends:
+        # An even split's boundaries, to see at a glance how far each strategy is from one.
+        for boundary in range(1, len(backends)):
+            split.axvline(boundary / len(backends), color="0.3", linestyle=":", linewidth=1)
+    split.set_xlim(0, 1)
+    split.xaxis.set_major_formatter(PercentFormatter(1.0))
+    split.set_xlabel("share of the requests (dotted: an even split)")
+    split.set_title("backend split", fontsize=10)
+    handles: list[Artist] = [
+        Line2D([], [], linestyle="", marker="o", markersize=4, color="C0", label="a request"),
+        Line2D([], [], color="black", linewidth=2, label="P50"),
+        Line2D([], [], color="C3", linewidth=2, label="P95"),
+    ]
+    handles += [Patch(color=colours[name], label=name) for name in backends]
+    if any(summary.errors for summary in results):
+        handles.append(Patch(facecolor="0.75", hatch="//", edgecolor="white", label="failed"))
+    figure.legend(
+        handles=handles, loc="outside lower center", ncol=min(len(handles), 10), frameon=False, fontsize=9
+    )
+    figure.savefig(path, format="png", dpi=110)

@@ -1,0 +1,605 @@
+// The modelyard dashboard: plain JavaScript, no framework, no build step.
+// Everything shown that comes from the gateway is inserted as text (textContent, append(string)),
+// never parsed as HTML. The admin token stays in this tab's sessionStorage and goes only to this
+// gateway, as `Authorization: Bearer`, on the calls that need it.
+"use strict";
+
+const TOKEN_KEY = "modelyard.adminToken";
+const REFRESH_MS = 2000;
+const LOG_ROWS = 200;
+const RECONNECT_MS = 2000;
+const NEEDS_TOKEN = "This gateway needs the admin token: enter it above.";
+const TOKEN_REFUSED = "The admin token was refused: enter the right one above.";
+
+const $ = (id) => document.getElementById(id);
+
+class AuthNeeded extends Error {
+  constructor() {
+    super(NEEDS_TOKEN);
+  }
+}
+
+// --- small helpers ---------------------------------------------------------------------------
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("data-")) node.setAttribute(key, value);
+    else node[key] = value;
+  }
+  for (const child of children) {
+    if (child !== null && child !== undefined) node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function say(id, text, kind) {
+  const node = $(id);
+  node.textContent = text;
+  node.classList.toggle("ok", kind === "ok");
+  node.classList.toggle("bad", kind === "bad");
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const clock = (seconds) => {
+  const d = new Date(seconds * 1000);
+  return d.toLocaleTimeString([], { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+};
+const fixed = (value, digits = 1) => (value === null || value === undefined ? "–" : Number(value).toFixed(digits));
+const percent = (value) => (value === null || value === undefined ? "–" : (value * 100).toFixed(1) + "%");
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    const error = body.error;
+    if (typeof error === "string") return error;
+    if (error && error.message) return error.message;
+  } catch (_) {
+    // not JSON: the status says enough
+  }
+  return `${response.status} ${response.statusText}`;
+}
+
+// Server-sent events from a fetch body (fetch, not EventSource, so that the token can be sent).
+async function readEvents(body, onEvent) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    const blocks = (buffer + value).split(/\r?\n\r?\n/);
+    buffer = blocks.pop(); // the start of an event still coming
+    for (const block of blocks) {
+      let type = "message";
+      let id = null;
+      const data = [];
+      for (const line of block.split(/\r?\n/)) {
+        if (!line || line.startsWith(":")) continue; // a comment: the heartbeat
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let text = colon < 0 ? "" : line.slice(colon + 1);
+        if (text.startsWith(" ")) text = text.slice(1);
+        if (field === "data") data.push(text);
+        else if (field === "event") type = text;
+        else if (field === "id") id = text;
+      }
+      if (data.length) onEvent(type, data.join("\n"), id);
+    }
+  }
+}
+
+// --- the admin token -------------------------------------------------------------------------
+
+const token = () => sessionStorage.getItem(TOKEN_KEY) || "";
+
+function withToken(headers) {
+  const all = { ...(headers || {}) };
+  if (token()) all.Authorization = "Bearer " + token();
+  return all;
+}
+
+function showAuth(needed) {
+  const banner = $("auth-message");
+  banner.textContent = token() ? TOKEN_REFUSED : NEEDS_TOKEN;
+  banner.hidden = !needed;
+}
+
+// A call that may need the admin token: a 401 shows the banner and throws AuthNeeded.
+async function adminFetch(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: withToken(options.headers) });
+  if (response.status === 401) {
+    showAuth(true);
+    throw new AuthNeeded();
+  }
+  if (response.ok && path.startsWith("/admin/")) showAuth(false);
+  return response;
+}
+
+function showTokenState() {
+  $("token-state").textContent = token() ? "a token is set for this tab" : "";
+}
+
+function useToken(event) {
+  event.preventDefault();
+  const value = $("token").value.trim();
+  if (value) sessionStorage.setItem(TOKEN_KEY, value);
+  $("token").value = "";
+  showTokenState();
+  restart();
+}
+
+function forgetToken() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  showTokenState();
+  restart();
+}
+
+// --- models and endpoints ----------------------------------------------------------------------
+
+let overviewTimer = null;
+let knownModels = [];
+
+async function refreshOverview() {
+  clearTimeout(overviewTimer);
+  try {
+    const response = await adminFetch("/admin/overview");
+    if (!response.ok) throw new Error(await errorText(response));
+    const data = await response.json();
+    renderModels(data.models);
+    renderStrategies(data);
+    say("models-status", "updated " + new Date().toLocaleTimeString([], { hour12: false }));
+  } catch (error) {
+    if (error instanceof AuthNeeded) {
+      $("models").replaceChildren(el("p", { class: "muted" }, "Enter the admin token to see the endpoints."));
+      say("models-status", "needs the admin token", "bad");
+      $("strategy-current").textContent = "Switching needs the admin token.";
+    } else {
+      say("models-status", "could not load: " + error.message, "bad");
+    }
+  }
+  await Promise.all([refreshCanary(), loadGraphs()]);
+  clearTimeout(overviewTimer); // a switch may have refreshed meanwhile: one timer at a time
+  overviewTimer = setTimeout(refreshOverview, REFRESH_MS);
+}
+
+function renderModels(models) {
+  if (!models.length) {
+    $("models").replaceChildren(el("p", { class: "muted" }, "This gateway serves no model."));
+    return;
+  }
+  $("models").replaceChildren(...models.map(renderModel));
+}
+
+function renderModel(model) {
+  const ready = model.ready ? el("span", { class: "badge ok" }, "ready") : el("span", { class: "badge bad" }, "not ready");
+  const panic = model.panic_subsets.length
+    ? el("span", { class: "badge warn" }, "panic: " + model.panic_subsets.join(", "))
+    : null;
+  const queue = model.max_pending_requests ? `${model.queued}/${model.max_pending_requests}` : String(model.queued);
+  const facts = [
+    `${model.active_requests} active`,
+    `${queue} queued`,
+    `${model.retries_in_flight} retrying`,
+    model.routes.length ? "routes: " + model.routes.join(", ") : "no routes (every endpoint)",
+  ].join(" · ");
+  const head = el("tr", {}, ...["endpoint", "subset", "url", "health", "in flight", "ejection", "circuit"].map(
+    (name) => el("th", { class: name === "in flight" ? "num" : "" }, name),
+  ));
+  const rows = model.endpoints.map((endpoint) => renderEndpoint(endpoint));
+  return el(
+    "article",
+    { class: "model", "data-model": model.name },
+    el("h3", {}, model.name, el("span", { class: "badge", "data-strategy": model.strategy }, model.strategy), ready, panic),
+    el("p", { class: "muted" }, facts),
+    el("div", { class: "scroll" }, el("table", { class: "endpoints" }, el("thead", {}, head), el("tbody", {}, ...rows))),
+  );
+}
+
+function renderEndpoint(endpoint) {
+  const health = endpoint.health;
+  const healthText = health.status === "healthy" ? "healthy" : "unhealthy" + (health.last_error ? ": " + health.last_error : "");
+  const ejection = endpoint.ejection;
+  let ejectionText = "in";
+  if (ejection.ejected) ejectionText = `ejected, back in ${fixed(ejection.seconds_left)} s`;
+  if (ejection.ejections) ejectionText += ` (ejected ${ejection.ejections}×)`;
+  const circuit = endpoint.circuit;
+  const circuitText = circuit.state + (circuit.max_requests ? ` · max ${circuit.max_requests}` : " · no limit");
+  return el(
+    "tr",
+    { "data-endpoint": endpoint.name },
+    el("td", {}, endpoint.name),
+    el("td", {}, endpoint.subset),
+    el("td", { class: "muted" }, endpoint.url),
+    el("td", { class: health.status === "healthy" ? "ok" : "bad", title: health.checked ? "" : "not probed yet" }, healthText),
+    el("td", { class: "num" }, endpoint.in_flight),
+    el("td", { class: ejection.ejected ? "bad" : "" }, ejectionText),
+    el("td", { class: circuit.state === "open" ? "bad" : "" }, circuitText),
+  );
+}
+
+// --- strategy ----------------------------------------------------------------------------------
+
+function fillSelect(select, values, keep) {
+  const chosen = select.value;
+  const first = keep ? [...select.options].slice(0, keep) : [];
+  select.replaceChildren(...first, ...values.map((value) => el("option", { value }, value)));
+  if ([...select.options].some((option) => option.value === chosen)) select.value = chosen;
+}
+
+function renderStrategies(data) {
+  const names = data.models.map((model) => model.name);
+  if ($("strategy-name").options.length !== data.strategies.length) fillSelect($("strategy-name"), data.strategies, 0);
+  if (names.join() !== knownModels.join()) {
+    knownModels = names;
+    fillSelect($("strategy-model"), names, 1);
+    fillSelect($("canary-model"), names, 0);
+  }
+  $("strategy-current").textContent =
+    "Now: " + data.models.map((model) => `${model.name} ${model.strategy}`).join(", ");
+  currentStrategies = new Map(data.models.map((model) => [model.name, model.strategy]));
+  if (!strategyPicked) showCurrentStrategy();
+}
+
+// The strategy picker shows the chosen model's strategy (the first model's for "every model")
+// until the user picks one; choosing another model shows that model's again.
+let currentStrategies = new Map();
+let strategyPicked = false;
+
+function showCurrentStrategy() {
+  const model = $("strategy-model").value || knownModels[0];
+  const current = currentStrategies.get(model);
+  if (current !== undefined) $("strategy-name").value = current;
+}
+
+async function switchStrategy(event) {
+  event.preventDefault();
+  const strategy = $("strategy-name").value;
+  const model = $("strategy-model").value;
+  const body = model ? { strategy, model } : { strategy };
+  $("strategy-switch").disabled = true;
+  say("strategy-result", "switching…");
+  try {
+    const response = await adminFetch("/admin/strategy", {
+      method: "PUT",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    if (!response.ok) {
+      say("strategy-result", "Not switched: " + (await errorText(response)), "bad");
+      return;
+    }
+    say("strategy-result", `Switched ${model || "every model"} to ${strategy}.`, "ok");
+    await refreshOverview();
+  } catch (error) {
+    say("strategy-result", "Not switched. " + error.message, "bad");
+  } finally {
+    $("strategy-switch").disabled = false;
+  }
+}
+
+// --- the live routing log ------------------------------------------------------------------------
+
+let logController = null;
+let lastSeq = 0; // the stream replays what the gateway kept after it (0: everything kept)
+let dropped = 0;
+let pendingRecords = [];
+let drawScheduled = false;
+
+async function followLog() {
+  if (logController) logController.abort();
+  const controller = (logController = new AbortController());
+  while (!controller.signal.aborted) {
+    try {
+      const response = await adminFetch("/admin/log/stream", {
+        headers: { "Last-Event-ID": String(lastSeq) },
+        signal: controller.signal,
+      });
+      if (!response.ok) throw new Error(await errorText(response));
+      say("log-status", "live", "ok");
+      await readEvents(response.body, onLogEvent);
+      say("log-status", "the gateway ended the stream; reconnecting…", "bad");
+    } catch (error) {
+      if (controller.signal.aborted) return;
+      if (error instanceof AuthNeeded) {
+        say("log-status", "needs the admin token", "bad");
+        return; // entering the token starts it again
+      }
+      say("log-status", "disconnected (" + error.message + "); reconnecting…", "bad");
+    }
+    await sleep(RECONNECT_MS);
+  }
+}
+
+function onLogEvent(type, data) {
+  if (type === "dropped") {
+    dropped += JSON.parse(data).dropped;
+    say("log-status", `live; ${dropped} records skipped because this page fell behind`, "bad");
+    return;
+  }
+  if (type !== "message") return;
+  const record = JSON.parse(data);
+  lastSeq = record.seq;
+  // Drawn once per frame, at most LOG_ROWS of them: a busy gateway sends thousands a second.
+  pendingRecords.push(record);
+  if (pendingRecords.length > LOG_ROWS) pendingRecords.splice(0, pendingRecords.length - LOG_ROWS);
+  if (!drawScheduled) {
+    drawScheduled = true;
+    requestAnimationFrame(drawLog);
+  }
+}
+
+function drawLog() {
+  drawScheduled = false;
+  const rows = pendingRecords.map(logRow).reverse(); // newest first
+  pendingRecords = [];
+  const body = $("log").tBodies[0];
+  body.prepend(...rows);
+  while (body.rows.length > LOG_ROWS) body.deleteRow(-1);
+  $("log-empty").hidden = true;
+}
+
+function logRow(record) {
+  const cache = record.cache_hit === null ? "–" : record.cache_hit ? "hit" : "miss";
+  return el(
+    "tr",
+    { class: "fresh", "data-request-id": record.request_id, "data-seq": String(record.seq) },
+    el("td", {}, clock(record.time)),
+    el("td", { "data-field": "model" }, record.model),
+    el("td", { "data-field": "route" }, record.route),
+    el("td", { "data-field": "subset" }, record.subset),
+    el("td", { "data-field": "backend" }, record.backend || "(none)"),
+    el("td", { "data-field": "strategy" }, record.strategy),
+    el("td", { "data-field": "status", class: record.status < 400 ? "ok" : "bad" }, record.status),
+    el("td", { "data-field": "latency", class: "num" }, fixed(record.latency_ms)),
+    el("td", { "data-field": "cache" }, cache),
+    el("td", { class: "id" }, record.request_id || "–"), // graph steps the gateway calls itself have none
+  );
+}
+
+// --- chat ----------------------------------------------------------------------------------------
+
+async function loadModels() {
+  try {
+    const response = await fetch("/v1/models");
+    if (!response.ok) throw new Error(await errorText(response));
+    const names = (await response.json()).data.map((model) => model.id);
+    fillSelect($("chat-model"), names, 0);
+  } catch (error) {
+    say("chat-meta", "could not list the models: " + error.message, "bad");
+  }
+}
+
+async function sendChat(event) {
+  event.preventDefault();
+  const model = $("chat-model").value;
+  const prompt = $("chat-input").value.trim();
+  if (!model || !prompt) return;
+  const answer = $("chat-answer");
+  answer.textContent = "";
+  answer.dataset.state = "waiting";
+  $("chat-send").disabled = true;
+  say("chat-meta", "waiting for the first token…");
+  const started = performance.now();
+  let chunks = 0;
+  let first = null;
+  let failure = null;
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({
+        model,
+        stream: true,
+        max_tokens: Number($("chat-max-tokens").value) || 64,
+        messages: [{ role: "user", content: prompt }],
+      }),
+    });
+    if (!response.ok) {
+      failure = `${response.status}: ${await errorText(response)}`;
+      return;
+    }
+    const backend = response.headers.get("X-Modelyard-Backend") || "?";
+    const strategy = response.headers.get("X-Modelyard-Strategy") || "?";
+    answer.dataset.state = "streaming";
+    await readEvents(response.body, (_type, data) => {
+      if (data === "[DONE]") return;
+      const chunk = JSON.parse(data);
+      if (chunk.error) {
+        failure = chunk.error.message || String(chunk.error);
+        return;
+      }
+      const choice = (chunk.choices || [])[0] || {};
+      const text = (choice.delta && choice.delta.content) || choice.text || "";
+      if (!text) return;
+      if (first === null) first = performance.now() - started;
+      chunks += 1;
+      answer.append(text);
+      say("chat-meta", `streaming from ${backend} (${strategy}): ${chunks} chunks`);
+    });
+    if (!failure) {
+      const total = performance.now() - started;
+      answer.dataset.chunks = String(chunks);
+      say(
+        "chat-meta",
+        `${chunks} chunks streamed from ${backend} (${strategy}); first token ${fixed(first, 0)} ms, all ${fixed(total, 0)} ms`,
+        "ok",
+      );
+    }
+  } catch (error) {
+    failure = error.message;
+  } finally {
+    answer.dataset.state = failure ? "error" : "done";
+    if (failure) say("chat-meta", "Failed: " + failure, "bad");
+    $("chat-send").disabled = false;
+  }
+}
+
+// --- graphs --------------------------------------------------------------------------------------
+
+let knownGraphs = null;
+
+// Graphs come and go at runtime (PUT /admin/graphs): listed again with every refresh.
+async function loadGraphs() {
+  try {
+    const response = await adminFetch("/v1/graphs"); // needs the token when admin.protect_graph_views
+    if (!response.ok) throw new Error(await errorText(response));
+    const names = (await response.json()).data.map((graph) => graph.name);
+    if (knownGraphs !== null && names.join() === knownGraphs.join()) return; // keep the last run shown
+    knownGraphs = names;
+    fillSelect($("graph-name"), names, 0);
+    $("graph-run").disabled = !names.length;
+    say("graph-status", names.length ? "" : "This gateway serves no graph.");
+  } catch (error) {
+    knownGraphs = null;
+    $("graph-run").disabled = true;
+    say("graph-status", error instanceof AuthNeeded ? "Listing graphs needs the admin token." : "could not list the graphs: " + error.message, "bad");
+  }
+}
+
+async function runGraph(event) {
+  event.preventDefault();
+  const name = $("graph-name").value;
+  const text = $("graph-body").value;
+  try {
+    JSON.parse(text);
+  } catch (error) {
+    say("graph-status", "The body is not JSON: " + error.message, "bad");
+    return;
+  }
+  $("graph-run").disabled = true;
+  say("graph-status", "running…");
+  const started = performance.now();
+  try {
+    const response = await fetch("/v1/graphs/" + encodeURIComponent(name), {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "X-Modelyard-Trace": "1" },
+      body: text,
+    });
+    const answer = await response.text();
+    const ms = performance.now() - started;
+    say("graph-status", `${name}: ${response.status} in ${fixed(ms, 0)} ms`, response.ok ? "ok" : "bad");
+    let shown = answer;
+    try {
+      shown = JSON.stringify(JSON.parse(answer), null, 2);
+    } catch (_) {
+      // not JSON: shown as it came
+    }
+    $("graph-answer").textContent = shown;
+    $("graph-answer").hidden = false;
+    renderTrace(response.headers.get("X-Modelyard-Graph-Trace"));
+  } catch (error) {
+    say("graph-status", "Failed: " + error.message, "bad");
+  } finally {
+    $("graph-run").disabled = false;
+  }
+}
+
+function renderTrace(header) {
+  const table = $("graph-trace");
+  if (!header) {
+    table.hidden = true;
+    return;
+  }
+  const trace = JSON.parse(header);
+  const rows = trace.steps.map((step) =>
+    el(
+      "tr",
+      { "data-step": step.step },
+      el("td", {}, step.node),
+      el("td", {}, step.step),
+      el("td", { class: "muted" }, step.target),
+      el("td", { class: step.status < 400 ? "ok" : "bad" }, step.status),
+      el("td", { class: "num" }, fixed(step.ms)),
+    ),
+  );
+  rows.push(el("tr", {}, el("td", { colSpan: 4 }, "whole graph"), el("td", { class: "num" }, fixed(trace.ms))));
+  table.tBodies[0].replaceChildren(...rows);
+  table.hidden = false;
+}
+
+// --- canary comparison -----------------------------------------------------------------------------
+
+async function refreshCanary() {
+  const model = $("canary-model").value;
+  if (!model) return;
+  try {
+    const response = await adminFetch(`/admin/models/${encodeURIComponent(model)}/canary`);
+    if (!response.ok) throw new Error(await errorText(response));
+    renderCanary(await response.json());
+  } catch (error) {
+    const text = error instanceof AuthNeeded ? "Needs the admin token." : "could not load: " + error.message;
+    $("canary").replaceChildren(el("p", { class: "bad" }, text));
+  }
+}
+
+function renderCanary(data) {
+  const routes = [...new Set([...Object.keys(data.mirrors), ...Object.keys(data.routes)])];
+  if (!routes.length) {
+    $("canary").replaceChildren(
+      el("p", { class: "muted" }, `No route of ${data.model} mirrors traffic: give a route a mirror to compare a canary with it.`),
+    );
+    return;
+  }
+  const parts = [];
+  for (const route of routes) {
+    const mirror = data.mirrors[route];
+    const summary = data.routes[route];
+    const target = mirror ? ` → mirrors ${mirror.percent}% to ${mirror.subset}` : "";
+    parts.push(el("h4", { "data-route": route }, `route ${route}${target}`));
+    if (!summary) {
+      parts.push(el("p", { class: "muted" }, "Nothing mirrored yet."));
+      continue;
+    }
+    parts.push(
+      el(
+        "p",
+        {},
+        `${summary.compared} answers compared · mean ROUGE-L ${fixed(summary.mean_rouge_l, 3)} · exact match ${percent(summary.exact_match_rate)}`,
+      ),
+    );
+    const head = el("tr", {}, ...["subset", "requests", "errors", "error rate", "p50 ms", "p95 ms"].map((name, i) => el("th", { class: i ? "num" : "" }, name)));
+    const rows = Object.entries(summary.subsets).map(([subset, stats]) =>
+      el(
+        "tr",
+        { "data-subset": subset },
+        el("td", {}, subset),
+        el("td", { class: "num" }, stats.requests),
+        el("td", { class: "num" }, stats.errors),
+        el("td", { class: "num" }, percent(stats.error_rate)),
+        el("td", { class: "num" }, fixed(stats.p50_ms)),
+        el("td", { class: "num" }, fixed(stats.p95_ms)),
+      ),
+    );
+    parts.push(el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
+  }
+  $("canary").replaceChildren(...parts);
+}
+
+// --- start ---------------------------------------------------------------------------------------
+
+function restart() {
+  showAuth(false);
+  knownGraphs = null;
+  refreshOverview();
+  followLog();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("token-form").addEventListener("submit", useToken);
+  $("token-forget").addEventListener("click", forgetToken);
+  $("strategy-form").addEventListener("submit", switchStrategy);
+  $("strategy-name").addEventListener("change", () => {
+    strategyPicked = true;
+  });
+  $("strategy-model").addEventListener("change", () => {
+    strategyPicked = false;
+    showCurrentStrategy();
+  });
+  $("chat-form").addEventListener("submit", sendChat);
+  $("graph-form").addEventListener("submit", runGraph);
+  $("canary-model").addEventListener("change", refreshCanary);
+  showTokenState();
+  loadModels();
+  restart();
+});

@@ -1,0 +1,156 @@
+"""The routing log: where each request went and how it ended, kept for the dashboard and
+`/admin/log`, and streamed to whoever follows it (`/admin/log/stream`).
+
+On the request path a record costs a small object, an append to a bounded ring and, only while
+someone follows the log, a `put_nowait` per subscriber: nothing awaits, nothing blocks. A subscriber
+that falls behind loses records (its queue is bounded) and is told how many; it never slows a
+request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+DEFAULT_SIZE = 500  # records kept for /admin/log
+DEFAULT_SUBSCRIBER_QUEUE = 4096  # records a subscriber may lag behind before it loses some
+
+
+@dataclass(slots=True)
+class RoutingRecord:
+    """One counted try or answer: `backend` is "" when no endpoint was chosen (503, 429);
+    `cache_hit` is None for strategies without affinity; `time` is seconds since the epoch."""
+
+    seq: int
+    time: float
+    model: str
+    route: str
+    subset: str
+    backend: str
+    strategy: str
+    status: int
+    latency_ms: float
+    cache_hit: bool | None
+    request_id: str
+
+
+class _End:
+    """Put in a subscriber's queue when the log closes (the gateway stops)."""
+
+
+END = _End()
+
+
+class Subscription:
+    """One reader of the live log. `next` waits for the next record (None after `seconds`, END
+    once the log closed); `take_dropped` says how many records were lost since it last asked."""
+
+    __slots__ = ("_queue", "dropped")
+
+    def __init__(self, limit: int) -> None:
+        self._queue: asyncio.Queue[RoutingRecord | _End] = asyncio.Queue(limit)
+        self.dropped = 0
+
+    def push(self, record: RoutingRecord | _End) -> None:
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    def end(self) -> None:
+        if self._queue.full():  # make room for the end marker: the subscriber is leaving anyway
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(END)
+
+    async def next(self, seconds: float) -> RoutingRecord | _End | None:
+        try:
+            async with asyncio.timeout(seconds):
+                return await self._queue.get()
+        except TimeoutError:
+            return None
+
+    def ready(self) -> Iterator[RoutingRecord | _End]:
+        """What is queued now, without waiting."""
+        while not self._queue.empty():
+            yield self._queue.get_nowait()
+
+    def take_dropped(self) -> int:
+        dropped, self.dropped = self.dropped, 0
+        return dropped
+
+
+class RoutingLog:
+    """The last `size` records, and the subscribers following new ones (each may lag
+    `subscriber_queue` records behind before it loses some)."""
+
+    def __init__(self, size: int = DEFAULT_SIZE, subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE) -> None:
+        self._ring: deque[RoutingRecord] = deque(maxlen=size)
+        self._subscribers: list[Subscription] = []
+        self.subscriber_queue = subscriber_queue
+        self._seq = 0
+        self.closed = False
+
+    def record(
+        self,
+        model: str,
+        route: str,
+        subset: str,
+        backend: str,
+        strategy: str,
+        status: int,
+        seconds: float,
+        cache_hit: bool | None,
+        request_id: str,
+    ) -> None:
+        self._seq += 1
+        entry = RoutingRecord(
+            self._seq,
+            time.time(),
+            model,
+            route,
+            subset,
+            backend,
+            strategy,
+            status,
+            round(seconds * 1000.0, 3),
+            cache_hit,
+            request_id,
+        )
+        self._ring.append(entry)
+        if self._subscribers:
+            for subscriber in self._subscribers:
+                subscriber.push(entry)
+
+    def recent(self, after: int = 0) -> list[RoutingRecord]:
+        """The records kept, oldest first; with `after`, only those with a greater `seq`."""
+        if after <= 0:
+            return list(self._ring)
+        return [r for r in self._ring if r.seq > after]
+
+    def subscribe(self) -> Subscription:
+        """A new subscriber; it gets every record from now on (an ended one if the log is closed)."""
+        subscriber = Subscription(self.subscriber_queue)
+        if self.closed:
+            subscriber.end()
+        else:
+            self._subscribers.append(subscriber)
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscription) -> None:
+        if subscriber in self._subscribers:
+            self._subscribers.remove(subscriber)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    def close(self) -> None:
+        """End every subscriber's stream (the gateway is stopping)."""
+        self.closed = True
+        subscribers, self._subscribers = self._subscribers, []
+        for subscriber in subscribers:
+            subscriber.end()

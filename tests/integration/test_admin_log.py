@@ -1,0 +1,188 @@
+"""What the dashboard reads, over HTTP: `/admin/overview`, `/admin/log` and the live stream of it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from modelyard.gateway import GATEWAY
+from modelyard.gateway import admin as admin_module
+from support import free_ports, model_config
+
+TOKEN = "dashboard-secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CHAT = "/v1/chat/completions"
+
+
+def chat(content: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
+
+
+async def get_json(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> Any:
+    async with http.get(url, headers=headers or {}) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def send(
+    http: aiohttp.ClientSession, url: str, request_id: str, **extra: Any
+) -> aiohttp.ClientResponse:
+    async with http.post(url + CHAT, json=chat(**extra), headers={"X-Request-Id": request_id}) as response:
+        await response.read()
+        return response
+
+
+async def next_event(stream: aiohttp.ClientResponse) -> dict[str, str]:
+    """The next event of a server-sent event stream, comments skipped: its fields."""
+    while True:
+        block = (await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 10)).decode()
+        fields = dict(line.split(": ", 1) for line in block.strip().splitlines() if not line.startswith(":"))
+        if fields:
+            return fields
+
+
+async def test_the_dashboards_admin_calls_need_the_token(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(1))], admin={"token": TOKEN})
+    for path in ("/admin/overview", "/admin/log", "/admin/log/stream"):
+        async with http.get(gateway.url + path, headers={"Authorization": "Bearer wrong"}) as response:
+            assert response.status == 401
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+            error = (await response.json())["error"]
+            assert error["type"] == "authentication_error"
+            assert "Authorization: Bearer" in error["message"]
+        async with http.get(gateway.url + path, headers=AUTH) as response:
+            assert response.status == 200
+    overview = await get_json(http, gateway.url + "/admin/overview", AUTH)
+    assert overview["admin_token_required"] is True
+    assert TOKEN not in orjson.dumps(overview).decode()
+
+
+async def test_the_overview_shows_each_endpoints_health_load_ejection_and_circuit(
+    sim_workers, gateways, http
+):
+    failing = await sim_workers(1, fail_rate=1.0)
+    workers = await sim_workers(2, decode_ms_per_token=20.0)
+    (dead_port,) = free_ports(1)
+    config = model_config(
+        "m",
+        [*failing, *workers],
+        strategy="round_robin",
+        outlier_detection={"consecutive_5xx": 2, "base_ejection_time": "30s"},
+        circuit_breakers={"max_requests": 1},
+    )
+    config["endpoints"].append({"name": "dead", "url": f"http://127.0.0.1:{dead_port}"})
+    gateway = await gateways([config])
+    for i in range(6):  # w0 answers 500 twice: ejected
+        await send(http, gateway.url, f"r{i}", max_tokens=1)
+    long = await http.post(gateway.url + CHAT, json=chat("long", max_tokens=5000, stream=True))
+    try:
+        await long.content.readline()  # running upstream now: that endpoint is full
+        overview = await get_json(http, gateway.url + "/admin/overview")
+    finally:
+        long.close()
+    assert overview["admin_token_required"] is False
+    assert "round_robin" in overview["strategies"]
+    (model,) = overview["models"]
+    assert (model["name"], model["strategy"], model["ready"]) == ("m", "round_robin", True)
+    endpoints = {e["name"]: e for e in model["endpoints"]}
+    assert list(endpoints) == ["w0", "w1", "w2", "dead"]
+    assert endpoints["w1"]["url"] == workers[0].url
+    assert endpoints["dead"]["health"]["status"] == "unhealthy"
+    assert endpoints["dead"]["health"]["last_error"]
+    assert endpoints["dead"]["routable"] is False
+    ejection = endpoints["w0"]["ejection"]
+    assert ejection["ejected"] is True and ejection["ejections"] == 1
+    assert 0 < ejection["seconds_left"] <= 30
+    assert endpoints["w0"]["health"]["status"] == "healthy" and endpoints["w0"]["routable"] is False
+    busy = endpoints[long.headers["X-Modelyard-Backend"]]
+    assert busy["in_flight"] == 1
+    assert busy["circuit"] == {"state": "open", "max_requests": 1}
+    idle = next(e for e in endpoints.values() if e["routable"] and e is not busy)
+    assert idle["in_flight"] == 0 and idle["circuit"]["state"] == "closed"
+    assert not idle["ejection"]["ejected"] and idle["ejection"]["seconds_left"] is None
+
+
+async def test_the_log_records_where_each_request_went(sim_workers, gateways, http):
+    workers = await sim_workers(2)
+    (dead_port,) = free_ports(1)
+    down = {"name": "down", "endpoints": [{"url": f"http://127.0.0.1:{dead_port}"}]}
+    gateway = await gateways([model_config("m", workers, strategy="kv_aware"), down])
+    answers = [await send(http, gateway.url, f"kv-{i}", content="the same prompt " * 10) for i in range(2)]
+    async with http.post(gateway.url + CHAT, json={**chat(), "model": "down"}) as refused:
+        assert refused.status == 503
+    records = (await get_json(http, gateway.url + "/admin/log"))["records"]
+    assert [r["seq"] for r in records] == [1, 2, 3]
+    first, second, unrouted = records
+    for record, answer in zip((first, second), answers, strict=True):
+        assert record["request_id"] == answer.headers["X-Request-Id"]
+        assert record["backend"] == answer.headers["X-Modelyard-Backend"]
+        assert (record["model"], record["route"], record["subset"]) == ("m", "default", "*")
+        assert (record["strategy"], record["status"]) == ("kv_aware", 200)
+        assert record["latency_ms"] > 0 and record["time"] > 0
+    assert (first["cache_hit"], second["cache_hit"]) == (False, True)
+    assert unrouted["model"] == "down" and unrouted["backend"] == ""
+    assert unrouted["status"] == 503 and unrouted["cache_hit"] is None
+
+
+async def test_the_stream_sends_records_as_they_happen(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(2), strategy="round_robin")])
+    await send(http, gateway.url, "before")
+    async with http.get(gateway.url + "/admin/log/stream") as stream:
+        assert stream.status == 200
+        assert stream.content_type == "text/event-stream"
+        assert await stream.content.readuntil(b"\n\n") == b": modelyard routing log\n\n"  # no replay asked
+        answer = await send(http, gateway.url, "live")
+        event = await next_event(stream)
+    record = orjson.loads(event["data"])
+    assert event["id"] == str(record["seq"]) == "2"
+    assert record["request_id"] == "live"
+    assert record["backend"] == answer.headers["X-Modelyard-Backend"]
+
+
+async def test_last_event_id_replays_the_records_kept_after_it(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    for i in range(3):
+        await send(http, gateway.url, f"r{i}")
+    async with http.get(gateway.url + "/admin/log/stream", headers={"Last-Event-ID": "1"}) as stream:
+        replayed = [await next_event(stream) for _ in range(2)]
+        await send(http, gateway.url, "r3")
+        live = await next_event(stream)
+    assert [orjson.loads(e["data"])["request_id"] for e in [*replayed, live]] == ["r1", "r2", "r3"]
+
+
+async def test_a_stream_that_falls_behind_is_told_how_many_records_it_lost(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    log = gateway.app[GATEWAY].metrics.routing_log
+    log.subscriber_queue = 2
+    async with http.get(gateway.url + "/admin/log/stream") as stream:
+        await stream.content.readuntil(b"\n\n")
+        for _ in range(10):  # in one go, as a burst of answers would while the stream's writes wait
+            log.record("m", "default", "*", "w0", "round_robin", 200, 0.001, None, "burst")
+        events = [await next_event(stream) for _ in range(3)]
+    assert [e.get("id") for e in events] == ["1", "2", None]
+    assert events[2]["event"] == "dropped"
+    assert orjson.loads(events[2]["data"]) == {"dropped": 8}
+
+
+async def test_an_idle_stream_gets_heartbeats(sim_workers, gateways, http, monkeypatch):
+    monkeypatch.setattr(admin_module, "HEARTBEAT_SECONDS", 0.05)
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    async with http.get(gateway.url + "/admin/log/stream") as stream:
+        await stream.content.readuntil(b"\n\n")
+        assert await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5) == b": heartbeat\n\n"
+
+
+@pytest.mark.parametrize("reading", [True, False])
+async def test_the_stream_ends_cleanly_when_the_gateway_stops(sim_workers, gateways, http, reading):
+    gateway = await gateways([model_config("m", await sim_workers(1))])  # shutdown_timeout 20 s
+    async with http.get(gateway.url + "/admin/log/stream") as stream:
+        await stream.content.readuntil(b"\n\n")
+        reader = asyncio.ensure_future(stream.content.read()) if reading else None
+        await asyncio.wait_for(gateway.stop(), 5)  # not held for the shutdown timeout by the stream
+        rest = await (reader if reader is not None else stream.content.read())
+    assert rest == b""
+    assert gateway.app[GATEWAY].metrics.routing_log.subscribers == 0

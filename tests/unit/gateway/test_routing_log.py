@@ -1,0 +1,101 @@
+"""The routing log: a bounded ring, subscribers with bounded queues that lose (and count) what they
+cannot keep, and an end for every subscriber when the gateway stops."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from modelyard.gateway.routing_log import END, RoutingLog, RoutingRecord
+
+
+def record(log: RoutingLog, backend: str = "w0", status: int = 200, cache_hit: bool | None = None) -> None:
+    log.record("m", "default", "*", backend, "round_robin", status, 0.0123456, cache_hit, "req-1")
+
+
+def test_a_record_holds_where_the_request_went_and_how_it_ended():
+    log = RoutingLog()
+    before = time.time()
+    record(log, "w1", 503, cache_hit=True)
+    (entry,) = log.recent()
+    assert before <= entry.time <= time.time()
+    assert entry == RoutingRecord(
+        1, entry.time, "m", "default", "*", "w1", "round_robin", 503, 12.346, True, "req-1"
+    )
+    assert orjson.loads(orjson.dumps(entry)) == {
+        "seq": 1,
+        "time": entry.time,
+        "model": "m",
+        "route": "default",
+        "subset": "*",
+        "backend": "w1",
+        "strategy": "round_robin",
+        "status": 503,
+        "latency_ms": 12.346,
+        "cache_hit": True,
+        "request_id": "req-1",
+    }
+
+
+def test_the_ring_keeps_the_latest_records_in_order():
+    log = RoutingLog(size=3)
+    for _ in range(5):
+        record(log)
+    assert [r.seq for r in log.recent()] == [3, 4, 5]
+    assert [r.seq for r in log.recent(after=4)] == [5]
+    assert log.recent(after=5) == []
+    assert [r.seq for r in log.recent(after=0)] == [3, 4, 5]
+
+
+def test_a_subscriber_gets_the_records_made_after_it_subscribed():
+    log = RoutingLog()
+    record(log, "before")
+    subscription = log.subscribe()
+    record(log, "w0")
+    record(log, "w1")
+    assert [r.backend for r in subscription.ready() if isinstance(r, RoutingRecord)] == ["w0", "w1"]
+    assert list(subscription.ready()) == []
+    log.unsubscribe(subscription)
+    record(log, "after")
+    assert list(subscription.ready()) == []
+    assert log.subscribers == 0
+
+
+async def test_next_waits_for_a_record_and_gives_none_when_none_comes():
+    log = RoutingLog()
+    subscription = log.subscribe()
+    assert await subscription.next(0) is None
+    record(log)
+    got = await subscription.next(1)
+    assert isinstance(got, RoutingRecord) and got.seq == 1
+
+
+def test_a_subscriber_that_falls_behind_loses_records_and_is_told_how_many():
+    log = RoutingLog(subscriber_queue=2)
+    slow, other = log.subscribe(), log.subscribe()
+    for _ in range(5):
+        record(log)
+    assert [r.seq for r in slow.ready() if isinstance(r, RoutingRecord)] == [1, 2]
+    assert slow.take_dropped() == 3
+    assert slow.take_dropped() == 0  # told once
+    record(log)
+    assert [r.seq for r in slow.ready() if isinstance(r, RoutingRecord)] == [6]
+    assert other.take_dropped() == 4  # each subscriber its own queue
+    assert [r.seq for r in log.recent()] == [1, 2, 3, 4, 5, 6]  # the ring lost nothing
+
+
+def test_closing_ends_every_subscriber_even_a_full_one():
+    log = RoutingLog(subscriber_queue=2)
+    idle, full = log.subscribe(), log.subscribe()
+    list(idle.ready())
+    for _ in range(2):
+        record(log)
+    list(idle.ready())
+    log.close()
+    assert list(idle.ready()) == [END]
+    assert list(full.ready())[-1] is END
+    assert log.subscribers == 0
+    late = log.subscribe()  # the gateway is stopping: a new stream ends at once
+    assert list(late.ready()) == [END]
+    assert log.subscribers == 0
