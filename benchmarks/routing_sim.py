@@ -113,6 +113,7 @@ class Strategy(Router):
         self.service = ServiceModel()
         self.flights = Flights()
         self.sent: dict[int, tuple[str, int, float, bool]] = {}  # job -> (worker, uncached, sent, idle)
+        self.picked: dict[int, tuple[str, bool | None]] = {}  # job -> (worker, kv_aware's cache hit)
         self.chunk_chars = self.params.chunk_chars
         self.prefix = "prefix" in {n.value for n in self.strategy.needs}
 
@@ -136,22 +137,27 @@ class Strategy(Router):
             waits=waits,
             service=line,
         )
-        chosen = self.strategy.pick(cluster.workers, ctx, rng).index
-        name = names[chosen]
-        self.affinity.setdefault(job.prompt[: self.prefix_chars], name)
+        pick = self.strategy.pick(cluster.workers, ctx, rng)
+        name = names[pick.index]
+        # As the gateway: kv_aware's affinity and prefix_aware's index learn from the answer
+        # (`ended`), the flights start now.
+        self.picked[index] = (name, pick.cache_hit)
         if self.prefix:
             assert held is not None
             uncached = max(0, len(request.prompt) - held[name] * self.chunk_chars)
             expected = line[0] * uncached + line[1] if line is not None else 0.0
             self.sent[index] = (name, uncached, now, self.flights.count(name) < self.params.slots)
             self.flights.start(name, index, now, expected)
-            self.index.record(self.index.chunks(request.prompt), name)
-        return chosen
+        return pick.index
 
     def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
+        name, cache_hit = self.picked.pop(index)
+        if not cache_hit:  # proxy._remember: a miss (a new prefix, or the guard's detour) remembers
+            self.affinity[job.prompt[: self.prefix_chars]] = name
         if index in self.sent:
             name, uncached, sent, idle = self.sent.pop(index)
             self.flights.end(name, index)
+            self.index.record(self.index.chunks(job.prompt), name)  # after the 2xx answer
             if idle:
                 self.service.observe(uncached, now - sent)
 

@@ -371,6 +371,12 @@ class AdminConfig(_Strict):
         description="with a token, GET /v1/graphs and /v1/graphs/{name} need it too "
         "(graph specs list service URLs)",
     )
+    max_log_streams: int = Field(
+        16,
+        ge=1,
+        description="live routing-log streams (/admin/log/stream) open at once; each costs every "
+        "request a queue put, so one more is refused with 503 and Retry-After",
+    )
 
 
 class UpstreamConfig(_Strict):

@@ -32,6 +32,7 @@
     ├── SchedulerUnavailable            503 (the scheduler or an agent stream could not be reached)
     ├── ModelNotResident                503 (an agent could not load an evicted model back for a request)
     ├── TooManyConnections              503 (listen.max_connections open; with Retry-After)
+    ├── TooManyLogStreams               503 (admin.max_log_streams live-log streams open; Retry-After)
     ├── StoreWriteFailed                500 (the scheduler could not write its database; the change
     │                                        stays in memory and is written with the next one)
     └── StateUnavailable                503 (internal: the gateway falls back to local state)
@@ -262,6 +263,17 @@ class TooManyConnections(ModelyardError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"Retry-After": "1"})
+
+
+class TooManyLogStreams(ModelyardError):
+    """Every live-log stream the gateway allows is open: each one costs every request a queue put."""
+
+    status = 503
+    error_type = "service_unavailable"
+    code = "too_many_log_streams"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "5"})
 
 
 class StoreWriteFailed(ModelyardError):

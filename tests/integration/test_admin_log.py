@@ -11,7 +11,7 @@ import pytest
 
 from modelyard.gateway import GATEWAY
 from modelyard.gateway import admin as admin_module
-from support import free_ports, model_config
+from support import free_ports, metric_value, model_config, wait_until
 
 TOKEN = "dashboard-secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -186,3 +186,83 @@ async def test_the_stream_ends_cleanly_when_the_gateway_stops(sim_workers, gatew
         rest = await (reader if reader is not None else stream.content.read())
     assert rest == b""
     assert gateway.app[GATEWAY].metrics.routing_log.subscribers == 0
+
+
+async def no_subscribers(gateway: Any) -> None:
+    log = gateway.app[GATEWAY].metrics.routing_log
+
+    async def gone() -> bool:
+        return log.subscribers == 0
+
+    await wait_until(gone)
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        "garbage",
+        "9" * 4301,  # more digits than int() converts: a ValueError before the fix
+        "12345678901234567890",  # 20 digits: no seq gets there
+        "-1",
+        "0x10",
+        "1e3",
+        "١٢",  # Arabic-Indic digits: str.isdigit says yes
+    ],
+)
+async def test_a_bad_last_event_id_is_ignored_and_nothing_stays_subscribed(sim_workers, gateways, http, last):
+    """EventSource resends the last id it saw: an id that is not a `seq` must not break the stream
+    (nor leave a subscriber behind that every request keeps feeding)."""
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    await send(http, gateway.url, "before")
+    async with http.get(gateway.url + "/admin/log/stream", headers={"Last-Event-ID": last}) as stream:
+        assert stream.status == 200, await stream.text()
+        assert await stream.content.readuntil(b"\n\n") == b": modelyard routing log\n\n"  # no replay
+        await send(http, gateway.url, "live")
+        event = await next_event(stream)
+    assert orjson.loads(event["data"])["request_id"] == "live"
+    await no_subscribers(gateway)
+
+
+async def test_a_reader_that_disconnects_is_unsubscribed(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    log = gateway.app[GATEWAY].metrics.routing_log
+    async with http.get(gateway.url + "/admin/log/stream") as stream:
+        await stream.content.readuntil(b"\n\n")
+        assert log.subscribers == 1
+    await no_subscribers(gateway)
+    assert (await send(http, gateway.url, "after")).status == 200
+
+
+async def test_streams_beyond_max_log_streams_get_503_with_retry_after(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(1))], admin={"max_log_streams": 1})
+    url = gateway.url + "/admin/log/stream"
+    async with http.get(url) as first:
+        await first.content.readuntil(b"\n\n")
+        async with http.get(url, headers={"Last-Event-ID": "0"}) as refused:
+            assert refused.status == 503
+            assert refused.headers["Retry-After"] == "5"
+            error = (await refused.json())["error"]
+        assert (error["type"], error["code"]) == ("service_unavailable", "too_many_log_streams")
+        assert "admin.max_log_streams" in error["message"]
+        assert await metric_value(http, gateway.url, "modelyard_log_streams_open") == 1
+        assert await metric_value(http, gateway.url, "modelyard_log_streams_refused_total") == 1
+        await send(http, gateway.url, "live")
+        assert orjson.loads((await next_event(first))["data"])["request_id"] == "live"
+    await no_subscribers(gateway)
+    assert await metric_value(http, gateway.url, "modelyard_log_streams_open") == 0
+    async with http.get(url) as again:  # room again
+        assert again.status == 200
+        await again.content.readuntil(b"\n\n")
+
+
+async def test_the_dashboard_with_a_trailing_slash_sends_the_browser_to_the_page(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    for query in ("", "?model=m", "?q=a%20b%26c"):  # the query as sent
+        asked, location = "/dashboard/" + query, "/dashboard" + query
+        async with http.get(gateway.url + asked, allow_redirects=False) as response:
+            assert response.status == 307
+            assert response.headers["Location"] == location
+    async with http.get(gateway.url + "/dashboard/") as followed:
+        assert followed.status == 200 and followed.content_type == "text/html"
+        assert str(followed.url) == gateway.url + "/dashboard"
+        assert "modelyard dashboard" in await followed.text()

@@ -314,3 +314,26 @@ async def test_graphs_run_with_their_trace_and_the_canary_comparison(sim_workers
     await dashboard.shows("#canary h4[data-route='shadowed']", "route shadowed → mirrors 100% to v2")
     await dashboard.shows("#canary p", "3 answers compared")
     await dashboard.screenshot("graphs-and-canary")
+
+
+async def test_the_address_with_a_trailing_slash_opens_the_page(sim_workers, gateways, page):
+    gateway = await gateways([model_config("chat", await sim_workers(1))])
+    dashboard = await page(gateway)
+    await dashboard.run(dashboard.driver.get, gateway.url + "/dashboard/")
+    await dashboard.until(lambda d: d.current_url == gateway.url + "/dashboard", "the page's own address")
+    await dashboard.until(endpoint_rows("chat"), "the endpoints of chat")
+
+
+async def test_a_refused_log_stream_says_why_and_comes_back_once_there_is_room(
+    sim_workers, gateways, http, page
+):
+    gateway = await gateways([model_config("chat", await sim_workers(1))], admin={"max_log_streams": 1})
+    async with http.get(gateway.url + "/admin/log/stream") as held:  # the only stream allowed
+        await held.content.readuntil(b"\n\n")
+        dashboard = await page(gateway)
+        await dashboard.shows("#log-status", "as many as admin.max_log_streams allows; try again")
+    # The page tries again after the 503's Retry-After (5 s): by then there is room.
+    await dashboard.until(lambda d: d.find_element(By.CSS_SELECTOR, "#log-status").text == "live", "live", 15)
+    console = await dashboard.run(dashboard.driver.get_log, "browser")  # the 503s, not the fixture's
+    refused = [e["message"] for e in console if e["level"] == "SEVERE"]
+    assert refused and all("/admin/log/stream" in m and "503" in m for m in refused), refused

@@ -227,8 +227,9 @@ class ResourceAware:
     plus the others' as of the last scrape), and among those the best score from the scraped
     signals (see `resource_score`). Endpoints whose scrape is stale or whose queue is full are
     skipped; with nothing fresh, least_pending. A 5-second-old scrape cannot see 300 ms requests
-    come and go, but the live count can: between scrapes it is never worse than least_pending,
-    and the scrape adds what this gateway cannot see (other gateways' requests, GPU and KV use)."""
+    come and go, but the live count can: between scrapes it follows this gateway's own requests
+    as least_pending does, and the scrape adds what this gateway cannot see (other gateways'
+    requests, GPU and KV use; a server's lagging gauges can overstate them until the next scrape)."""
 
     name = "resource_aware"
     needs = frozenset({Need.RESOURCES})

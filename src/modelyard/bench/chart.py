@@ -42,6 +42,18 @@ def split_shares(summary: Summary) -> list[tuple[str, float]]:
     return [(name, count / sent) for name, count in parts] if sent else []
 
 
+def row_label(summary: Summary) -> str:
+    """A row's name: the strategy, the P50 and P95 of its dots, and its failed requests (one run's,
+    like the dots)."""
+    values = summary.latencies_ms
+    if values:
+        label = f"{summary.label}\nP50 {percentile(values, 50):.0f} · P95 {percentile(values, 95):.0f} ms"
+    else:
+        label = f"{summary.label}\nno answers"
+    failed = sum(summary.failures.values())
+    return label + (f" · {failed} failed" if failed else "")
+
+
 def write_chart(results: Sequence[Summary], path: Path, title: str = "") -> None:
     """Draw `results` (a row each, in order; the latencies are each summary's `latencies_ms`) as a
     PNG at `path`. Raises ModelyardError, saying what to install, without matplotlib."""
@@ -71,18 +83,12 @@ def write_chart(results: Sequence[Summary], path: Path, title: str = "") -> None
         ys = [row + jitter.uniform(-0.28, 0.28) for _ in values]
         alpha = min(0.6, max(0.08, 12 / len(values) ** 0.5)) if values else 0.0
         latency.scatter(values, ys, s=12, color="C0", alpha=alpha, linewidths=0, zorder=3)
-        label = summary.label
         if values:
             p50, p95 = percentile(values, 50), percentile(values, 95)
             # Behind the dots, which they would hide.
             latency.vlines([p50], row - 0.4, row + 0.4, color="black", linewidth=2, zorder=2)
             latency.vlines([p95], row - 0.4, row + 0.4, color="C3", linewidth=2, zorder=2)
-            label += f"\nP50 {p50:.0f} · P95 {p95:.0f} ms"
-        else:
-            label += "\nno answers"
-        if summary.errors:
-            label += f" · {summary.errors} failed"
-        labels.append(label)
+        labels.append(row_label(summary))
     latency.set_yticks(list(rows), labels, fontsize=9)
     latency.set_ylim(len(results) - 0.5, -0.5)  # the first strategy on top, as in the table
     latency.set_xlim(left=0)

@@ -35,6 +35,7 @@ HEARTBEAT_SECONDS = 15.0  # a comment on an idle log stream, so that proxies kee
 # A log stream writes what came in this long after its first record at once: one wakeup and one
 # write per batch, not per request, keeps a followed log cheap under load.
 BATCH_SECONDS = 0.1
+_MAX_SEQ_DIGITS = 19  # 2**63 - 1 has 19: a seq never gets longer
 
 
 def check_admin(request: web.Request, *, graph_view: bool = False) -> None:
@@ -188,19 +189,24 @@ async def get_log(request: web.Request) -> web.Response:
 
 async def stream_log(request: web.Request) -> web.StreamResponse:
     """The routing log as server-sent events, one `data:` record each with its `seq` as the `id:`.
-    With `Last-Event-ID: <seq>` the records kept after it come first (0: every record kept). A
-    reader that falls behind gets `event: dropped` with how many it lost. Ends when the gateway
-    stops."""
+    With `Last-Event-ID: <seq>` the records kept after it come first (0: every record kept); any
+    other value is ignored, as a reconnecting EventSource expects. A reader that falls behind gets
+    `event: dropped` with how many it lost. Ends when the gateway stops. With
+    `admin.max_log_streams` streams open, 503 (TooManyLogStreams)."""
     check_admin(request)
     log = request.app[GATEWAY].metrics.routing_log
-    last = request.headers.get("Last-Event-ID", "").strip()
+    after = _last_seq(request.headers.get("Last-Event-ID", ""))
     # Subscribed and the backlog read with no await between: nothing is missed or sent twice.
-    subscription = log.subscribe()
-    backlog = log.recent(int(last)) if last.isascii() and last.isdigit() else []
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    subscription = log.subscribe()  # registers nothing when it raises
     try:
+        backlog = log.recent(after) if after is not None else []
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
         await response.prepare(request)
         await response.write(b": modelyard routing log\n\n" + b"".join(map(_event, backlog)))
         ended = False
@@ -225,6 +231,14 @@ async def stream_log(request: web.Request) -> web.StreamResponse:
     finally:
         log.unsubscribe(subscription)
     return response
+
+
+def _last_seq(header: str) -> int | None:
+    """A `Last-Event-ID` naming a `seq`: plain ASCII decimal digits, no more than a 64-bit count."""
+    value = header.strip()
+    if 0 < len(value) <= _MAX_SEQ_DIGITS and value.isascii() and value.isdigit():
+        return int(value)
+    return None
 
 
 def _event(record: RoutingRecord) -> bytes:

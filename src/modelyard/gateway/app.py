@@ -69,7 +69,8 @@ def create_app(
     add("GET", "/admin/overview", admin.get_overview)
     add("GET", "/admin/log", admin.get_log)
     add("GET", "/admin/log/stream", admin.stream_log)
-    page, asset = dashboard_handlers()
+    page, asset, to_page = dashboard_handlers()
     add("GET", "/dashboard", page)
+    add("GET", "/dashboard/", to_page)  # the address as people type it
     add("GET", "/dashboard/{asset}", asset)
     return app

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from modelyard.balancing import Need, RoutingContext, Strategy, build_strategy
 from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
@@ -42,6 +43,7 @@ log = logging.getLogger("modelyard.gateway")
 
 HealthListener = Callable[[str, str, bool], None]  # (model, endpoint, healthy)
 OutlierListener = Callable[[str, str, str], None]  # (model, endpoint, event)
+_NEVER_EJECTED = OutlierState()
 
 
 class Cluster:
@@ -328,3 +330,51 @@ class Cluster:
 
     def canary_summary(self) -> dict[str, object]:
         return {route: stats.summary() for route, stats in self._canary.items()}
+
+    # --- the overview ---------------------------------------------------------------------------
+
+    def describe(self, now: float) -> dict[str, Any]:
+        """This model as `/admin/overview` shows it: its strategy, routes and load, and per endpoint
+        its health, in-flight, ejection and circuit state; read only, a fresh dict each call.
+        `now` is monotonic time (ejections end at a monotonic instant)."""
+        return {
+            "name": self.name,
+            "strategy": self.strategy.name,
+            "ready": self.ready,
+            "routes": [route.name for route in self.config.routes],
+            "panic_subsets": sorted(self.panicking),
+            "queued": len(self.capacity),
+            "max_pending_requests": self.config.circuit_breakers.max_pending_requests,
+            "active_requests": self.budget.active,
+            "retries_in_flight": self.budget.retrying,
+            "endpoints": [self._describe_endpoint(e, now) for e in self.endpoints],
+        }
+
+    def _describe_endpoint(self, endpoint: Endpoint, now: float) -> dict[str, Any]:
+        health = endpoint.health
+        outlier = self.outliers.get(endpoint.name, _NEVER_EJECTED)
+        until = outlier.ejected_until
+        limit = self.config.circuit_breakers.max_requests
+        full = limit > 0 and endpoint.in_flight >= limit
+        return {
+            "name": endpoint.name,
+            "url": endpoint.url,
+            "subset": endpoint.subset,
+            "weight": endpoint.weight,
+            "health": {
+                "status": "healthy" if health.healthy else "unhealthy",
+                "checked": health.checked,
+                "last_error": health.last_error,
+            },
+            "in_flight": endpoint.in_flight,
+            "outstanding_tokens": endpoint.outstanding_tokens,
+            "ejection": {
+                "ejected": until is not None,
+                "seconds_left": None if until is None else round(max(0.0, until - now), 3),
+                "ejections": outlier.ejections,
+                "consecutive_failures": outlier.consecutive_failures,
+            },
+            # Envoy's circuit breaker: open while the endpoint has max_requests in flight (0: no limit).
+            "circuit": {"state": "open" if full else "closed", "max_requests": limit},
+            "routable": health.healthy and until is None,
+        }

@@ -39,7 +39,9 @@ class Gateway:
     ) -> None:
         self.config = config
         self.loads: dict[str, BackendLoad] = {}
-        self.metrics = GatewayMetrics(lambda: self.loads.values())
+        self.metrics = GatewayMetrics(
+            lambda: self.loads.values(), max_log_streams=config.admin.max_log_streams
+        )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
         self.state = (

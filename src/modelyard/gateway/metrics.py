@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from modelyard.cluster import BackendLoad
-from modelyard.gateway.routing_log import RoutingLog
+from modelyard.gateway.routing_log import DEFAULT_MAX_SUBSCRIBERS, RoutingLog
 from modelyard.serving import ListenerStats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -64,9 +64,28 @@ class _ListenerCollector(Collector):
         yield refused
 
 
+class _RoutingLogCollector(Collector):
+    """The live-log streams, read at scrape time from the routing log's own counts."""
+
+    def __init__(self, log: RoutingLog) -> None:
+        self._log = log
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily(
+            "modelyard_log_streams_open", "Live routing-log streams open now", value=self._log.subscribers
+        )
+        yield CounterMetricFamily(
+            "modelyard_log_streams_refused",
+            "Live routing-log streams answered 503 because admin.max_log_streams were open",
+            value=self._log.refused,
+        )
+
+
 class GatewayMetrics:
-    def __init__(self, loads: Callable[[], Iterable[BackendLoad]]) -> None:
-        self.routing_log = RoutingLog()
+    def __init__(
+        self, loads: Callable[[], Iterable[BackendLoad]], *, max_log_streams: int = DEFAULT_MAX_SUBSCRIBERS
+    ) -> None:
+        self.routing_log = RoutingLog(max_subscribers=max_log_streams)
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "modelyard_requests_total",
@@ -104,7 +123,8 @@ class GatewayMetrics:
         self.prefix_index_shared = Counter(
             "modelyard_prefix_index_shared_total",
             "prefix_aware index records shared through Redis: sent to the other gateways, received "
-            "from them and applied, or dropped (queue full, or Redis away)",
+            "from them and applied, dropped (queue full, Redis away, or stopped while sending), or "
+            "skipped (received with another prefix_aware.chunk_chars than this gateway's)",
             ["direction"],
             registry=self.registry,
         )
@@ -177,6 +197,7 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_InFlightCollector(loads))
+        self.registry.register(_RoutingLogCollector(self.routing_log))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}

@@ -4,7 +4,7 @@
 On the request path a record costs a small object, an append to a bounded ring and, only while
 someone follows the log, a `put_nowait` per subscriber: nothing awaits, nothing blocks. A subscriber
 that falls behind loses records (its queue is bounded) and is told how many; it never slows a
-request.
+request. The subscribers are bounded too (`admin.max_log_streams`): one more is refused.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from modelyard.errors import TooManyLogStreams
+
 DEFAULT_SIZE = 500  # records kept for /admin/log
 DEFAULT_SUBSCRIBER_QUEUE = 4096  # records a subscriber may lag behind before it loses some
+DEFAULT_MAX_SUBSCRIBERS = 16  # admin.max_log_streams' default
 
 
 @dataclass(slots=True)
@@ -84,13 +87,21 @@ class Subscription:
 
 
 class RoutingLog:
-    """The last `size` records, and the subscribers following new ones (each may lag
-    `subscriber_queue` records behind before it loses some)."""
+    """The last `size` records, and at most `max_subscribers` subscribers following new ones (each
+    may lag `subscriber_queue` records behind before it loses some). `refused` counts the
+    subscribers turned away because that many were following."""
 
-    def __init__(self, size: int = DEFAULT_SIZE, subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE) -> None:
+    def __init__(
+        self,
+        size: int = DEFAULT_SIZE,
+        subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE,
+        max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
+    ) -> None:
         self._ring: deque[RoutingRecord] = deque(maxlen=size)
         self._subscribers: list[Subscription] = []
         self.subscriber_queue = subscriber_queue
+        self.max_subscribers = max_subscribers
+        self.refused = 0
         self._seq = 0
         self.closed = False
 
@@ -132,10 +143,17 @@ class RoutingLog:
         return [r for r in self._ring if r.seq > after]
 
     def subscribe(self) -> Subscription:
-        """A new subscriber; it gets every record from now on (an ended one if the log is closed)."""
+        """A new subscriber; it gets every record from now on (an ended one if the log is closed).
+        TooManyLogStreams when `max_subscribers` are following: nothing is registered then."""
         subscriber = Subscription(self.subscriber_queue)
         if self.closed:
             subscriber.end()
+        elif len(self._subscribers) >= self.max_subscribers:
+            self.refused += 1
+            raise TooManyLogStreams(
+                f"live-log streams open: {len(self._subscribers)}, as many as admin.max_log_streams "
+                "allows; try again once one closes"
+            )
         else:
             self._subscribers.append(subscriber)
         return subscriber

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from modelyard.errors import NotFound
 
+PAGE = "/dashboard"
 ASSETS = {"index.html": "text/html", "dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 _HEADERS = {
     "Content-Security-Policy": (
@@ -28,9 +29,9 @@ _HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
-def dashboard_handlers() -> tuple[Handler, Handler]:
-    """`GET /dashboard` (the page) and `GET /dashboard/{asset}` (its script and style), with the
-    files read once, here."""
+def dashboard_handlers() -> tuple[Handler, Handler, Handler]:
+    """`GET /dashboard` (the page), `GET /dashboard/{asset}` (its script and style), with the
+    files read once, here, and `GET /dashboard/`, which sends the browser to the page."""
     folder = resources.files("modelyard.gateway") / "dashboard"
     files = {name: (folder / name).read_bytes() for name in ASSETS}
 
@@ -46,4 +47,10 @@ def dashboard_handlers() -> tuple[Handler, Handler]:
             raise NotFound(f"no dashboard file {name!r}; the files are: {', '.join(ASSETS)}")
         return respond(name)
 
-    return page, asset
+    async def to_page(request: web.Request) -> web.Response:
+        # 307 as Starlette's redirect_slashes answers: not cached for good, the query kept.
+        query = request.rel_url.raw_query_string
+        location = PAGE + ("?" + query if query else "")
+        return web.Response(status=307, headers={"Location": location, "Cache-Control": "no-cache"})
+
+    return page, asset, to_page

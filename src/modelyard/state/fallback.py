@@ -13,8 +13,12 @@ it. What waits for write-back is bounded by the local store's `max_entries`; a w
 fails part way stops, and the rest goes on the next return. `on_writeback` gets the number of keys
 each write-back set (0 when other gateways' values were there first).
 
-Channels go to the remote store only: a message published while it is away is dropped at once
-(`publish` answers False), and a subscription waits for it to return (the remote reconnects).
+Channels go to the remote store only, with their own backoff (the same 0.5 s doubling to 30 s): a
+publish that fails skips the remote for publishes only, and one logged line says so; a message
+published meanwhile is dropped at once (`publish` answers False: its sender counts what it lost).
+Publishing neither reads nor decides routing, so a slow or failed publish (a large message) never
+sends `get` and `set` to the local store, nor counts in `on_fallback`; nor does a failed `get` stop
+publishing. A subscription waits for the remote to return (the remote reconnects).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class FallbackState:
         self._clock = clock
         self._retry_at = 0.0
         self._backoff = _MIN_BACKOFF
+        self._publish_retry_at = 0.0  # channels: their own backoff
+        self._publish_backoff = _MIN_BACKOFF
         self._epoch: str | None = None
         self._unsynced: OrderedDict[str, None] = OrderedDict()  # keys the remote may lack, oldest first
         self._writeback: asyncio.Task[None] | None = None
@@ -95,15 +101,29 @@ class FallbackState:
             self._unsynced.pop(key, None)  # the remote holds the newest value
             self._succeeded()
 
+    @property
+    def publish_degraded(self) -> bool:
+        """Publishes are dropped without asking the remote (after one failed)."""
+        return self._publish_retry_at > self._clock()
+
     async def publish(self, channel: str, payload: bytes) -> bool:
-        if self.degraded:
+        if self.publish_degraded:
             return False
         try:
             await self._remote.publish(channel, payload)
         except StateUnavailable as exc:
-            self._failed(exc)
+            if not self.publish_degraded:  # publishes in flight when it failed: one backoff step
+                log.warning(
+                    "shared state channels unavailable, messages dropped for %.1fs: %s",
+                    self._publish_backoff,
+                    exc,
+                )
+                self._publish_retry_at = self._clock() + self._publish_backoff
+                self._publish_backoff = min(self._publish_backoff * 2, _MAX_BACKOFF)
             return False
-        self._succeeded()
+        if self._publish_backoff != _MIN_BACKOFF:
+            log.info("shared state channels reachable again")
+            self._publish_backoff = _MIN_BACKOFF
         return True
 
     def subscribe(self, channel: str) -> AsyncIterator[bytes]:

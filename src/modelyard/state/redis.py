@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -21,12 +22,30 @@ log = logging.getLogger("modelyard.state")
 
 _MIN_BACKOFF = 0.5  # before subscribing again after the connection was lost, doubling
 _MAX_BACKOFF = 30.0
-_POLL = 1.0  # a subscription's longest read, so that its health check (a PING) runs
-_HEALTH_CHECK = 15  # seconds between PINGs on an idle subscription, to notice a silent loss
+_MIN_READ = 0.01  # a subscription's shortest read
+
+
+class SubscriptionSilent(RedisError):
+    """Nothing came back on a subscription's connection, not even the answer to a PING."""
 
 
 class RedisState:
-    def __init__(self, url: str, *, key_prefix: str = "modelyard:", timeout: float = 0.25) -> None:
+    """`ping_interval` and `ping_timeout` watch a subscription: after `ping_interval` seconds in
+    which nothing arrived on its connection it sends a PING, and when nothing arrives within
+    `ping_timeout` after that, the subscription counts as lost (a proxy or a network that keeps
+    the connection open and passes nothing), its connection is closed and it subscribes again."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        key_prefix: str = "modelyard:",
+        timeout: float = 0.25,
+        ping_interval: float = 15.0,
+        ping_timeout: float = 5.0,
+    ) -> None:
+        if ping_interval <= 0 or ping_timeout <= 0:
+            raise ValueError("ping_interval and ping_timeout must be > 0")
         self._client = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout,
@@ -37,6 +56,8 @@ class RedisState:
         self._url = url
         self._prefix = key_prefix
         self._timeout = timeout
+        self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
         self._run_id: str | None = None
         self._subscriber: aioredis.Redis | None = None
 
@@ -83,24 +104,56 @@ class RedisState:
     async def subscribe(self, channel: str) -> AsyncIterator[bytes]:
         name = self._prefix + channel
         backoff = _MIN_BACKOFF
+        lost = False  # since the last subscription that worked: one loss, one warning
         while True:
-            pubsub = self._subscriber_client().pubsub(ignore_subscribe_messages=True)
+            pubsub = self._subscriber_client().pubsub()
             try:
                 await asyncio.wait_for(pubsub.subscribe(name), self._timeout)
-                if backoff > _MIN_BACKOFF:
-                    log.info("subscribed to %s again", name)
-                backoff = _MIN_BACKOFF
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_POLL)
-                    if message is not None and isinstance(data := message.get("data"), bytes):
-                        yield data
+                async with contextlib.aclosing(self._arrivals(pubsub)) as arrivals:
+                    async for data in arrivals:
+                        if lost:
+                            log.info("subscribed to %s again", name)
+                            lost = False
+                        backoff = _MIN_BACKOFF
+                        if data is not None:
+                            yield data
             except (RedisError, OSError, TimeoutError) as exc:
-                log.warning("subscription to %s lost, subscribing again in %.1fs: %r", name, backoff, exc)
+                if not lost:
+                    log.warning("subscription to %s lost, subscribing again: %r", name, exc)
+                    lost = True
+                else:
+                    log.debug("subscribing to %s failed, again in %.1fs: %r", name, backoff, exc)
             finally:
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # gives its connection back
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # closes its connection
             await asyncio.sleep(backoff)  # Redis is away: retry later, not in a tight loop
             backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    async def _arrivals(self, pubsub: PubSub) -> AsyncGenerator[bytes | None, None]:
+        """What arrives on a connection that was just sent SUBSCRIBE: the data of each message,
+        None for anything else (the confirmation, a PONG). Raises SubscriptionSilent when an
+        answer (to SUBSCRIBE, or to a PING sent after `ping_interval` in which nothing arrived)
+        does not arrive within `ping_timeout`.
+
+        redis-py's own health check cannot tell: it sends a PING, but get_message returns None
+        whether or not the PONG came back."""
+        loop = asyncio.get_running_loop()
+        heard = asked = loop.time()  # when anything last arrived; when an answer was asked for
+        answered = False
+        while True:
+            now = loop.time()
+            if answered and now - heard >= self._ping_interval:
+                await asyncio.wait_for(pubsub.ping(), self._timeout)
+                asked, answered = now, False
+            deadline = heard + self._ping_interval if answered else asked + self._ping_timeout
+            if not answered and now >= deadline:
+                raise SubscriptionSilent(f"nothing arrived on the connection in {now - heard:.1f}s")
+            message = await pubsub.get_message(timeout=max(_MIN_READ, deadline - now))
+            if message is None:
+                continue
+            heard, answered = loop.time(), True
+            data = message.get("data")
+            yield data if message.get("type") == "message" and isinstance(data, bytes) else None
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -109,13 +162,13 @@ class RedisState:
 
     def _subscriber_client(self) -> aioredis.Redis:
         """A client of bytes for subscriptions; its connections fail fast and are not retried
-        inside redis-py, `subscribe` retries with its own backoff."""
+        inside redis-py, `subscribe` retries with its own backoff and watches them with its own
+        PINGs (`_messages`)."""
         if self._subscriber is None:
             self._subscriber = aioredis.Redis.from_url(
                 self._url,
                 socket_timeout=self._timeout,
                 socket_connect_timeout=self._timeout,
-                health_check_interval=_HEALTH_CHECK,
                 retry=Retry(NoBackoff(), 0),
             )
         return self._subscriber

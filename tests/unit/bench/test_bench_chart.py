@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from modelyard.bench import Outcome, summarize
-from modelyard.bench.chart import FAILED, available, split_shares, write_chart
+from modelyard.bench.chart import FAILED, available, row_label, split_shares, write_chart
 from modelyard.errors import ModelyardError
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -52,10 +52,11 @@ def test_without_matplotlib_the_error_says_what_to_install(tmp_path, monkeypatch
     assert not (tmp_path / "bench.png").exists()
 
 
-def test_the_split_is_of_one_runs_requests_even_when_the_counts_are_over_runs():
+def test_the_split_and_the_label_are_of_the_run_drawn_not_of_every_run():
     one = _summaries()[1]  # 28 answered (w0 21, w1 7), 2 failed
     assert split_shares(one) == [("w0", 21 / 30), ("w1", 7 / 30), (FAILED, 2 / 30)]
-    # --runs 2: the table's requests and errors add both runs up; the split stays the median run's
-    merged = replace(one, requests=2 * one.requests, errors=2 * one.errors)
-    assert split_shares(merged) == split_shares(one)
-    assert sum(share for _, share in split_shares(merged)) == pytest.approx(1.0)
+    assert row_label(one).endswith(" ms · 2 failed")
+    # --runs 2: the table's requests and errors add both runs up; the chart draws the median run
+    merged = replace(one, requests=2 * one.requests, errors=5)
+    assert row_label(merged) == row_label(one)
+    assert row_label(_summaries()[0]).endswith(" ms")  # no failures, none said

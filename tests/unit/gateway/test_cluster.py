@@ -236,3 +236,61 @@ def test_each_answer_ends_its_own_flight_and_only_prefix_aware_keeps_them() -> N
     assert c.flights.count("a") == 1
     c.release(a, 10, key=2)
     assert c.flights.count("a") == 0
+
+
+def test_describe_shows_the_model_and_each_endpoints_state_as_the_overview_does() -> None:
+    c = cluster(
+        "a",
+        "b",
+        "c",
+        "d",
+        routes=[{"name": "all", "destinations": [{"subset": "default"}]}],
+        outlier_detection={"consecutive_5xx": 1, "base_ejection_time": "30s", "max_ejection_percent": 50},
+        circuit_breakers={"max_requests": 1, "max_pending_requests": 7},
+        healthy_panic_threshold=100,
+    )
+    a, b, _, d = c.endpoints
+    c.record_probe(a, "connection refused")
+    c.record_outcome(b, ok=False, latency=None, now=10.0)  # ejected until 40
+    c.acquire(d, tokens=12)
+    c.budget.request_started()
+    c.budget.retry_started()
+    c.routable("default", 10.0)  # 2 of 4 routable: below 100%, panic
+    described = c.describe(now=12.5)
+    assert {k: v for k, v in described.items() if k != "endpoints"} == {
+        "name": "m",
+        "strategy": "round_robin",
+        "ready": True,
+        "routes": ["all"],
+        "panic_subsets": ["default"],
+        "queued": 0,
+        "max_pending_requests": 7,
+        "active_requests": 1,
+        "retries_in_flight": 1,
+    }
+    first, ejected, idle, busy = described["endpoints"]
+    assert first["health"] == {"status": "unhealthy", "checked": True, "last_error": "connection refused"}
+    assert first["routable"] is False and first["ejection"]["ejected"] is False
+    assert ejected["ejection"] == {
+        "ejected": True,
+        "seconds_left": 27.5,
+        "ejections": 1,
+        "consecutive_failures": 1,
+    }
+    assert ejected["health"]["status"] == "healthy" and ejected["routable"] is False
+    assert idle == {
+        "name": "c",
+        "url": "http://127.0.0.1:9002",
+        "subset": "default",
+        "weight": 1,
+        "health": {"status": "healthy", "checked": False, "last_error": ""},
+        "in_flight": 0,
+        "outstanding_tokens": 0,
+        "ejection": {"ejected": False, "seconds_left": None, "ejections": 0, "consecutive_failures": 0},
+        "circuit": {"state": "closed", "max_requests": 1},
+        "routable": True,
+    }
+    assert (busy["in_flight"], busy["outstanding_tokens"]) == (1, 12)
+    assert busy["circuit"] == {"state": "open", "max_requests": 1}
+    described["endpoints"].clear()  # a copy: the cluster keeps its own
+    assert len(c.describe(now=12.5)["endpoints"]) == 4

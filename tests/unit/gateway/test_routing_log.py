@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 
+from modelyard.errors import TooManyLogStreams
 from modelyard.gateway.routing_log import END, RoutingLog, RoutingRecord
 
 
@@ -99,3 +101,20 @@ def test_closing_ends_every_subscriber_even_a_full_one():
     late = log.subscribe()  # the gateway is stopping: a new stream ends at once
     assert list(late.ready()) == [END]
     assert log.subscribers == 0
+
+
+def test_subscribers_are_bounded_and_those_refused_are_counted():
+    log = RoutingLog(max_subscribers=2)
+    first, second = log.subscribe(), log.subscribe()
+    with pytest.raises(TooManyLogStreams) as refused:
+        log.subscribe()
+    assert (refused.value.status, refused.value.headers) == (503, {"Retry-After": "5"})
+    assert "admin.max_log_streams" in refused.value.message
+    assert (log.subscribers, log.refused) == (2, 1)
+    record(log)
+    assert [len(list(s.ready())) for s in (first, second)] == [1, 1]  # nobody else was fed
+    log.unsubscribe(first)
+    third = log.subscribe()
+    assert (log.subscribers, log.refused) == (2, 1)
+    record(log)
+    assert isinstance(next(third.ready()), RoutingRecord)

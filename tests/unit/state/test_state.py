@@ -4,6 +4,7 @@ the remote returns), on a fake clock."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -383,22 +384,68 @@ async def test_requests_in_flight_when_the_remote_fails_count_as_one_outage() ->
 
 
 async def test_fallback_publishes_to_the_remote_and_drops_while_it_is_away() -> None:
-    state, remote, _, clock, reported = fallback_state()
+    state, remote, _, clock, _ = fallback_state()
     assert await state.publish("c", b"one")
     assert remote.published == [("c", b"one")]
 
     remote.down = True
-    assert not await state.publish("c", b"two")  # dropped at once, and counted as an outage
-    assert len(reported) == 1 and state.degraded
+    assert not await state.publish("c", b"two")  # dropped at once
+    assert state.publish_degraded
     calls = remote.calls
     assert not await state.publish("c", b"three")  # during the backoff the remote is not asked
     assert remote.calls == calls
 
     remote.down = False
-    clock.advance(1.0)
+    clock.advance(0.6)
     assert await state.publish("c", b"four")
-    assert not state.degraded
+    assert not state.publish_degraded
     assert [payload for _, payload in remote.published] == [b"one", b"four"]
+
+
+async def test_publish_backoff_doubles_while_publishes_fail_and_resets_once_one_goes() -> None:
+    state, remote, _, clock, _ = fallback_state()
+    remote.down = True
+    for window in (0.5, 1.0, 2.0):
+        assert not await state.publish("c", b"x")
+        clock.advance(window - 0.01)
+        assert state.publish_degraded
+        clock.advance(0.01)
+        assert not state.publish_degraded
+    remote.down = False
+    assert await state.publish("c", b"y")
+    remote.down = True
+    assert not await state.publish("c", b"z")
+    clock.advance(0.5)
+    assert not state.publish_degraded  # back to the first window
+
+
+async def test_a_failed_publish_leaves_get_and_set_on_the_remote_and_is_no_state_fallback(caplog) -> None:
+    caplog.set_level(logging.WARNING, "modelyard.state")
+    state, remote, _, _, reported = fallback_state()
+    remote.down = True
+    assert not await state.publish("c", b"a large batch that timed out")
+    remote.down = False
+
+    assert reported == []  # modelyard_state_fallback_total counts routing state only
+    assert not state.degraded
+    remote.data["k"] = "from-another-gateway"
+    assert await state.get("k") == "from-another-gateway"  # kv_aware still follows the others
+    await state.set("k2", "v", ttl=60)
+    assert remote.data["k2"] == "v" and state.unsynced == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("shared state unavailable" in m for m in messages)
+    assert sum("channels unavailable" in m for m in messages) == 1
+
+
+async def test_a_failed_get_does_not_stop_publishing() -> None:
+    state, remote, _, _, reported = fallback_state()
+    remote.down = True
+    await state.get("k")
+    remote.down = False
+    assert state.degraded and len(reported) == 1
+
+    assert await state.publish("c", b"records")  # prefix records still go during kv's backoff
+    assert remote.published == [("c", b"records")]
 
 
 async def test_fallback_subscribes_on_the_remote() -> None:

@@ -290,12 +290,18 @@ async function followLog() {
   if (logController) logController.abort();
   const controller = (logController = new AbortController());
   while (!controller.signal.aborted) {
+    let wait = RECONNECT_MS;
     try {
       const response = await adminFetch("/admin/log/stream", {
         headers: { "Last-Event-ID": String(lastSeq) },
         signal: controller.signal,
       });
-      if (!response.ok) throw new Error(await errorText(response));
+      if (!response.ok) {
+        // 503: as many streams are open as the gateway allows; it says when to try again.
+        const retryAfter = Number(response.headers.get("Retry-After"));
+        if (retryAfter > 0) wait = Math.max(wait, retryAfter * 1000);
+        throw new Error(await errorText(response));
+      }
       say("log-status", "live", "ok");
       await readEvents(response.body, onLogEvent);
       say("log-status", "the gateway ended the stream; reconnecting…", "bad");
@@ -307,7 +313,7 @@ async function followLog() {
       }
       say("log-status", "disconnected (" + error.message + "); reconnecting…", "bad");
     }
-    await sleep(RECONNECT_MS);
+    await sleep(wait);
   }
 }
 

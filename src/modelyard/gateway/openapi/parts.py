@@ -151,7 +151,8 @@ PARAMETERS: dict[str, Schema] = {
         "name": "Last-Event-ID",
         "in": "header",
         "required": False,
-        "description": "the `seq` of the last record seen: the kept records after it come first (0: all)",
+        "description": "the `seq` of the last record seen: the kept records after it come first (0: all); "
+        "any other value is ignored",
         "schema": {"type": "string", "pattern": "^[0-9]+$"},
     },
     "DashboardAsset": {

@@ -401,7 +401,13 @@ class Paths:
                     {"type": "string"},
                     SSE,
                 ),
-                {},
+                {
+                    "503": error_response(
+                        OPENAI,
+                        "admin.max_log_streams streams are open (`too_many_log_streams`)",
+                        headers=RETRY_AFTER,
+                    )
+                },
             )
         }
         for path, suffix in (("/admin/strategy", ""), ("/strategy", "InferFlow")):
@@ -443,6 +449,21 @@ class Paths:
                     "tags": ["Dashboard"],
                     "summary": "The dashboard page (public; it asks for the admin token)",
                     "responses": {"200": answer("the page", {"type": "string"}, HTML)},
+                }
+            },
+            "/dashboard/": {
+                "get": {
+                    "operationId": "dashboardSlash",
+                    "tags": ["Dashboard"],
+                    "summary": "Sends the browser to /dashboard",
+                    "responses": {
+                        "307": answer(
+                            "to the page",
+                            headers={
+                                "Location": string_header("`/dashboard`, the query kept", required=True)
+                            },
+                        )
+                    },
                 }
             },
             "/dashboard/{asset}": {
