@@ -54,13 +54,18 @@ integration: $(STAMP) browser
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
 
-# The gRPC code in src/modelyard/rpc/agent_v1/ is generated from proto/ and checked in. The proto
-# package stays modelyard.agent.v1; the -I mapping only decides the Python module path.
+# The gRPC code in src/modelyard/rpc/agent_v1/ and rpc/oip_v2/ is generated from proto/ and checked in.
+# The proto packages stay modelyard.agent.v1 and inference; the -I mapping only decides the Python
+# module path. OIP's messages go into a private descriptor pool (the sed): tritonclient's and KServe's
+# generated code put the same `inference.*` names into the default pool, and a process that imports
+# both (our tests, an application embedding the gateway) would fail with "duplicate symbol".
+PROTOC := PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc \
+	--python_out=src --grpc_python_out=src --mypy_out=src --mypy_grpc_out=src
 proto: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc \
-		-Imodelyard/rpc/agent_v1=proto/modelyard/agent/v1 \
-		--python_out=src --grpc_python_out=src --mypy_out=src --mypy_grpc_out=src \
-		modelyard/rpc/agent_v1/agent.proto
+	$(PROTOC) -Imodelyard/rpc/agent_v1=proto/modelyard/agent/v1 modelyard/rpc/agent_v1/agent.proto
+	$(PROTOC) -Imodelyard/rpc/oip_v2=proto/inference modelyard/rpc/oip_v2/grpc_predict_v2.proto
+	sed -i 's/_descriptor_pool\.Default()\.AddSerializedFile(/_descriptor_pool.DescriptorPool().AddSerializedFile(/' \
+		src/modelyard/rpc/oip_v2/grpc_predict_v2_pb2.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -267,6 +267,7 @@ class WrkResult:
     repeat: int = 0
     returncode: int = 0
     raw: str = ""
+    cpu_s: float | None = None  # CPU the proxy under test used during the run (its whole process tree)
 
     @property
     def errors(self) -> int:
@@ -312,6 +313,27 @@ def parse_wrk(output: str, result: WrkResult) -> WrkResult:
             zip(("connect", "read", "write", "timeout"), map(int, m.groups()), strict=True)
         )
     return result
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and every process below it (nginx's workers,
+    a gateway's children), read from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    pids, total = [pid], 0.0
+    while pids:
+        current = pids.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                pids.extend(int(c) for c in children.read_text().split())
+            except OSError:
+                continue
+    return total
 
 
 def run_wrk(

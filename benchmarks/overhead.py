@@ -1,9 +1,14 @@
-"""Gateway overhead: what the modelyard gateway adds over hitting a backend directly, next to nginx.
+"""Gateway overhead: what the modelyard gateway adds over hitting a backend directly, next to nginx
+and vLLM's Rust router.
 
-Three targets, same zero-latency backends (nginx returning a fixed chat.completion), same load (wrk):
-  direct     one backend, no proxy in between
-  nginx      nginx round robin over the 3 backends (keep-alive upstream pool, HTTP/1.1)
-  modelyard  `modelyard serve -c <generated yaml>` round robin over the 3 backends
+Targets, same zero-latency backends (nginx returning a fixed chat.completion), same load (wrk):
+  direct       one backend, no proxy in between
+  nginx        nginx round robin over the 3 backends (keep-alive upstream pool, HTTP/1.1)
+  vllm-router  vLLM's router (`pip install vllm-router`), round robin over the 3 backends; in the
+               default targets when the command is found (--vllm-router)
+  modelyard    `modelyard serve -c <generated yaml>` round robin over the 3 backends
+
+For each proxy the table also shows the CPU it used per request (its whole process tree, from /proc).
 
 Run by hand, never from the test suite:  .venv/bin/python benchmarks/overhead.py
 See benchmarks/README.md for how to read the table.
@@ -39,6 +44,7 @@ from common import (
     nginx_version,
     nproc,
     post_chat,
+    process_tree_cpu,
     proxy_conf,
     require_binaries,
     run_wrk,
@@ -49,7 +55,7 @@ from common import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("direct", "nginx", "modelyard")
+TARGETS = ("direct", "nginx", "vllm-router", "modelyard")
 WARMUP_S = 2.0
 
 
@@ -78,7 +84,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--concurrency", type=_csv_ints, default=[1, 64], help="wrk connections, comma-separated (1,64)"
     )
     parser.add_argument(
-        "--targets", type=_csv_targets, default=list(TARGETS), help="any of direct,nginx,modelyard"
+        "--targets",
+        type=_csv_targets,
+        default=None,
+        help="any of direct,nginx,vllm-router,modelyard (default: all, vllm-router when found)",
+    )
+    parser.add_argument(
+        "--vllm-router",
+        default="vllm-router",
+        metavar="CMD",
+        help="vLLM's router executable (pip install vllm-router; default: vllm-router on PATH)",
     )
     parser.add_argument(
         "--gateway-cmd",
@@ -91,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.repeat < 1:
         parser.error("--duration must be > 0 and --repeat >= 1")
+    if args.targets is None:
+        found = shutil.which(args.vllm_router) is not None
+        args.targets = [t for t in TARGETS if t != "vllm-router" or found]
     return args
 
 
@@ -196,6 +214,32 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
             children.append(proxy)
             wait_for_port(proxy_port, proxy)
             urls["nginx"] = f"http://127.0.0.1:{proxy_port}{CHAT_PATH}"
+        proxies: dict[str, int] = {}  # target -> pid whose process tree is the proxy under test
+        if "nginx" in args.targets:
+            proxies["nginx"] = proxy.proc.pid
+        if "vllm-router" in args.targets:
+            router_port = free_ports(1)[0]
+            router = Child(
+                "vllm-router",
+                [
+                    args.vllm_router,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(router_port),
+                    "--worker-urls",
+                    *(f"http://127.0.0.1:{p}" for p in backend_ports),
+                    "--policy",
+                    "round_robin",
+                    "--log-level",
+                    "warning",
+                ],
+                tmp / "vllm-router.log",
+            )
+            children.append(router)
+            urls["vllm-router"] = f"http://127.0.0.1:{router_port}{CHAT_PATH}"
+            wait_for_chat(urls["vllm-router"], router)
+            proxies["vllm-router"] = router.proc.pid
         gateway: Child | None = None
         if "modelyard" in args.targets:
             config = tmp / "gateway.yaml"
@@ -208,6 +252,7 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
             urls["modelyard"] = f"http://127.0.0.1:{gateway_port}{CHAT_PATH}"
             status, body = wait_for_chat(urls["modelyard"], gateway)
             meta["gateway_event_loop"] = loaded_event_loop(gateway.proc.pid)
+            proxies["modelyard"] = gateway.proc.pid
             if not 200 <= status < 300:
                 say(f"[red]modelyard: first request answered {status}:[/red] {escape(repr(body[:300]))}")
                 say(f"gateway log tail:\n{escape(gateway.log_tail())}")
@@ -240,7 +285,11 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
         for round_ in range(args.repeat):
             for conns in args.concurrency:
                 for target in args.targets:
+                    pid = proxies.get(target)
+                    cpu = process_tree_cpu(pid) if pid else None
                     result = run_wrk(target, urls[target], script, conns, args.duration)
+                    if pid and cpu is not None:
+                        result.cpu_s = process_tree_cpu(pid) - cpu
                     result.repeat = round_
                     runs.append(result)
                     say(
@@ -270,6 +319,11 @@ def summarize(runs: list[WrkResult], targets: list[str], concurrency: list[int])
                 "p99": median([r.p99_ms for r in rs]),
                 "non_2xx": sum(r.non_2xx_3xx for r in rs),
                 "socket": sum(sum(r.socket_errors.values()) for r in rs),
+                "cpu_ms": median(
+                    [1000 * r.cpu_s / r.requests for r in rs if r.cpu_s is not None and r.requests]
+                )
+                if any(r.cpu_s is not None and r.requests for r in rs)
+                else None,
                 "runs": len(rs),
             }
             for t, rs in group.items()
@@ -278,6 +332,7 @@ def summarize(runs: list[WrkResult], targets: list[str], concurrency: list[int])
             m = med[target]
             direct = med.get("direct")
             nginx = med.get("nginx")
+            router = med.get("vllm-router")
             rows.append(
                 {
                     "concurrency": conns,
@@ -287,6 +342,8 @@ def summarize(runs: list[WrkResult], targets: list[str], concurrency: list[int])
                     "p99_ms": m["p99"],
                     "added_p50_ms": m["p50"] - direct["p50"] if direct else None,
                     "rps_vs_nginx": m["rps"] / nginx["rps"] if nginx and nginx["rps"] else None,
+                    "rps_vs_vllm_router": m["rps"] / router["rps"] if router and router["rps"] else None,
+                    "cpu_ms_per_request": m["cpu_ms"],
                     "non_2xx": m["non_2xx"],
                     "socket_errors": m["socket"],
                     "runs": m["runs"],
@@ -311,7 +368,10 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def report_lines(rows: list[dict[str, Any]], args: argparse.Namespace, info: dict[str, Any]) -> list[str]:
-    header = ["target", "req/s", "p50 ms", "p99 ms", "added p50 vs direct ms", "req/s ÷ nginx", "errors"]
+    header = [
+        "target", "req/s", "p50 ms", "p99 ms", "added p50 vs direct ms", "req/s ÷ nginx",
+        "req/s ÷ vllm-router", "CPU ms/req", "errors",
+    ]  # fmt: skip
     lines: list[str] = []
     for conns in args.concurrency:
         cells = []
@@ -325,6 +385,8 @@ def report_lines(rows: list[dict[str, Any]], args: argparse.Namespace, info: dic
                     f"{row['p99_ms']:.3f}",
                     "—" if row["added_p50_ms"] is None else f"{row['added_p50_ms']:+.3f}",
                     "—" if row["rps_vs_nginx"] is None else f"{row['rps_vs_nginx']:.2f}",
+                    "—" if row["rps_vs_vllm_router"] is None else f"{row['rps_vs_vllm_router']:.2f}",
+                    "—" if row["cpu_ms_per_request"] is None else f"{row['cpu_ms_per_request']:.3f}",
                     f"{errors} ({row['non_2xx']} non-2xx, {row['socket_errors']} socket)" if errors else "0",
                 ]
             )

@@ -68,6 +68,13 @@ class ListenConfig(_Strict):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="OIP v2 over gRPC (inference.GRPCInferenceService, what tritonclient.grpc calls) on "
+        "this port of `host`, routed like REST; null = off, 0 = any free port",
+    )
     header_timeout: Seconds = Field(
         10.0,
         description="reading a request head, from the connection's start or a keep-alive request's "

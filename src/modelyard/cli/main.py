@@ -23,7 +23,7 @@ from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data
 from modelyard.errors import ConfigError, ModelyardError
-from modelyard.gateway import GATEWAY, start_gateway
+from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.serving import run, serve_until_signal
 from modelyard.simworker import SimWorker
@@ -124,7 +124,13 @@ async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
         placed = len(gateway.app[GATEWAY].placed.models)
         counts += f", following {config.placement.scheduler}: {_count(placed, 'placed model')}"
     typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
+    _echo_grpc(gateway)
     await serve_until_signal([gateway.server], gateway.stop)
+
+
+def _echo_grpc(gateway: RunningGateway) -> None:
+    if gateway.grpc_port is not None:
+        typer.echo(f"OIP v2 over gRPC (inference.GRPCInferenceService) on {gateway.host}:{gateway.grpc_port}")
 
 
 async def _serve_demo(base: dict[str, Any]) -> None:
@@ -147,6 +153,7 @@ async def _serve_demo(base: dict[str, Any]) -> None:
         await stop_workers()
         raise
     typer.echo(demo_banner(gateway.url, workers, placement))
+    _echo_grpc(gateway)
 
     async def stop() -> None:
         await gateway.stop()

@@ -8,10 +8,15 @@ from modelyard.config import GatewayConfig
 from modelyard.gateway import admin, inference
 from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.gateway import GATEWAY, Gateway
+from modelyard.gateway.oip_grpc import GatewayOip
 from modelyard.gateway.openapi import openapi_handler
 from modelyard.gateway.ui import dashboard_handlers
 from modelyard.graph import Graph
+from modelyard.rpc import OipServer
+from modelyard.serving.drain import install_drain
 from modelyard.state import SharedState
+
+OIP_GRPC = web.AppKey("oip_grpc", OipServer)
 
 
 def create_app(
@@ -27,9 +32,27 @@ def create_app(
     gateway = Gateway(config, state=state, seed=seed, graphs=graphs)
     app[GATEWAY] = gateway
 
+    oip_grpc: OipServer | None = None
+    if config.listen.grpc_port is not None:
+        drain = install_drain(app)  # the server's drain: gRPC readiness follows it too
+        oip_grpc = app[OIP_GRPC] = OipServer(
+            GatewayOip(gateway, lambda: drain.active),
+            config.listen.host,
+            config.listen.grpc_port,
+            max_message_bytes=config.limits.max_body_bytes,
+        )
+
     async def lifecycle(_app: web.Application):  # type: ignore[no-untyped-def]
         await gateway.start()
+        if oip_grpc is not None:
+            try:
+                await oip_grpc.start()
+            except BaseException:
+                await gateway.stop()
+                raise
         yield
+        if oip_grpc is not None:  # the HTTP listener has drained; gRPC calls in flight get as long
+            await oip_grpc.stop(config.listen.shutdown_timeout)
         await gateway.stop()
 
     async def end_log_streams(_app: web.Application) -> None:

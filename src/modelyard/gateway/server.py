@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from modelyard.config import GatewayConfig
-from modelyard.gateway.app import create_app
+from modelyard.gateway.app import OIP_GRPC, create_app
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.graph import Graph
 from modelyard.serving import HttpServer
@@ -21,6 +21,9 @@ class RunningGateway:
         self.host = server.host
         self.port = server.port
         self.url = server.url
+        grpc = server.app.get(OIP_GRPC)
+        self.grpc_port: int | None = grpc.port if grpc is not None else None
+        """Where OIP v2 over gRPC answers (on `host`), when listen.grpc_port is set."""
 
     @property
     def app(self) -> web.Application:

@@ -8,10 +8,28 @@ adapters here, never grpc itself:
     agent_server  AgentServer: hosts AgentService on a port and hands each call to an AgentHandler
     agent_client  AgentClient: the agent's side (subscribe, events, drain), grpc errors mapped
                   to modelyard's error tree
+
+The gateway serves the Open Inference Protocol v2 over gRPC, `inference.GRPCInferenceService`
+(proto/inference/grpc_predict_v2.proto; generated into oip_v2/, its messages in a private descriptor
+pool so tritonclient's copy can share the process):
+
+    oip_server    OipServer: hosts GRPCInferenceService and hands each call, as OIP REST JSON, to an
+                  OipHandler; errors mapped to gRPC codes by oip_status
+    oip_tensors   the messages to and from OIP's JSON (raw tensor contents decoded and encoded)
 """
 
 from modelyard.rpc.agent_client import AgentClient
 from modelyard.rpc.agent_server import AgentHandler, AgentServer, status_code
 from modelyard.rpc.agent_v1 import agent_pb2
+from modelyard.rpc.oip_server import OipHandler, OipServer, oip_status
 
-__all__ = ["AgentClient", "AgentHandler", "AgentServer", "agent_pb2", "status_code"]
+__all__ = [
+    "AgentClient",
+    "AgentHandler",
+    "AgentServer",
+    "OipHandler",
+    "OipServer",
+    "agent_pb2",
+    "oip_status",
+    "status_code",
+]

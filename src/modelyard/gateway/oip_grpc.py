@@ -1,0 +1,97 @@
+"""OIP v2 over gRPC, the gateway's side: `GatewayOip` answers rpc.OipServer's calls through the same
+routing as REST OIP requests (the model's cluster, routes, strategy, retries, outlier detection,
+capacity and metrics), by making the REST call (`Proxy.call`) a backend would get over HTTP.
+
+Every backend is reached over REST: the gRPC request arrives here as OIP's JSON body (rpc/
+translates it) and the JSON answer goes back to rpc/ to become a gRPC message. A backend's error
+answer becomes a modelyard error carrying its status and message, which rpc/ maps to a gRPC code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from modelyard import __version__
+from modelyard.errors import BadRequest, ModelyardError, NoHealthyEndpoint, Overloaded, UpstreamError
+from modelyard.gateway.cluster import Cluster
+from modelyard.gateway.gateway import Gateway
+
+_JSON = ("Content-Type", "application/json")
+
+
+class GatewayOip:
+    """The gateway as an `rpc.OipHandler`. `draining` says whether the gateway is shutting down."""
+
+    def __init__(self, gateway: Gateway, draining: Callable[[], bool]) -> None:
+        self._gateway = gateway
+        self._draining = draining
+
+    def ready(self) -> bool:
+        return not self._draining() and all(c.ready for c in self._gateway.clusters.values())
+
+    def server_metadata(self) -> tuple[str, str, list[str]]:
+        return "modelyard", __version__, []
+
+    async def model_ready(self, model: str, version: str, headers: Sequence[tuple[str, str]]) -> bool:
+        cluster = self._gateway.cluster(model)
+        try:
+            status, _ = await self._call(cluster, "GET", _path(cluster, version, "/ready"), headers, b"")
+        except (UpstreamError, NoHealthyEndpoint):
+            return False  # nothing serves it now: not ready, as opposed to unknown
+        return 200 <= status < 300
+
+    async def model_metadata(self, model: str, version: str, headers: Sequence[tuple[str, str]]) -> object:
+        cluster = self._gateway.cluster(model)
+        status, data = await self._call(cluster, "GET", _path(cluster, version, ""), headers, b"")
+        return _answer(status, data)
+
+    async def infer(
+        self, model: str, version: str, body: dict[str, Any], headers: Sequence[tuple[str, str]]
+    ) -> object:
+        gateway = self._gateway
+        cluster = gateway.cluster(model)
+        try:
+            cluster.capacity.refuse_if_full(cluster.endpoints)
+        except Overloaded:
+            gateway.metrics.overloaded.labels(cluster.name).inc()
+            raise
+        sent = [*headers, _JSON]
+        path = _path(cluster, version, "/infer")
+        status, data = await self._call(cluster, "POST", path, sent, orjson.dumps(body))
+        return _answer(status, data)
+
+    async def _call(
+        self, cluster: Cluster, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> tuple[int, bytes]:
+        return await self._gateway.proxy.call(cluster, method, path, list(headers), body)
+
+
+def _path(cluster: Cluster, version: str, suffix: str) -> str:
+    if version in (".", ".."):
+        raise BadRequest(f"model version {version!r} is not allowed")
+    path = "/v2/models/" + quote(cluster.name, safe="")
+    if version:
+        path += "/versions/" + quote(version, safe="")
+    return path + suffix
+
+
+def _answer(status: int, data: bytes) -> object:
+    """The server's JSON answer, or its error answer as a modelyard error with its status."""
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        body = None
+    if 200 <= status < 300:
+        if body is None:
+            raise UpstreamError("the model server's answer is not JSON")
+        return body
+    message = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(message, str) or not message:
+        message = data.decode(errors="replace")[:500] or f"the model server answered {status}"
+    error = ModelyardError(message)
+    error.status = status  # the server's status decides the gRPC code
+    raise error

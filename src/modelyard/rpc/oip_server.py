@@ -1,0 +1,212 @@
+"""`OipServer`: the Open Inference Protocol v2 over gRPC (`inference.GRPCInferenceService`, what
+tritonclient.grpc and KServe's clients call) on a grpc.aio server, handing each call to an
+`OipHandler`: a plain Protocol that speaks OIP's REST JSON and never sees grpc or protobuf.
+
+Messages are translated to and from JSON in oip_tensors.py. The handler raises modelyard's errors;
+`oip_status` turns them into gRPC status codes here, in one place, from the HTTP status each error
+carries (the usual HTTP-to-gRPC table): 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413/429
+RESOURCE_EXHAUSTED, 502/503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, the rest INTERNAL and friends.
+ModelStreamInfer answers UNIMPLEMENTED for now, as do the Triton-only methods (ModelConfig,
+repository and shared-memory calls), which this service does not define.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import grpc
+from grpc import aio
+
+from modelyard.errors import BadRequest, ModelyardError
+from modelyard.rpc.oip_tensors import infer_request_json, infer_response, model_metadata
+from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
+from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2_grpc as pb_grpc
+
+log = logging.getLogger("modelyard.rpc")
+
+Headers = Sequence[tuple[str, str]]
+T = TypeVar("T")
+
+# Metadata that belongs to the gRPC call itself, not to the request the handler routes and forwards.
+_CALL_METADATA = frozenset({"content-type", "te", "user-agent", "host", "accept-encoding"})
+
+
+class OipHandler(Protocol):
+    """What the gateway does with each OIP call. `headers` is the call's metadata (routes match on it,
+    and it is forwarded as request headers); bodies are OIP v2 REST JSON."""
+
+    def ready(self) -> bool:
+        """Whether the server is ready for inference (REST: GET /v2/health/ready)."""
+        ...
+
+    def server_metadata(self) -> tuple[str, str, list[str]]:
+        """The server's name, version and extensions."""
+        ...
+
+    async def model_ready(self, model: str, version: str, headers: Headers) -> bool: ...
+
+    async def model_metadata(self, model: str, version: str, headers: Headers) -> object:
+        """The model's metadata as JSON (REST: GET /v2/models/{model}[/versions/{version}])."""
+        ...
+
+    async def infer(self, model: str, version: str, body: dict[str, Any], headers: Headers) -> object:
+        """One inference: the JSON answer to `body` (REST: POST /v2/models/{model}/infer)."""
+        ...
+
+
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    502: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def oip_status(error: ModelyardError) -> grpc.StatusCode:
+    """The gRPC status for a modelyard error (or a model server's answer carried as one)."""
+    code = _CODES.get(error.status)
+    if code is not None:
+        return code
+    if 400 <= error.status < 500:
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+def _headers(context: aio.ServicerContext[Any, Any]) -> list[tuple[str, str]]:
+    metadata = context.invocation_metadata() or ()
+    return [
+        (key, value)
+        for key, value in metadata
+        if isinstance(value, str)  # -bin keys carry bytes
+        and not key.startswith((":", "grpc-"))
+        and key not in _CALL_METADATA
+    ]
+
+
+async def _answer(context: aio.ServicerContext[Any, Any], work: Callable[[], Awaitable[T]]) -> T:
+    """`work()`'s answer, or the call aborted with the status for what it raised."""
+    try:
+        return await work()
+    except ModelyardError as error:
+        await context.abort(oip_status(error), error.message)
+    except Exception:
+        log.exception("unhandled error in an OIP gRPC call")
+        await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error; see the gateway log")
+    raise AssertionError("unreachable: abort raises")
+
+
+class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, handler: OipHandler) -> None:
+        self._handler = handler
+
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._handler.ready())
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ServerMetadataResponse:
+        name, version, extensions = self._handler.server_metadata()
+        return pb.ServerMetadataResponse(name=name, version=version, extensions=extensions)
+
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ModelReadyResponse:
+        async def work() -> pb.ModelReadyResponse:
+            ready = await self._handler.model_ready(request.name, request.version, _headers(context))
+            return pb.ModelReadyResponse(ready=ready)
+
+        return await _answer(context, work)
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ModelMetadataResponse:
+        async def work() -> pb.ModelMetadataResponse:
+            body = await self._handler.model_metadata(request.name, request.version, _headers(context))
+            return model_metadata(body, request.name)
+
+        return await _answer(context, work)
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.ModelInferResponse:
+        async def work() -> pb.ModelInferResponse:
+            if not request.model_name:
+                raise BadRequest("model_name is required")
+            body = infer_request_json(request)
+            answer = await self._handler.infer(
+                request.model_name, request.model_version, body, _headers(context)
+            )
+            return infer_response(answer, request.model_name, request.model_version)
+
+        return await _answer(context, work)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "ModelStreamInfer is not supported yet; use ModelInfer"
+        )
+        yield pb.ModelStreamInferResponse()  # pragma: no cover - abort raises; this makes a generator
+
+
+class OipServer:
+    """GRPCInferenceService on `host:port` (port 0: any free port; `port` holds the bound one after
+    start). `max_message_bytes` bounds a request message, as limits.max_body_bytes bounds a REST body."""
+
+    def __init__(
+        self, handler: OipHandler, host: str = "127.0.0.1", port: int = 0, *, max_message_bytes: int
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._handler = handler
+        self._max_message_bytes = max_message_bytes
+        self._server: aio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("OipServer already started")
+        # SO_REUSEPORT off: a second gateway on a port in use fails here instead of sharing it.
+        options = [
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", self._max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+        ]
+        server = aio.server(options=options)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._handler), server)
+        try:
+            bound = server.add_insecure_port(self.address)
+        except RuntimeError:  # grpc's "Failed to bind to address"
+            bound = 0
+        if bound == 0:
+            raise OSError(f"{self.address} (OIP gRPC): address in use or not available")
+        self.port = bound
+        await server.start()
+        self._server = server
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop accepting calls; calls in flight get `grace` seconds, then are cancelled. Safe twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
