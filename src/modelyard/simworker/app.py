@@ -16,6 +16,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from modelyard.errors import ModelyardError
+from modelyard.protocols import oip
 from modelyard.simworker.config import SimWorkerConfig
 from modelyard.simworker.engine import Running, SimEngine
 from modelyard.simworker.metrics import CONTENT_TYPE, create_registry, render
@@ -367,7 +369,7 @@ async def _v2_ready(request: web.Request) -> web.StreamResponse:
 
 
 async def _v2_server(request: web.Request) -> web.StreamResponse:
-    return _json({"name": _SERVER_NAME, "version": _SERVER_VERSION, "extensions": []})
+    return _json({"name": _SERVER_NAME, "version": _SERVER_VERSION, "extensions": ["binary_tensor_data"]})
 
 
 async def _v2_model(request: web.Request) -> web.StreamResponse:
@@ -393,7 +395,10 @@ async def _v2_model_ready(request: web.Request) -> web.StreamResponse:
 async def _v2_infer(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     engine.count("oip_infer")
-    body = await _json_body(request)
+    try:
+        body = oip.read_infer_request(await request.read(), request.headers)
+    except ModelyardError as exc:
+        raise _Reject(exc.status, exc.message) from None
     try:
         outputs = oip_outputs(body, engine.config.oip_scale)
     except ValueError as exc:
@@ -409,7 +414,14 @@ async def _v2_infer(request: web.Request) -> web.StreamResponse:
     if "id" in body:
         response["id"] = body["id"]
     response["outputs"] = outputs
-    return _json(response)
+    try:
+        payload, header_length = oip.write_infer_response(response, body)
+    except ValueError as exc:
+        raise _Reject(400, str(exc)) from None
+    if header_length is None:
+        return web.Response(body=payload, content_type="application/json")
+    headers = {oip.BINARY_HEADER: str(header_length), "Content-Type": oip.BINARY_CONTENT_TYPE}
+    return web.Response(body=payload, headers=headers)
 
 
 # Operations --------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Deterministic OIP v2 and KServe v1 outputs: every number times `scale`, the rest echoed.
 
 Integers stay integers when the scale is integral; with a fractional scale an INT*/UINT* tensor
-comes back as FP64 (the only honest datatype for its data). BOOL and BYTES are echoed. Pure:
+comes back as FP64 (the only honest datatype for its data). BOOL and BYTES are echoed (BYTES
+elements as they came: `str` from JSON, `bytes` from the binary extension). Pure:
 raises ValueError with a client-facing message on bad input.
 """
 
@@ -67,7 +68,7 @@ def oip_outputs(body: dict[str, object], scale: float) -> list[dict[str, object]
         if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise ValueError(f"input {name!r}: unknown datatype {datatype!r}")
         if "data" not in tensor:
-            raise ValueError(f"input {name!r}: missing 'data'")
+            raise ValueError(f"input {name!r}: missing 'data' (or, binary, parameters.binary_data_size)")
         flat: list[object] = []
         _flatten(tensor["data"], flat)
         if len(flat) != math.prod(shape):
