@@ -66,6 +66,8 @@ proto: $(STAMP)
 	$(PROTOC) -Imodelyard/rpc/oip_v2=proto/inference modelyard/rpc/oip_v2/grpc_predict_v2.proto
 	sed -i 's/_descriptor_pool\.Default()\.AddSerializedFile(/_descriptor_pool.DescriptorPool().AddSerializedFile(/' \
 		src/modelyard/rpc/oip_v2/grpc_predict_v2_pb2.py
+	@grep -q '_descriptor_pool\.DescriptorPool()\.AddSerializedFile(' src/modelyard/rpc/oip_v2/grpc_predict_v2_pb2.py \
+		|| { echo "make proto: grpc_predict_v2_pb2.py is not in a private DescriptorPool (protoc's output changed?); fix the sed" >&2; exit 1; }
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -421,8 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False)
 
     missing = require_binaries("nginx", "wrk")
+    hints = [INSTALL_HINT] if missing else []
+    if "vllm-router" in args.targets and shutil.which(args.vllm_router) is None:
+        missing.append(args.vllm_router)
+        hints.append("pip install vllm-router")
     if missing:
-        print(f"missing: {', '.join(missing)}. Install with:\n  {INSTALL_HINT}", file=sys.stderr)
+        print(f"missing: {', '.join(missing)}. Install with:\n  " + "\n  ".join(hints), file=sys.stderr)
         return 2
 
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop nginx and the gateway.

@@ -1,6 +1,7 @@
 """OIP v2 over gRPC: tritonclient.grpc, unchanged, against the gateway's listen.grpc_port, routed to
 REST sim-workers. The client is synchronous, so each call runs in a thread while the gateway serves
-on the test's event loop."""
+on the test's event loop; every call has a client_timeout, so a hung gateway fails the test instead
+of hanging it."""
 
 from __future__ import annotations
 
@@ -11,16 +12,24 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as grpcclient
+from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
 from support import free_ports, metric_value, model_config
 
 T = TypeVar("T")
+CLIENT_TIMEOUT = 30.0  # seconds: no call here takes more than a fraction of one
+# The InferenceServerClient calls that take client_timeout (close and the stream calls do not).
+_TIMED = frozenset({"is_server_live", "is_server_ready", "get_server_metadata", "is_model_ready"})
+_TIMED |= {"get_model_metadata", "infer"}
 
 
 async def off_loop(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    if getattr(call, "__name__", "") in _TIMED:
+        kwargs.setdefault("client_timeout", CLIENT_TIMEOUT)
     return await asyncio.to_thread(call, *args, **kwargs)
 
 
@@ -34,11 +43,33 @@ async def gateway(sim_workers, gateways):
 
 
 @pytest.fixture
-async def client(gateway) -> AsyncIterator[grpcclient.InferenceServerClient]:
+async def healthy_gateway(sim_workers, gateways):
+    """Only models that are up: the server is ready until it drains."""
+    workers = await sim_workers(2, oip_scale=2.0, models=["echo"])
+    models = [model_config("echo", workers, health_check={"path": "/v2/health/ready"})]
+    return await gateways(models, listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0})
+
+
+@contextlib.asynccontextmanager
+async def triton_client(gateway: Any) -> AsyncIterator[grpcclient.InferenceServerClient]:
     assert gateway.grpc_port
     triton = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
-    yield triton
-    await off_loop(triton.close)
+    try:
+        yield triton
+    finally:
+        await off_loop(triton.close)
+
+
+@pytest.fixture
+async def client(gateway) -> AsyncIterator[grpcclient.InferenceServerClient]:
+    async with triton_client(gateway) as triton:
+        yield triton
+
+
+@pytest.fixture
+async def healthy_client(healthy_gateway) -> AsyncIterator[grpcclient.InferenceServerClient]:
+    async with triton_client(healthy_gateway) as triton:
+        yield triton
 
 
 def _input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
@@ -47,15 +78,15 @@ def _input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput
     return tensor
 
 
-async def test_health_and_metadata(gateway, client, http):
+async def test_health_and_metadata(healthy_gateway, healthy_client, http):
+    client = healthy_client
     assert await off_loop(client.is_server_live)
-    async with http.get(gateway.url + "/v2/health/ready") as response:
-        rest_ready = (await response.json())["ready"]
-    assert await off_loop(client.is_server_ready) == rest_ready
+    async with http.get(healthy_gateway.url + "/v2/health/ready") as response:
+        assert (await response.json())["ready"] is True
+    assert await off_loop(client.is_server_ready) is True
     assert (await off_loop(client.get_server_metadata)).name == "modelyard"
     assert await off_loop(client.is_model_ready, "echo")
     assert await off_loop(client.is_model_ready, "echo", "1")
-    assert not await off_loop(client.is_model_ready, "down")
     metadata = await off_loop(client.get_model_metadata, "echo")
     assert metadata.name == "echo"
     assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [("INPUT0", "FP32", [-1])]
@@ -101,6 +132,14 @@ async def test_infer_with_a_version_and_requested_outputs(gateway, client):
     assert result.as_numpy("y").tolist() == [2.0]
 
 
+async def test_a_model_that_is_down_is_not_ready_and_neither_is_the_server(gateway, client, http):
+    assert not await off_loop(client.is_model_ready, "down")
+    assert await off_loop(client.is_model_ready, "echo")
+    async with http.get(gateway.url + "/v2/health/ready") as response:
+        assert (await response.json())["ready"] is False
+    assert await off_loop(client.is_server_ready) is False
+
+
 async def test_errors_carry_the_grpc_status_and_message(gateway, client):
     x = [_input("x", np.ones(2, np.float32), "FP32")]
     with pytest.raises(InferenceServerException) as unknown:
@@ -134,9 +173,11 @@ async def test_round_robin_alternates_backends(gateway, client, http):
         assert count == 2, backend
 
 
-async def test_not_ready_while_draining(gateway, client):
+async def test_not_ready_while_draining(healthy_gateway, healthy_client):
+    client = healthy_client
     await off_loop(client.infer, "echo", [_input("x", np.ones(1, np.float32), "FP32")])
-    gateway.server.begin_drain()
+    assert await off_loop(client.is_server_ready) is True
+    healthy_gateway.server.begin_drain()
     assert not await off_loop(client.is_server_ready)
     assert await off_loop(client.is_server_live)
 
@@ -150,7 +191,7 @@ async def test_stream_infer_is_unimplemented(gateway, client):
         errors.append(error)
         loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
-    await off_loop(client.start_stream, callback)
+    await off_loop(client.start_stream, callback, stream_timeout=CLIENT_TIMEOUT)
     # The gateway refuses the stream as it opens; tritonclient may see that before this request.
     with contextlib.suppress(InferenceServerException):
         await off_loop(client.async_stream_infer, "echo", [_input("x", np.ones(1, np.float32), "FP32")])
@@ -217,9 +258,14 @@ async def test_messages_are_bounded_by_max_body_bytes(sim_workers, gateways):
         assert small.as_numpy("x").tolist() == [1.0] * 16
         with pytest.raises(InferenceServerException) as refused:
             await off_loop(triton.infer, "echo", [_input("x", np.ones(2048, np.float32), "FP32")])
+        # 1,600 bytes of message, but up to 5,000 of JSON (25 a float): over the 4,096 bound too.
+        with pytest.raises(InferenceServerException) as too_wide:
+            await off_loop(triton.infer, "echo", [_input("x", np.ones(200, np.float64), "FP64")])
     finally:
         await off_loop(triton.close)
     assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert too_wide.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "limits.max_body_bytes (4096)" in too_wide.value.message()
 
 
 async def test_a_grpc_port_in_use_fails_the_start(sim_workers, gateways):
@@ -232,3 +278,114 @@ async def test_a_grpc_port_in_use_fails_the_start(sim_workers, gateways):
             await gateways(
                 [model_config("echo", workers)], listen={"host": "127.0.0.1", "port": 0, "grpc_port": port}
             )
+
+
+async def test_fp16_bool_uint8_and_empty_tensors(healthy_client):
+    fp16 = np.array([0.5, -1.25, 1000.0], dtype=np.float16)
+    flags = np.array([[True, False], [False, True]], dtype=np.bool_)
+    small = np.array([0, 7, 127], dtype=np.uint8)
+    empty = np.zeros((0,), dtype=np.float32)
+    inputs = [
+        _input("h", fp16, "FP16"),
+        _input("b", flags, "BOOL"),
+        _input("u", small, "UINT8"),
+        _input("e", empty, "FP32"),
+    ]
+    result = await off_loop(healthy_client.infer, "echo", inputs)
+    h, b, u, e = (result.as_numpy(name) for name in ("h", "b", "u", "e"))
+    assert h.dtype == np.float16 and h.tolist() == [1.0, -2.5, 2000.0]  # the echo model doubles
+    assert b.dtype == np.bool_ and b.tolist() == [[True, False], [False, True]]  # and echoes BOOL
+    assert u.dtype == np.uint8 and u.tolist() == [0, 14, 254]
+    assert e.dtype == np.float32 and e.shape == (0,)
+
+
+async def test_nan_and_infinity_are_refused(healthy_client):
+    for value in (np.nan, np.inf, -np.inf):
+        with pytest.raises(InferenceServerException) as refused:
+            await off_loop(
+                healthy_client.infer, "echo", [_input("x", np.array([1, value], np.float32), "FP32")]
+            )
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "NaN or infinity" in refused.value.message()
+
+
+async def test_an_unknown_model_is_refused_before_its_tensors_are_read(healthy_client):
+    # A tensor the gateway would refuse (INVALID_ARGUMENT) for a model it does not have: NOT_FOUND.
+    nan = [_input("x", np.array([np.nan], np.float32), "FP32")]
+    with pytest.raises(InferenceServerException) as refused:
+        await off_loop(healthy_client.infer, "nope", nan)
+    assert refused.value.status() == "StatusCode.NOT_FOUND"
+
+
+@pytest.fixture
+async def recorder(gateways) -> AsyncIterator[tuple[Any, list[dict[str, str]]]]:
+    """A gateway in front of an OIP v2 server that records each infer request's headers; an input
+    named "fail" makes it answer 400 with a 5,000-character error."""
+    seen: list[dict[str, str]] = []
+
+    async def infer(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        body = orjson.loads(await request.read())
+        if body["inputs"][0]["name"] == "fail":
+            return web.json_response({"error": "e" * 5000}, status=400)
+        outputs = [{**tensor, "data": tensor["data"]} for tensor in body["inputs"]]
+        return web.json_response({"model_name": "rec", "outputs": outputs})
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.json_response({})  # every health check passes
+
+    app = web.Application()
+    app.router.add_post("/v2/models/rec/infer", infer)
+    app.router.add_get("/{path:.*}", healthy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        model = {
+            "name": "rec",
+            "endpoints": [{"name": "r0", "url": f"http://127.0.0.1:{port}"}],
+            "health_check": {"interval": "60s"},
+        }
+        gateway = await gateways([model], listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0})
+        yield gateway, seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_backend_gets_no_hop_by_hop_or_framing_headers(recorder):
+    gateway, seen = recorder
+    x = [_input("x", np.ones(1, np.float32), "FP32")]
+    metadata = {
+        "transfer-encoding": "chunked",
+        "connection": "close",
+        "keep-alive": "timeout=5",
+        "upgrade": "h2c",
+        "expect": "100-continue",
+        "content-encoding": "gzip",
+        "content-length": "3",
+        "x-keep": "yes",
+    }
+    async with triton_client(gateway) as triton:
+        result = await off_loop(triton.infer, "rec", x, headers=metadata)
+        assert result.as_numpy("x").tolist() == [1.0]
+        await off_loop(triton.infer, "rec", x, headers={"x-request-id": "mine"})
+    first, second = ({k.lower(): v for k, v in headers.items()} for headers in seen)
+    for name in ("transfer-encoding", "connection", "keep-alive", "upgrade", "expect"):
+        assert name not in first, name
+    assert "content-encoding" not in first and first["content-length"] != "3"
+    assert not any(name.startswith("grpc-") or name == "te" for name in first)
+    assert first["content-type"] == "application/json" and first["x-keep"] == "yes"
+    assert first["x-request-id"]  # made by the gateway
+    assert second["x-request-id"] == "mine"  # the caller's
+
+
+async def test_a_long_error_from_the_backend_is_cut(recorder):
+    gateway, _seen = recorder
+    async with triton_client(gateway) as triton:
+        with pytest.raises(InferenceServerException) as refused:
+            await off_loop(triton.infer, "rec", [_input("fail", np.ones(1, np.float32), "FP32")])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    message = refused.value.message()
+    assert message.startswith("eee") and message.endswith("...") and len(message) <= 1000

@@ -74,10 +74,10 @@ def binary_header_length(headers: Mapping[str, str]) -> int | None:
     value = headers.get(BINARY_HEADER)
     if value is None:
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise MalformedBody(f"{BINARY_HEADER} must be an integer, got {value!r}") from None
+    # Plain ASCII digits only: int() would also take "+5", " 5 ", "1_0" and other scripts' digits.
+    if not (value.isascii() and value.isdigit()):
+        raise MalformedBody(f"{BINARY_HEADER} must be a non-negative decimal integer, got {value!r}")
+    return int(value)
 
 
 def split_binary(body: bytes, length: int) -> tuple[bytes, memoryview]:
@@ -252,7 +252,9 @@ def _bytes_elements(raw: bytes | memoryview, count: int) -> list[Any]:
 
 
 def tensor_to_bytes(data: Sequence[Any], datatype: str) -> bytes:
-    """The raw bytes of flat `data` as `datatype`; ValueError when an element does not fit."""
+    """The raw bytes of flat `data` as `datatype`; ValueError when an element does not fit. BOOL
+    takes true, false, 0 and 1; an integer type takes an integral float (6.0); a float beyond
+    FP16's or FP32's range becomes infinity, and BF16 rounds to nearest, ties to even."""
     if datatype == "BYTES":
         parts: list[bytes] = []
         for element in data:
@@ -268,11 +270,35 @@ def tensor_to_bytes(data: Sequence[Any], datatype: str) -> bytes:
     if code is None:
         raise ValueError(f"unknown datatype {datatype!r}")
     try:
+        if code == "?":
+            data = [_boolean(x) for x in data]  # struct would take any truthy value, "no" included
+        elif code not in _FLOAT_CODES:
+            data = [_integral(x) for x in data]
+    except ValueError as exc:
+        raise ValueError(f"{datatype} data does not fit: {exc}") from None
+    try:
         return struct.pack(f"<{len(data)}{code}", *data)
     except OverflowError:  # a float beyond the datatype's range: infinity, as numpy casts it
         return struct.pack(f"<{len(data)}{code}", *(_clamped(x, code) for x in data))
     except struct.error as exc:
         raise ValueError(f"{datatype} data does not fit: {exc}") from None
+
+
+def _boolean(x: Any) -> bool:
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, int) and x in (0, 1):
+        return bool(x)
+    raise ValueError(f"{x!r} is not a BOOL (true, false, 0 or 1)")
+
+
+def _integral(x: Any) -> int:
+    """An integer element; JSON servers may write one as a float (6.0), which is taken."""
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    raise ValueError(f"{x!r} is not an integer")
 
 
 def _clamped(x: Any, code: str) -> float:

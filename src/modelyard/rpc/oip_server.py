@@ -6,6 +6,17 @@ Messages are translated to and from JSON in oip_tensors.py. The handler raises m
 `oip_status` turns them into gRPC status codes here, in one place, from the HTTP status each error
 carries (the usual HTTP-to-gRPC table): 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413/429
 RESOURCE_EXHAUSTED, 502/503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, the rest INTERNAL and friends.
+Status details are cut to `MAX_DETAILS` characters: gRPC carries them in a header, which clients
+cap at 8 KiB.
+
+The call's metadata becomes the request headers the handler routes on and forwards, less gRPC's
+own (pseudo-headers, `grpc-*`, content-type, te, accept-encoding) and the framing headers the
+gateway sets itself; `-bin` metadata (binary) is not forwarded. A value with a character outside
+visible ASCII, space and tab is refused (INVALID_ARGUMENT): grpc-core takes CR and LF from a raw
+HTTP/2 client, and they must never reach an HTTP/1.1 request head.
+
+An infer call asks the handler to `admit` the model (known, with capacity) before its tensors are
+converted, and the conversion is bounded by `max_message_bytes` of JSON.
 ModelStreamInfer answers UNIMPLEMENTED for now, as do the Triton-only methods (ModelConfig,
 repository and shared-memory calls), which this service does not define.
 """
@@ -13,7 +24,8 @@ repository and shared-memory calls), which this service does not define.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -29,8 +41,26 @@ log = logging.getLogger("modelyard.rpc")
 Headers = Sequence[tuple[str, str]]
 T = TypeVar("T")
 
-# Metadata that belongs to the gRPC call itself, not to the request the handler routes and forwards.
-_CALL_METADATA = frozenset({"content-type", "te", "user-agent", "host", "accept-encoding"})
+# Metadata that belongs to the gRPC call itself, or frames a message, not to the request the handler
+# routes and forwards (the gateway frames that request itself).
+_CALL_METADATA = frozenset(
+    {
+        "accept-encoding",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "expect",
+        "host",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_HEADER_TEXT = re.compile(r"[^\t\x20-\x7e]")
+MAX_DETAILS = 1000
 
 
 class OipHandler(Protocol):
@@ -46,6 +76,11 @@ class OipHandler(Protocol):
         ...
 
     async def model_ready(self, model: str, version: str, headers: Headers) -> bool: ...
+
+    def admit(self, model: str) -> None:
+        """Raise when an inference for `model` would be refused anyway (an unknown model, no
+        capacity): the call fails before its tensors are converted."""
+        ...
 
     async def model_metadata(self, model: str, version: str, headers: Headers) -> object:
         """The model's metadata as JSON (REST: GET /v2/models/{model}[/versions/{version}])."""
@@ -83,15 +118,37 @@ def oip_status(error: ModelyardError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def _is_header_text(text: str) -> bool:
+    """Visible ASCII, space and tab only: what may stand in an HTTP/1.1 header field."""
+    return _NOT_HEADER_TEXT.search(text) is None
+
+
+def call_headers(metadata: Iterable[tuple[str, str | bytes]]) -> list[tuple[str, str]]:
+    """The request headers a call's metadata stands for; BadRequest names a key whose value (or
+    the key itself) holds a character no HTTP header may carry."""
+    headers = []
+    for key, value in metadata:
+        if key.endswith("-bin") or not isinstance(value, str):
+            continue  # binary metadata: no header carries it
+        if key.startswith((":", "grpc-")) or key in _CALL_METADATA:
+            continue
+        if not (_is_header_text(key) and _is_header_text(value)):
+            raise BadRequest(
+                f"metadata {key[:100]!r}: a header may hold only visible ASCII, space and tab "
+                "(no CR, LF or other control characters)"
+            )
+        headers.append((key, value))
+    return headers
+
+
 def _headers(context: aio.ServicerContext[Any, Any]) -> list[tuple[str, str]]:
-    metadata = context.invocation_metadata() or ()
-    return [
-        (key, value)
-        for key, value in metadata
-        if isinstance(value, str)  # -bin keys carry bytes
-        and not key.startswith((":", "grpc-"))
-        and key not in _CALL_METADATA
-    ]
+    return call_headers(context.invocation_metadata() or ())
+
+
+def _details(message: str) -> str:
+    if len(message) <= MAX_DETAILS:
+        return message
+    return message[: MAX_DETAILS - 3] + "..."
 
 
 async def _answer(context: aio.ServicerContext[Any, Any], work: Callable[[], Awaitable[T]]) -> T:
@@ -99,7 +156,7 @@ async def _answer(context: aio.ServicerContext[Any, Any], work: Callable[[], Awa
     try:
         return await work()
     except ModelyardError as error:
-        await context.abort(oip_status(error), error.message)
+        await context.abort(oip_status(error), _details(error.message))
     except Exception:
         log.exception("unhandled error in an OIP gRPC call")
         await context.abort(grpc.StatusCode.INTERNAL, "internal gateway error; see the gateway log")
@@ -107,8 +164,9 @@ async def _answer(context: aio.ServicerContext[Any, Any], work: Callable[[], Awa
 
 
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, handler: OipHandler) -> None:
+    def __init__(self, handler: OipHandler, max_json_bytes: int) -> None:
         self._handler = handler
+        self._max_json_bytes = max_json_bytes
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: aio.ServicerContext[Any, Any]
@@ -150,10 +208,10 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         async def work() -> pb.ModelInferResponse:
             if not request.model_name:
                 raise BadRequest("model_name is required")
-            body = infer_request_json(request)
-            answer = await self._handler.infer(
-                request.model_name, request.model_version, body, _headers(context)
-            )
+            headers = _headers(context)
+            self._handler.admit(request.model_name)
+            body = infer_request_json(request, max_json_bytes=self._max_json_bytes)
+            answer = await self._handler.infer(request.model_name, request.model_version, body, headers)
             return infer_response(answer, request.model_name, request.model_version)
 
         return await _answer(context, work)
@@ -169,7 +227,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
 class OipServer:
     """GRPCInferenceService on `host:port` (port 0: any free port; `port` holds the bound one after
-    start). `max_message_bytes` bounds a request message, as limits.max_body_bytes bounds a REST body."""
+    start). `max_message_bytes` bounds a request message, as limits.max_body_bytes bounds a REST body,
+    and the JSON an infer call becomes."""
 
     def __init__(
         self, handler: OipHandler, host: str = "127.0.0.1", port: int = 0, *, max_message_bytes: int
@@ -194,12 +253,14 @@ class OipServer:
             ("grpc.max_send_message_length", -1),
         ]
         server = aio.server(options=options)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._handler), server)
+        servicer = _Servicer(self._handler, self._max_message_bytes)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         try:
             bound = server.add_insecure_port(self.address)
         except RuntimeError:  # grpc's "Failed to bind to address"
             bound = 0
         if bound == 0:
+            await server.stop(None)  # it holds a completion queue and threads until stopped
             raise OSError(f"{self.address} (OIP gRPC): address in use or not available")
         self.port = bound
         await server.start()

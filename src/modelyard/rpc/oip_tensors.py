@@ -1,39 +1,28 @@
 """OIP v2 between its gRPC messages and its REST JSON bodies, both ways; pure, no I/O.
 
 A `ModelInferRequest` becomes the JSON body a REST server takes (`inputs[].data` flat, row-major);
-tensors that came in `raw_input_contents` (tritonclient.grpc's default) are decoded per datatype:
-little-endian, a BYTES element as a 4-byte little-endian length and its bytes (JSON carries it as a
-UTF-8 string). The JSON answer becomes a `ModelInferResponse` with every output in
-`raw_output_contents`, as Triton answers: tritonclient.grpc's `as_numpy` reads numbers only from
-there. The binary-data parameters of the HTTP extension are dropped: the REST hop is plain JSON.
-Bad input raises `BadRequest`, a malformed server answer `UpstreamError`.
+tensors that came in `raw_input_contents` (tritonclient.grpc's default) are decoded per datatype
+by protocols/oip.py, the codec of the HTTP binary extension: little-endian, a BYTES element as a
+4-byte little-endian length and its bytes (JSON carries it as a UTF-8 string). Before anything is
+decoded, the JSON the request would become is bounded: its elements times the widest JSON text of
+their datatype must fit in `max_json_bytes` (limits.max_body_bytes, as for a REST body). NaN and
+infinities are refused: JSON has no way to write them. The JSON answer becomes a
+`ModelInferResponse` with every output in `raw_output_contents`, as Triton answers:
+tritonclient.grpc's `as_numpy` reads numbers only from there. The binary-data parameters of the
+HTTP extension are dropped: the REST hop is plain JSON. Bad input raises `BadRequest` (a request
+too big for JSON `PayloadTooLarge`), a malformed server answer `UpstreamError`.
 """
 
 from __future__ import annotations
 
 import math
-import struct
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeGuard
 
-from modelyard.errors import BadRequest, UpstreamError
+from modelyard.errors import BadRequest, PayloadTooLarge, UpstreamError
+from modelyard.protocols.oip import tensor_from_bytes, tensor_to_bytes
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 
-# datatype -> struct format character (little-endian); BF16 and BYTES are handled apart.
-_STRUCT = {
-    "BOOL": "?",
-    "INT8": "b",
-    "INT16": "h",
-    "INT32": "i",
-    "INT64": "q",
-    "UINT8": "B",
-    "UINT16": "H",
-    "UINT32": "I",
-    "UINT64": "Q",
-    "FP16": "e",
-    "FP32": "f",
-    "FP64": "d",
-}
 # datatype -> the InferTensorContents field that carries it (FP16 and BF16 travel raw only).
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -49,16 +38,67 @@ _CONTENTS = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+# datatype -> bytes per element in raw_input_contents (BYTES is length-prefixed, apart).
+_ITEM_SIZES = {
+    "BOOL": 1,
+    "INT8": 1,
+    "INT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "UINT8": 1,
+    "UINT16": 2,
+    "UINT32": 4,
+    "UINT64": 8,
+    "FP16": 2,
+    "BF16": 2,
+    "FP32": 4,
+    "FP64": 8,
+}
+# datatype -> the widest JSON text of one element and its comma: "false,", "-128,",
+# "-9223372036854775808,", and a float as orjson writes a double ("-2.2250738585072014e-308,").
+_JSON_WIDTHS = {
+    "BOOL": 6,
+    "INT8": 5,
+    "INT16": 7,
+    "INT32": 12,
+    "INT64": 21,
+    "UINT8": 4,
+    "UINT16": 6,
+    "UINT32": 11,
+    "UINT64": 21,
+    "FP16": 25,
+    "BF16": 25,
+    "FP32": 25,
+    "FP64": 25,
+}
+_FLOATS = frozenset({"FP16", "BF16", "FP32", "FP64"})
+# A BYTES element in JSON: two quotes and a comma, and at worst 6 characters a byte ("\u001f").
+_BYTES_ELEMENT_JSON = 3
+_BYTES_BYTE_JSON = 6
+_INT64_MAX = 2**63 - 1
 _BINARY_PARAMETERS = frozenset({"binary_data", "binary_data_output", "binary_data_size"})
 
 
-def infer_request_json(request: pb.ModelInferRequest) -> dict[str, Any]:
-    """The REST body for `request` (its model and version go in the path, not the body)."""
+def infer_request_json(request: pb.ModelInferRequest, *, max_json_bytes: int) -> dict[str, Any]:
+    """The REST body for `request` (its model and version go in the path, not the body).
+    PayloadTooLarge, before any tensor is decoded, when its tensors could take more than
+    `max_json_bytes` of JSON."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise BadRequest(
             f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
             "send every input raw or none"
+        )
+    counts = []
+    width = 0
+    for i, tensor in enumerate(request.inputs):
+        count, json_bytes = _sized(tensor, raw[i] if raw else None)
+        counts.append(count)
+        width += json_bytes
+    if width > max_json_bytes:
+        raise PayloadTooLarge(
+            f"the inputs could take up to {width} bytes as the JSON sent to the model server, over "
+            f"limits.max_body_bytes ({max_json_bytes}); send smaller tensors or use the REST API"
         )
     body: dict[str, Any] = {}
     if request.id:
@@ -68,13 +108,13 @@ def infer_request_json(request: pb.ModelInferRequest) -> dict[str, Any]:
         body["parameters"] = parameters
     inputs = []
     for i, tensor in enumerate(request.inputs):
-        shape = list(tensor.shape)
-        count = _element_count(tensor.name, shape)
-        if raw:
-            data = _decode_raw(tensor.name, tensor.datatype, raw[i], count)
-        else:
-            data = _from_contents(tensor.name, tensor.datatype, tensor.contents, count)
-        item: dict[str, Any] = {"name": tensor.name, "shape": shape, "datatype": tensor.datatype}
+        data = _decode_raw(tensor, raw[i], counts[i]) if raw else _from_contents(tensor)
+        if tensor.datatype in _FLOATS and not all(map(math.isfinite, data)):
+            raise BadRequest(
+                f"input {tensor.name!r}: {tensor.datatype} data holds NaN or infinity, which the JSON "
+                "the gateway sends to the model server cannot carry"
+            )
+        item: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
         item["data"] = data
         parameters = _parameters_json(tensor.parameters)
         if parameters:
@@ -109,18 +149,25 @@ def infer_response(body: object, model: str, version: str) -> pb.ModelInferRespo
         name, datatype, shape = output.get("name"), output.get("datatype"), output.get("shape")
         if not isinstance(name, str) or not isinstance(datatype, str) or not _is_shape(shape):
             raise UpstreamError(
-                f"model {model!r}: outputs[{i}] of the server's response needs a name, datatype and shape"
+                f"model {model!r}: outputs[{i}] of the server's response needs a name, a datatype and "
+                "a shape of non-negative 64-bit integers"
             )
-        tensor = response.outputs.add(name=name, datatype=datatype, shape=shape)
-        _set_parameters(tensor.parameters, output.get("parameters"))
         flat: list[object] = []
         _flatten(output.get("data", []), flat)
+        if len(flat) != math.prod(shape):
+            raise UpstreamError(
+                f"model {model!r}: output {name!r} has {len(flat)} elements for shape {shape} "
+                f"({math.prod(shape)} elements)"
+            )
         try:
-            response.raw_output_contents.append(_encode_raw(datatype, flat))
-        except (struct.error, TypeError, ValueError, OverflowError) as exc:
+            raw = tensor_to_bytes(flat, datatype)
+        except ValueError as exc:
             raise UpstreamError(
                 f"model {model!r}: output {name!r} is not valid {datatype} data: {exc}"
             ) from None
+        tensor = response.outputs.add(name=name, datatype=datatype, shape=shape)
+        _set_parameters(tensor.parameters, output.get("parameters"))
+        response.raw_output_contents.append(raw)
     return response
 
 
@@ -151,62 +198,53 @@ def _tensor_metadata(tensor: Mapping[str, Any]) -> pb.ModelMetadataResponse.Tens
 # --- tensors -----------------------------------------------------------------------------------
 
 
-def _element_count(name: str, shape: Sequence[int]) -> int:
+def _sized(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> tuple[int, int]:
+    """(elements, the most bytes of JSON they can take) of an input, from its shape and sizes alone;
+    BadRequest when its shape, datatype or data size cannot be right."""
+    name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
     if any(d < 0 for d in shape):
-        raise BadRequest(f"input {name!r}: shape {list(shape)} has a negative dimension")
-    return math.prod(shape)
-
-
-def _decode_raw(name: str, datatype: str, raw: bytes, count: int) -> list[Any]:
-    if datatype == "BYTES":
-        return _decode_bytes_elements(name, raw, count)
-    if datatype == "BF16":
-        if len(raw) != 2 * count:
-            raise BadRequest(f"input {name!r}: {len(raw)} raw bytes do not hold {count} BF16 elements")
-        halves = struct.unpack(f"<{count}H", raw)
-        return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
-    code = _STRUCT.get(datatype)
-    if code is None:
+        raise BadRequest(f"input {name!r}: shape {shape} has a negative dimension")
+    count = math.prod(shape)
+    if datatype != "BYTES" and datatype not in _ITEM_SIZES:
         raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}")
-    size = struct.calcsize("<" + code)
-    if len(raw) != size * count:
-        raise BadRequest(
-            f"input {name!r}: {len(raw)} raw bytes do not hold {count} {datatype} elements "
-            f"({size} bytes each)"
-        )
-    return list(struct.unpack(f"<{count}{code}", raw))
-
-
-def _decode_bytes_elements(name: str, raw: bytes, count: int) -> list[Any]:
-    items: list[Any] = []
-    offset = 0
-    while offset < len(raw):
-        if offset + 4 > len(raw):
-            raise BadRequest(f"input {name!r}: a BYTES element's 4-byte length is cut short")
-        (length,) = struct.unpack_from("<I", raw, offset)
-        offset += 4
-        if offset + length > len(raw):
-            raise BadRequest(f"input {name!r}: a BYTES element is shorter than its length prefix")
-        items.append(_text(name, raw[offset : offset + length]))
-        offset += length
-    if len(items) != count:
-        raise BadRequest(f"input {name!r}: {len(items)} BYTES elements do not fill its shape ({count})")
-    return items
-
-
-def _from_contents(name: str, datatype: str, contents: pb.InferTensorContents, count: int) -> list[Any]:
+    if raw is not None:
+        if datatype == "BYTES":
+            return count, _BYTES_ELEMENT_JSON * count + _BYTES_BYTE_JSON * len(raw)
+        if len(raw) != _ITEM_SIZES[datatype] * count:
+            raise BadRequest(
+                f"input {name!r}: {len(raw)} raw bytes do not hold {count} {datatype} elements "
+                f"({_ITEM_SIZES[datatype]} bytes each)"
+            )
+        return count, _JSON_WIDTHS[datatype] * count
     field = _CONTENTS.get(datatype)
     if field is None:
-        if datatype in _STRUCT or datatype == "BF16":
-            raise BadRequest(f"input {name!r}: {datatype} data must be sent in raw_input_contents")
-        raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}")
-    values = list(getattr(contents, field))
+        raise BadRequest(f"input {name!r}: {datatype} data must be sent in raw_input_contents")
+    values = getattr(tensor.contents, field)
     if len(values) != count:
         raise BadRequest(
             f"input {name!r}: {len(values)} elements in contents.{field} do not fill its shape ({count})"
         )
     if datatype == "BYTES":
-        return [_text(name, v) for v in values]
+        return count, _BYTES_ELEMENT_JSON * count + _BYTES_BYTE_JSON * sum(map(len, values))
+    return count, _JSON_WIDTHS[datatype] * count
+
+
+def _decode_raw(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes, count: int) -> list[Any]:
+    try:
+        data = tensor_from_bytes(raw, tensor.datatype, count)
+    except ValueError as exc:
+        raise BadRequest(
+            f"input {tensor.name!r} ({tensor.datatype}, shape {list(tensor.shape)}): {exc}"
+        ) from None
+    if tensor.datatype == "BYTES":
+        return [_text(tensor.name, v) for v in data]
+    return data
+
+
+def _from_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> list[Any]:
+    values = list(getattr(tensor.contents, _CONTENTS[tensor.datatype]))
+    if tensor.datatype == "BYTES":
+        return [_text(tensor.name, v) for v in values]
     return values
 
 
@@ -220,33 +258,6 @@ def _text(name: str, value: bytes) -> str:
         ) from None
 
 
-def _encode_raw(datatype: str, flat: list[object]) -> bytes:
-    if datatype == "BYTES":
-        parts = []
-        for item in flat:
-            data = (item if isinstance(item, str) else str(item)).encode()
-            parts.append(struct.pack("<I", len(data)) + data)
-        return b"".join(parts)
-    if datatype == "BF16":
-        floats = struct.pack(f"<{len(flat)}f", *flat)
-        words = struct.unpack(f"<{len(flat)}I", floats)
-        return struct.pack(f"<{len(flat)}H", *(w >> 16 for w in words))
-    code = _STRUCT.get(datatype)
-    if code is None:
-        raise ValueError(f"unknown datatype {datatype!r}")
-    if code not in "efd?":
-        flat = [_integral(x) for x in flat]
-    return struct.pack(f"<{len(flat)}{code}", *flat)
-
-
-def _integral(value: object) -> int:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, int):
-        return value
-    raise ValueError(f"{value!r} is not an integer")
-
-
 def _flatten(data: object, out: list[object], depth: int = 0) -> None:
     if depth > 32:
         raise UpstreamError("output data nested deeper than 32 levels")
@@ -257,8 +268,10 @@ def _flatten(data: object, out: list[object], depth: int = 0) -> None:
         out.append(data)
 
 
-def _is_shape(shape: object) -> bool:
-    return isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+def _is_shape(shape: object) -> TypeGuard[list[int]]:
+    return isinstance(shape, list) and all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= _INT64_MAX for d in shape
+    )
 
 
 # --- parameters --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ closed, a malformed answer) closes the connection rather than guessing.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
@@ -20,13 +21,16 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from modelyard.errors import UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 
 IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
 _RESUME_BELOW = 64 * 1024
 _HEADER_ENCODING = ("utf-8", "surrogateescape")  # as aiohttp decodes them, so values round-trip
+# CR and LF would end a header line early (a header injected, a request smuggled), NUL ends it for
+# some servers: no header name or value may hold one, wherever it came from.
+_LINE_BREAKING = re.compile(r"[\r\n\0]")
 
 
 class _StaleConnection(Exception):
@@ -409,10 +413,14 @@ class _HostPool:
 def encode_request(
     method: str, path: str, host: bytes, headers: Iterable[tuple[str, str]], body: bytes | None
 ) -> bytes:
-    """The request head and body as one buffer, so it leaves in one write."""
+    """The request head and body as one buffer, so it leaves in one write. BadRequest (nothing is
+    sent) when a header name or value holds CR, LF or NUL."""
     lines = [f"{method} {path} HTTP/1.1\r\n".encode(*_HEADER_ENCODING), b"Host: " + host + b"\r\n"]
     for name, value in headers:
-        lines.append(f"{name}: {value}\r\n".encode(*_HEADER_ENCODING))
+        field = f"{name}: {value}"
+        if _LINE_BREAKING.search(field) is not None:
+            raise BadRequest(f"header {name[:100]!r}: a header name or value may not hold CR, LF or NUL")
+        lines.append(field.encode(*_HEADER_ENCODING) + b"\r\n")
     if body is not None:
         lines.append(b"Content-Length: %d\r\n" % len(body))
     lines.append(b"\r\n")

@@ -69,6 +69,11 @@ def test_bad_tensor_bytes(raw: bytes, datatype: str, count: int, message: str) -
         oip.tensor_from_bytes(raw, datatype, count)
 
 
+def test_integral_floats_and_0_or_1_booleans_are_taken() -> None:
+    assert oip.tensor_to_bytes([6.0, -1.0], "INT64") == struct.pack("<2q", 6, -1)
+    assert oip.tensor_to_bytes([1, 0, True], "BOOL") == b"\x01\x00\x01"
+
+
 @pytest.mark.parametrize(
     ("data", "datatype", "message"),
     [
@@ -77,6 +82,11 @@ def test_bad_tensor_bytes(raw: bytes, datatype: str, count: int, message: str) -
         ([1.5], "INT64", "INT64"),
         ([1], "BYTES", "strings or bytes"),
         (["x"], "FP32", "FP32 data does not fit"),
+        (["no"], "BOOL", "BOOL data does not fit: 'no' is not a BOOL"),
+        ([2], "BOOL", "is not a BOOL"),
+        ([None], "BYTES", "strings or bytes"),
+        ([None], "INT32", "INT32 data does not fit"),
+        ([None], "FP32", "FP32 data does not fit"),
     ],
 )
 def test_data_that_does_not_fit_the_datatype(data: list[Any], datatype: str, message: str) -> None:
@@ -140,7 +150,10 @@ def test_header_length_beyond_the_body() -> None:
     body, _ = binary_request([("a", "FP32", [1], b"\x00" * 4)])
     _bad(body, {oip.BINARY_HEADER: str(len(body) + 1)}, "is .* but the body has")
     _bad(body, {oip.BINARY_HEADER: "0"}, "is 0 but the body has")
-    _bad(body, {oip.BINARY_HEADER: "-4"}, "is -4 but the body has")
+
+    # Plain ASCII digits only: int() would take each of these.
+    for value in ("-4", "+5", " 5", "5 ", "1_0", "\u0665", "0x5"):
+        _bad(body, {oip.BINARY_HEADER: value}, "must be a non-negative decimal integer")
 
 
 def test_size_not_matching_shape_and_datatype() -> None:
