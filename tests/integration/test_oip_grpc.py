@@ -182,22 +182,30 @@ async def test_not_ready_while_draining(healthy_gateway, healthy_client):
     assert await off_loop(client.is_server_live)
 
 
-async def test_stream_infer_is_unimplemented(gateway, client):
-    errors: list[Any] = []
-    done = asyncio.get_running_loop().create_future()
+async def test_a_stream_answers_each_request_in_order_and_an_error_in_stream(gateway, client):
+    answers: list[tuple[Any, Any]] = []
     loop = asyncio.get_running_loop()
+    three = loop.create_future()
 
-    def callback(result: Any, error: Any) -> None:
-        errors.append(error)
-        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+    def callback(result: Any, error: Any) -> None:  # tritonclient's stream thread
+        answers.append((result, error))
+        if len(answers) == 3:
+            loop.call_soon_threadsafe(lambda: three.done() or three.set_result(None))
 
     await off_loop(client.start_stream, callback, stream_timeout=CLIENT_TIMEOUT)
-    # The gateway refuses the stream as it opens; tritonclient may see that before this request.
-    with contextlib.suppress(InferenceServerException):
-        await off_loop(client.async_stream_infer, "echo", [_input("x", np.ones(1, np.float32), "FP32")])
-    await asyncio.wait_for(done, 10)
-    await off_loop(client.stop_stream)
-    assert errors[0] is not None and "StatusCode.UNIMPLEMENTED" in str(errors[0].status())
+    try:
+        for model, request_id, value in (("echo", "s1", 1.5), ("nope", "s2", 0.0), ("echo", "s3", -2.0)):
+            x = _input("x", np.array([value, value], np.float32), "FP32")
+            await off_loop(client.async_stream_infer, model, [x], request_id=request_id)
+        await asyncio.wait_for(three, 10)
+    finally:
+        await off_loop(client.stop_stream)
+
+    (first, no_error), (no_result, error), (third, no_error_either) = answers
+    assert no_error is None and no_error_either is None and no_result is None
+    assert first.get_response().id == "s1" and first.as_numpy("x").tolist() == [3.0, 3.0]
+    assert "nope" in str(error)  # the unknown model's error, in the stream, which went on
+    assert third.get_response().id == "s3" and third.as_numpy("x").tolist() == [-4.0, -4.0]
 
 
 async def test_routes_match_the_call_metadata(sim_workers, gateways, http):

@@ -17,8 +17,9 @@ HTTP/2 client, and they must never reach an HTTP/1.1 request head.
 
 An infer call asks the handler to `admit` the model (known, with capacity) before its tensors are
 converted, and the conversion is bounded by `max_message_bytes` of JSON.
-ModelStreamInfer answers UNIMPLEMENTED for now, as do the Triton-only methods (ModelConfig,
-repository and shared-memory calls), which this service does not define.
+ModelStreamInfer answers each request of the stream as a ModelInfer, in order, an error in-stream
+(`error_message`) without ending the stream. The Triton-only methods (ModelConfig, repository and
+shared-memory calls) are not defined by this service: gRPC answers them UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -202,27 +203,52 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _answer(context, work)
 
+    async def _infer(self, request: pb.ModelInferRequest, headers: Headers) -> pb.ModelInferResponse:
+        if not request.model_name:
+            raise BadRequest("model_name is required")
+        self._handler.admit(request.model_name)
+        body = infer_request_json(request, max_json_bytes=self._max_json_bytes)
+        answer = await self._handler.infer(request.model_name, request.model_version, body, headers)
+        response = infer_response(answer, request.model_name, request.model_version)
+        if request.id and not response.id:
+            response.id = request.id  # as Triton: a stream's answers are matched to requests by id
+        return response
+
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ModelInferResponse:
         async def work() -> pb.ModelInferResponse:
-            if not request.model_name:
-                raise BadRequest("model_name is required")
-            headers = _headers(context)
-            self._handler.admit(request.model_name)
-            body = infer_request_json(request, max_json_bytes=self._max_json_bytes)
-            answer = await self._handler.infer(request.model_name, request.model_version, body, headers)
-            return infer_response(answer, request.model_name, request.model_version)
+            return await self._infer(request, _headers(context))
 
         return await _answer(context, work)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "ModelStreamInfer is not supported yet; use ModelInfer"
-        )
-        yield pb.ModelStreamInferResponse()  # pragma: no cover - abort raises; this makes a generator
+        """Each request of the stream is a ModelInfer, answered in order. A request that fails is
+        answered with its error (`error_message`) and the stream goes on, as Triton's does; the
+        REST backends have no streaming infer, so one request gets one answer."""
+        headers = await _answer(context, lambda: _async(_headers(context)))
+        async for request in request_iterator:
+            try:
+                yield pb.ModelStreamInferResponse(infer_response=await self._infer(request, headers))
+            except ModelyardError as error:
+                yield pb.ModelStreamInferResponse(
+                    error_message=_details(error.message),
+                    infer_response=pb.ModelInferResponse(
+                        model_name=request.model_name, model_version=request.model_version, id=request.id
+                    ),
+                )
+            except Exception:
+                log.exception("unhandled error in an OIP gRPC stream")
+                yield pb.ModelStreamInferResponse(
+                    error_message="internal gateway error; see the gateway log",
+                    infer_response=pb.ModelInferResponse(id=request.id),
+                )
+
+
+async def _async(value: T) -> T:
+    return value
 
 
 class OipServer:
