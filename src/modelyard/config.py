@@ -94,6 +94,11 @@ class ListenConfig(_Strict):
     shutdown_timeout: Seconds = Field(
         20.0, description="after the drain: how long requests in flight may take before they are cancelled"
     )
+    workers: Annotated[int, Field(ge=1, le=512)] | Literal["auto"] = Field(
+        1,
+        description="gateway processes serving this port (SO_REUSEPORT), sharing in-flight counts, "
+        "health verdicts, admin changes and /metrics; auto = one per CPU (os.cpu_count())",
+    )
 
 
 class EndpointConfig(_Strict):

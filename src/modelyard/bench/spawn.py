@@ -131,18 +131,25 @@ def _launch_workers(
     return urls
 
 
-def _launch_gateway(config: dict[str, object], tmp: Path, log: Path) -> subprocess.Popen[bytes]:
+def _launch_gateway(
+    config: dict[str, object], tmp: Path, log: Path, workers: int = 1
+) -> subprocess.Popen[bytes]:
     path = tmp / "gateway.yaml"
     path.write_text(json.dumps(config))
-    return _child(["serve", "-c", str(path), "--log-level", "warning"], log)
+    return _child(["serve", "-c", str(path), "--log-level", "warning", "--workers", str(workers)], log)
 
 
 @contextlib.asynccontextmanager
 async def spawned(
-    strategy: str, workers: int, sims: SimShape, seed: int = 0, prefix_aware: dict[str, object] | None = None
+    strategy: str,
+    workers: int,
+    sims: SimShape,
+    seed: int = 0,
+    prefix_aware: dict[str, object] | None = None,
+    gateway_workers: int = 1,
 ) -> AsyncIterator[str]:
     """Start the workers, then (once they answer, so its first health checks pass) a gateway
-    routing with `strategy`; yields the gateway's URL."""
+    routing with `strategy` (as `gateway_workers` processes); yields the gateway's URL."""
     with tempfile.TemporaryDirectory(prefix="modelyard-bench-") as tmp:
         log = Path(tmp) / "children.log"
         processes: list[subprocess.Popen[bytes]] = []
@@ -152,7 +159,7 @@ async def spawned(
                 await _wait_ready(url + "/health", process)
             (port,) = _free_ports(1)
             gateway = _launch_gateway(
-                gateway_config(strategy, urls, sims, port, prefix_aware), Path(tmp), log
+                gateway_config(strategy, urls, sims, port, prefix_aware), Path(tmp), log, gateway_workers
             )
             processes.append(gateway)
             gateway_url = f"http://127.0.0.1:{port}"

@@ -64,6 +64,9 @@ def bench(
     strategies: Annotated[
         str, typer.Option(help="With --spawn: comma-separated strategies, one fresh run each.")
     ] = "least_pending,prefix_aware",
+    gateway_workers: Annotated[
+        int, typer.Option(help="With --spawn: the spawned gateway's --workers (processes on its port).")
+    ] = 1,
     profile: Annotated[
         str | None, typer.Option(help=f"A named workload and worker shape: {', '.join(PROFILES)}.")
     ] = None,
@@ -161,6 +164,8 @@ def bench(
     )
     if runs < 1:
         _fail("--runs: must be at least 1")
+    if gateway_workers < 1:
+        _fail("--gateway-workers: must be at least 1")
     settings = None
     if prefix_aware is not None:
         try:
@@ -189,12 +194,14 @@ def bench(
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         summaries: list[Summary] = asyncio.run(
-            _bench(console, url, model, spawn, names, spec, sims, runs, settings)
+            _bench(console, url, model, spawn, names, spec, sims, runs, settings, gateway_workers)
         )
     except ModelyardError as error:
         _fail(error.message)
     pace = f", {spec.rate:g} req/s" if spec.rate else ""
     where = f"{spawn} spawned sim-workers" if spawn else str(url)
+    if spawn and gateway_workers > 1:
+        where += f" (gateway: {gateway_workers} workers)"
     title = (
         f"{spec.requests if not spec.duration else f'{spec.duration:g}s of'} requests, "
         f"concurrency {spec.concurrency}{pace}, against {where}"
@@ -262,6 +269,7 @@ async def _bench(
     sims: SimShape,
     runs: int,
     prefix_settings: dict[str, object] | None = None,
+    gateway_workers: int = 1,
 ) -> list[Summary]:
     summaries = []
     labels = strategies if spawn else [url or ""]
@@ -272,7 +280,12 @@ async def _bench(
             requests = iter_requests(spec) if spec.duration else build_requests(spec)
             if spawn:
                 async with spawned(
-                    label, spawn, sims, seed=spec.seed, prefix_aware=prefix_settings
+                    label,
+                    spawn,
+                    sims,
+                    seed=spec.seed,
+                    prefix_aware=prefix_settings,
+                    gateway_workers=gateway_workers,
                 ) as gateway:
                     outcomes, wall = await _with_progress(console, title, gateway, MODEL, spec, requests)
             else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,6 +25,7 @@ from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
+from modelyard.gateway.workers import serve_workers, worker_count
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.serving import run, serve_until_signal
 from modelyard.simworker import SimWorker
@@ -53,12 +55,16 @@ def _fail(error: ModelyardError) -> typer.Exit:
     return typer.Exit(1)
 
 
-def _cli_overrides(host: str | None, port: int | None, scheduler: str | None = None) -> dict[str, Any]:
+def _cli_overrides(
+    host: str | None, port: int | None, scheduler: str | None = None, workers: str | None = None
+) -> dict[str, Any]:
     listen: dict[str, Any] = {}
     if host is not None:
         listen["host"] = host
     if port is not None:
         listen["port"] = port
+    if workers is not None:
+        listen["workers"] = int(workers) if workers.isdigit() else workers
     overrides: dict[str, Any] = {"listen": listen} if listen else {}
     if scheduler:
         overrides["placement"] = {"scheduler": scheduler}
@@ -86,15 +92,25 @@ def serve(
     print_config: Annotated[
         bool, typer.Option("--print-config", help="Print the merged config and exit.")
     ] = False,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            help="Gateway processes on the port (overrides listen.workers; default 1): a number, or "
+            "auto for one per CPU. They share in-flight counts, health checks, admin changes and /metrics.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the gateway. With no -c FILE and no --scheduler, start the embedded demo: three simulated
     workers and two models, and a scheduler (127.0.0.1:9004) placing models on two more."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = _cli_overrides(host, port, scheduler)
+    overrides = _cli_overrides(host, port, scheduler, workers)
     try:
         if config is None and not scheduler:
             base = merged_data(None, overrides=overrides)
+            if base.get("listen", {}).get("workers", 1) != 1:
+                problem = "listen.workers: the demo runs one worker; use -c FILE"
+                raise ConfigError("the embedded demo", [problem])
             if print_config:
                 typer.echo(
                     yaml.safe_dump(base, sort_keys=False)
@@ -109,12 +125,25 @@ def serve(
         if print_config:
             typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False))
             return
+        count = worker_count(loaded)
+        if count > 1:
+            source = str(config) if config is not None else "<defaults>"
+            announce = _announce(loaded, graphs, count)
+            code = serve_workers(loaded, source, count, announce, log_level)
+            if code:
+                raise typer.Exit(code)
+            return
         run(_serve(loaded, graphs))
     except ModelyardError as error:
         raise _fail(error) from None
     except OSError as error:
         err.print("[red]error:[/red] " + escape(f"cannot listen: {error.strerror or error}"), soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def _announce(config: GatewayConfig, graphs: dict[str, Graph], count: int) -> Callable[[str], None]:
+    counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
+    return lambda url: typer.echo(f"modelyard gateway listening on {url} ({counts}, {count} workers)")
 
 
 async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:

@@ -1,6 +1,6 @@
 """Pure domain: endpoints, their live load and their health state machine."""
 
-from modelyard.cluster.endpoint import Abortable, BackendLoad, Endpoint, EndpointView
+from modelyard.cluster.endpoint import Abortable, BackendLoad, Endpoint, EndpointView, Load
 from modelyard.cluster.health import HealthState, HealthThresholds, observe
 from modelyard.cluster.resources import ResourceSnapshot
 
@@ -11,6 +11,7 @@ __all__ = [
     "EndpointView",
     "HealthState",
     "HealthThresholds",
+    "Load",
     "ResourceSnapshot",
     "observe",
 ]

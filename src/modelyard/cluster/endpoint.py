@@ -37,6 +37,22 @@ class EndpointView(Protocol):
     def resources(self) -> ResourceSnapshot | None: ...
 
 
+class Load(Protocol):
+    """A server's load as the request path counts it: `BackendLoad` in one process; the workers of
+    one gateway share theirs (gateway/siblings.py), so that each sees what all have in flight."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def outstanding_tokens(self) -> int: ...
+    def acquire(self, tokens: int) -> None: ...
+    def release(self, tokens: int) -> None: ...
+
+
 @dataclass(slots=True)
 class BackendLoad:
     """What this gateway has in flight to one server (one URL), summed over every model it serves."""
@@ -61,7 +77,7 @@ class Endpoint:
 
     name: str
     url: str
-    load: BackendLoad
+    load: Load
     weight: int = 1
     cost_per_1k_tokens: float = 0.0
     subset: str = "default"

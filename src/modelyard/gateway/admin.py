@@ -23,7 +23,7 @@ from modelyard.config import STRATEGY_NAMES
 from modelyard.documents import DocumentError, parse_document, parse_documents
 from modelyard.errors import BadRequest, GraphInvalid, Unauthorized
 from modelyard.gateway.cluster import Cluster
-from modelyard.gateway.gateway import GATEWAY, Gateway
+from modelyard.gateway.gateway import GATEWAY, Gateway, routes_document
 from modelyard.gateway.inference import json_response, read_body
 from modelyard.gateway.overview import overview
 from modelyard.gateway.routing_log import RoutingRecord
@@ -98,6 +98,7 @@ async def put_strategy(request: web.Request) -> web.Response:
     clusters = [gateway.cluster(target)] if target else list(gateway.clusters.values())
     for cluster in clusters:
         gateway.set_strategy(cluster, data.get("strategy"))  # a bad name fails on the first
+        gateway.publish("strategies", cluster.name, cluster.strategy.name)
     return json_response(_strategies(gateway))
 
 
@@ -105,8 +106,7 @@ async def put_strategy(request: web.Request) -> web.Response:
 
 
 def _routes_view(cluster: Cluster) -> dict[str, object]:
-    routes = [r.model_dump(mode="json", exclude_defaults=True) for r in cluster.config.routes]
-    return {"model": cluster.name, "routes": routes, "subsets": cluster.subset_names}
+    return {"model": cluster.name, "routes": routes_document(cluster), "subsets": cluster.subset_names}
 
 
 async def get_routes(request: web.Request) -> web.Response:
@@ -118,9 +118,11 @@ async def put_routes(request: web.Request) -> web.Response:
     """Replace a model's routes (e.g. move a canary 10 -> 50 -> 100): `{"routes": [...]}` or a
     list, JSON or YAML; validated first (400 with every problem), then swapped atomically."""
     check_admin(request)
-    cluster = request.app[GATEWAY].cluster(request.match_info["model"])
+    gateway = request.app[GATEWAY]
+    cluster = gateway.cluster(request.match_info["model"])
     data = await _read_document(request)
     cluster.replace_routes(data.get("routes") if isinstance(data, dict) else data)
+    gateway.publish("routes", cluster.name, routes_document(cluster))
     return json_response(_routes_view(cluster))
 
 
@@ -162,6 +164,7 @@ async def put_graph(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     documents = await _read_document(request, many=True)
     graph, warnings = request.app[GATEWAY].graphs.put(name, documents)
+    request.app[GATEWAY].publish("graphs", name, documents)
     return json_response({**_graph_summary(graph), "warnings": warnings})
 
 
@@ -169,6 +172,7 @@ async def delete_graph(request: web.Request) -> web.Response:
     check_admin(request)
     name = request.match_info["name"]
     request.app[GATEWAY].graphs.delete(name)
+    request.app[GATEWAY].publish("graphs", name, None)
     return json_response({"deleted": name})
 
 

@@ -10,6 +10,7 @@ from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.oip_grpc import GatewayOip
 from modelyard.gateway.openapi import openapi_handler
+from modelyard.gateway.siblings import Siblings
 from modelyard.gateway.ui import dashboard_handlers
 from modelyard.graph import Graph
 from modelyard.rpc import OipServer
@@ -25,11 +26,12 @@ def create_app(
     state: SharedState | None = None,
     seed: int | None = None,
     graphs: dict[str, Graph] | None = None,
+    siblings: Siblings | None = None,
 ) -> web.Application:
     """Build a gateway application. `state` overrides the configured store (tests); `seed` fixes the
     RNG; `graphs` are already-loaded graphs (else the config's are loaded, ConfigError if invalid)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=config.limits.max_body_bytes)
-    gateway = Gateway(config, state=state, seed=seed, graphs=graphs)
+    gateway = Gateway(config, state=state, seed=seed, graphs=graphs, siblings=siblings)
     app[GATEWAY] = gateway
 
     oip_grpc: OipServer | None = None

@@ -29,7 +29,7 @@ from modelyard.balancing.routes import (
     select_route,
     validate_routes,
 )
-from modelyard.cluster import Abortable, BackendLoad, Endpoint, HealthThresholds, observe
+from modelyard.cluster import Abortable, BackendLoad, Endpoint, HealthState, HealthThresholds, Load, observe
 from modelyard.cluster.budget import RetryBudget
 from modelyard.cluster.canary import CanaryStats
 from modelyard.cluster.health import ejected
@@ -50,13 +50,15 @@ class Cluster:
     def __init__(
         self,
         config: ModelConfig,
-        loads: dict[str, BackendLoad],
+        loads: dict[str, Load],
         on_health_change: HealthListener = lambda model, endpoint, healthy: None,
         on_outlier: OutlierListener = lambda model, endpoint, event: None,
+        new_load: Callable[[str, str], Load] = BackendLoad,
     ) -> None:
         self.config = config
         self.name = config.name
         self._loads = loads  # shared by every cluster: a server's load is the sum over its models
+        self._new_load = new_load  # (url, name) -> the load of a server no cluster used yet
         self._on_health_change = on_health_change
         self._on_outlier = on_outlier
         self.strategy: Strategy = build_strategy(config.strategy, config)
@@ -106,7 +108,10 @@ class Cluster:
         for c in configs:
             kept = current.get((c.name, c.url))
             if kept is None:
-                kept = Endpoint(c.name, c.url, self._loads.setdefault(c.url, BackendLoad(c.url, c.name)))
+                load = self._loads.get(c.url)
+                if load is None:
+                    load = self._loads[c.url] = self._new_load(c.url, c.name)
+                kept = Endpoint(c.name, c.url, load)
             kept.weight, kept.cost_per_1k_tokens, kept.subset = c.weight, c.cost_per_1k_tokens, c.subset
             kept.metrics_url, kept.gpu_metrics_url = c.metrics_url, c.gpu_metrics_url
             endpoints.append(kept)
@@ -296,6 +301,16 @@ class Cluster:
         before = endpoint.health.healthy
         endpoint.health = observe(endpoint.health, not error, self.thresholds, error)
         self._transition(endpoint, before)
+
+    def adopt_health(self, endpoint: Endpoint, healthy: bool, error: str) -> None:
+        """Take the verdict another worker's probe reached (the leader probes for every worker of a
+        gateway): routing and aborts follow it here; the leader logs and counts the transition."""
+        before = endpoint.health.healthy
+        if healthy == before and endpoint.health.checked:
+            return
+        endpoint.health = HealthState(healthy, 0 if healthy else 1, 1 if healthy else 0, error, True)
+        if before and not healthy:
+            self._abort_awaiting(endpoint, error or "unhealthy")
 
     def record_connection_failure(self, endpoint: Endpoint, error: str) -> None:
         """A connection refused (nothing listens there): the endpoint is out until a probe brings

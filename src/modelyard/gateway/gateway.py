@@ -4,15 +4,17 @@ and stopped with the aiohttp application."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
+from typing import Any
 
 from aiohttp import web
 
 from modelyard.balancing import Need
-from modelyard.cluster import BackendLoad
+from modelyard.cluster import BackendLoad, Load
 from modelyard.config import GatewayConfig, ModelConfig
-from modelyard.errors import ModelNotFound
+from modelyard.errors import ModelNotFound, ModelyardError
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
@@ -20,7 +22,9 @@ from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import Proxy
+from modelyard.gateway.siblings import Siblings
 from modelyard.graph import Graph, load_config_graphs
+from modelyard.serving import ListenerStats
 from modelyard.state import SharedState, open_state
 from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker
@@ -36,11 +40,15 @@ class Gateway:
         state: SharedState | None = None,
         seed: int | None = None,
         graphs: dict[str, Graph] | None = None,
+        siblings: Siblings | None = None,
     ) -> None:
         self.config = config
-        self.loads: dict[str, BackendLoad] = {}
+        self.siblings = siblings  # the other workers of this gateway (listen.workers > 1)
+        self.loads: dict[str, Load] = {}
         self.metrics = GatewayMetrics(
-            lambda: self.loads.values(), max_log_streams=config.admin.max_log_streams
+            lambda: self.loads.values(),
+            max_log_streams=config.admin.max_log_streams,
+            multiprocess_dir=str(siblings.metrics_dir) if siblings is not None else None,
         )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
@@ -67,7 +75,16 @@ class Gateway:
             random.Random(seed),
             share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
         )
-        self.health = HealthChecker(self.clusters.values(), self.pool)
+        leader = siblings is None or siblings.leader
+        self.health = HealthChecker(
+            self.clusters.values(),
+            self.pool,
+            on_probe=siblings.publish_probe if siblings is not None and leader else None,
+        )
+        self._probes = leader  # the other workers adopt the leader's verdicts instead
+        self._graph_documents: dict[str, object] = {}  # admin changes applied from other workers
+        self._following: asyncio.Task[None] | None = None
+        self._listener: ListenerStats | None = None
         self.scrapers: dict[str, tuple[ResourceScraper, Http1Client]] = {}
         invoker = GatewayInvoker(
             self.clusters, self.proxy, UrlInvoker(self.pool.client), lambda name: self.placed.not_placed(name)
@@ -88,7 +105,8 @@ class Gateway:
         self._retiring: set[asyncio.Task[None]] = set()
 
     def new_cluster(self, config: ModelConfig) -> Cluster:
-        return Cluster(config, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
+        new_load = self.siblings.new_load if self.siblings is not None else BackendLoad
+        return Cluster(config, self.loads, self.metrics.health_changed, self.metrics.outlier_event, new_load)
 
     def install(self, cluster: Cluster) -> None:
         """Route to a cluster added at runtime (placed by the scheduler): health checks and the
@@ -131,9 +149,29 @@ class Gateway:
         cluster.set_strategy(name)
         self._serve_needs(cluster)
 
+    def watch_listener(self, stats: ListenerStats) -> None:
+        """Export the listener's counters (with workers, summed over them)."""
+        siblings = self.siblings
+        if siblings is None:
+            self.metrics.watch_listener(lambda: stats)
+        else:
+            self.metrics.watch_listener(lambda: siblings.listener_totals(stats))
+            self._listener = stats
+
+    def publish(self, section: str, key: str, value: object) -> None:
+        """An admin change made here, for the other workers to apply (a no-op without workers)."""
+        if self.siblings is not None:
+            if section == "graphs":
+                self._graph_documents[key] = value  # applied here already
+            self.siblings.publish_admin(section, key, value)
+
     async def start(self) -> None:
-        await self.health.check_once()  # serve with real health from the first request
-        self.health.start()
+        if self._probes:
+            await self.health.check_once()  # serve with real health from the first request
+            self.health.start()
+        if self.siblings is not None:
+            self._follow_once(self.siblings)  # what the others decided so far, before serving
+            self._following = asyncio.create_task(self._follow(self.siblings), name="siblings")
         for cluster in list(self.clusters.values()):
             self._serve_needs(cluster)
         if self.follower is not None:
@@ -142,6 +180,9 @@ class Gateway:
             self.prefix_sharing.start()
 
     async def stop(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
         if self.follower is not None:
             await self.follower.stop()
         await self.health.stop()
@@ -173,5 +214,62 @@ class Gateway:
         scraper.start()
         self.scrapers[cluster.name] = (scraper, client)
 
+    async def _follow(self, siblings: Siblings) -> None:
+        """Every FOLLOW_SECONDS: adopt the leader's health verdicts and the other workers' admin
+        changes, publish this worker's listener counters, and let requests queued for room
+        (circuit_breakers) look again, since the others' releases do not wake them."""
+        while True:
+            try:
+                self._follow_once(siblings)
+            except Exception:  # one bad round must not stop the following ones
+                log.exception("following the other workers failed; trying again")
+            await asyncio.sleep(FOLLOW_SECONDS)
 
+    def _follow_once(self, siblings: Siblings) -> None:
+        if not self._probes:
+            siblings.adopt_probes(self.clusters)
+        changes = siblings.admin_changes()
+        if changes is not None:
+            self._apply_changes(changes)
+        if self._listener is not None:
+            siblings.publish_listener(self._listener)
+        for cluster in self.clusters.values():
+            if len(cluster.capacity):  # room another worker freed wakes nobody here: look again
+                cluster.capacity.wake_all()
+
+    def _apply_changes(self, changes: dict[str, Any]) -> None:
+        """Apply what differs from this worker's state (its own changes are already applied)."""
+        for model, name in changes.get("strategies", {}).items():
+            cluster = self.clusters.get(model)
+            if cluster is not None and cluster.strategy.name != name:
+                self._try(f"strategy of {model}", lambda c=cluster, n=name: self.set_strategy(c, n))
+        for model, routes in changes.get("routes", {}).items():
+            cluster = self.clusters.get(model)
+            if cluster is not None and routes_document(cluster) != routes:
+                self._try(f"routes of {model}", lambda c=cluster, r=routes: c.replace_routes(r))
+        for name, documents in changes.get("graphs", {}).items():
+            if self._graph_documents.get(name, ...) == documents:
+                continue
+            self._graph_documents[name] = documents
+            if documents is None:
+                if name in self.graphs.graphs:
+                    self._try(f"graph {name}", lambda n=name: self.graphs.delete(n))
+            else:
+                self._try(f"graph {name}", lambda n=name, d=documents: self.graphs.put(n, d))
+
+    @staticmethod
+    def _try(what: str, change: Any) -> None:
+        try:
+            change()
+        except ModelyardError as exc:
+            log.warning("could not apply another worker's change to the %s: %s", what, exc)
+
+
+def routes_document(cluster: Cluster) -> list[dict[str, Any]]:
+    """A model's routes as admin shows and the workers of a gateway share them."""
+    return [r.model_dump(mode="json", exclude_defaults=True) for r in cluster.config.routes]
+
+
+FOLLOW_SECONDS = 0.05
+log = logging.getLogger("modelyard.gateway")
 GATEWAY = web.AppKey("gateway", Gateway)

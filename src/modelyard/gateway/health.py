@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from modelyard.cluster import Endpoint
 from modelyard.gateway.cluster import Cluster
@@ -13,9 +13,15 @@ from modelyard.upstream import UpstreamPool
 
 
 class HealthChecker:
-    def __init__(self, clusters: Iterable[Cluster], pool: UpstreamPool) -> None:
+    def __init__(
+        self,
+        clusters: Iterable[Cluster],
+        pool: UpstreamPool,
+        on_probe: Callable[[Cluster, Endpoint], None] | None = None,
+    ) -> None:
         self._clusters = {c.name: c for c in clusters if c.health_checked}
         self._pool = pool
+        self._on_probe = on_probe  # after each verdict: the leader worker publishes it to the others
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
 
@@ -91,3 +97,5 @@ class HealthChecker:
         )
         for endpoint, error in zip(endpoints, errors, strict=True):
             cluster.record_probe(endpoint, error)
+            if self._on_probe is not None:
+                self._on_probe(cluster, endpoint)

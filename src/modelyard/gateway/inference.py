@@ -3,6 +3,7 @@ gateway's own health and metrics endpoints."""
 
 from __future__ import annotations
 
+import os
 from urllib.parse import unquote
 
 import orjson
@@ -138,7 +139,10 @@ async def run_graph(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "ok"})
+    siblings = request.app[GATEWAY].siblings
+    if siblings is None:
+        return json_response({"status": "ok"})
+    return json_response({"status": "ok", "worker": siblings.index, "pid": os.getpid()})
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -170,5 +174,5 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[GATEWAY].metrics.registry)
+    body = generate_latest(request.app[GATEWAY].metrics.exposition)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from modelyard.cluster import BackendLoad
+from modelyard.cluster import Load
 from modelyard.gateway.routing_log import DEFAULT_MAX_SUBSCRIBERS, RoutingLog
 from modelyard.serving import ListenerStats
 
@@ -19,7 +20,7 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 class _InFlightCollector(Collector):
     """Reads the live counters at scrape time, so the request path pays nothing for the gauge."""
 
-    def __init__(self, loads: Callable[[], Iterable[BackendLoad]]) -> None:
+    def __init__(self, loads: Callable[[], Iterable[Load]]) -> None:
         self._loads = loads
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -36,11 +37,11 @@ class _InFlightCollector(Collector):
 class _ListenerCollector(Collector):
     """The client-facing listener's counters, read at scrape time (the listener keeps plain ints)."""
 
-    def __init__(self, stats: ListenerStats) -> None:
+    def __init__(self, stats: Callable[[], ListenerStats]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
-        stats = self._stats
+        stats = self._stats()
         yield GaugeMetricFamily(
             "modelyard_connections_open", "Client connections open now", value=stats.open_connections
         )
@@ -83,10 +84,21 @@ class _RoutingLogCollector(Collector):
 
 class GatewayMetrics:
     def __init__(
-        self, loads: Callable[[], Iterable[BackendLoad]], *, max_log_streams: int = DEFAULT_MAX_SUBSCRIBERS
+        self,
+        loads: Callable[[], Iterable[Load]],
+        *,
+        max_log_streams: int = DEFAULT_MAX_SUBSCRIBERS,
+        multiprocess_dir: str | None = None,
     ) -> None:
         self.routing_log = RoutingLog(max_subscribers=max_log_streams)
         self.registry = CollectorRegistry()
+        # What /metrics serves. With workers (multiprocess_dir, which PROMETHEUS_MULTIPROC_DIR
+        # names in every worker), prometheus-client keeps each worker's counters and histograms in
+        # files there, and the exposition sums them; the collectors below read shared counters.
+        self.exposition = self.registry
+        if multiprocess_dir is not None:
+            self.exposition = CollectorRegistry()
+            MultiProcessCollector(self.exposition, path=multiprocess_dir)  # type: ignore[no-untyped-call]
         self.requests = Counter(
             "modelyard_requests_total",
             "Requests answered, by model, backend, strategy and status code",
@@ -182,6 +194,7 @@ class GatewayMetrics:
             "Mean ROUGE-L between a route's answers and its mirror's (1 = the same words)",
             ["model", "route"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.canary_duration = Histogram(
             "modelyard_canary_duration_seconds",
@@ -196,15 +209,15 @@ class GatewayMetrics:
             ["model", "route", "subset", "result"],
             registry=self.registry,
         )
-        self.registry.register(_InFlightCollector(loads))
-        self.registry.register(_RoutingLogCollector(self.routing_log))
+        self.exposition.register(_InFlightCollector(loads))
+        self.exposition.register(_RoutingLogCollector(self.routing_log))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
 
-    def watch_listener(self, stats: ListenerStats) -> None:
-        """Export the counters of the listener serving this gateway."""
-        self.registry.register(_ListenerCollector(stats))
+    def watch_listener(self, stats: Callable[[], ListenerStats]) -> None:
+        """Export the counters of the listener serving this gateway (`stats` read at each scrape)."""
+        self.exposition.register(_ListenerCollector(stats))
 
     def graph_step(self, graph: str, node: str, step: str, code: int, seconds: float) -> None:
         self.graph_steps.labels(graph, node, step, str(code)).observe(seconds)

@@ -8,6 +8,7 @@ from aiohttp import web
 from modelyard.config import GatewayConfig
 from modelyard.gateway.app import OIP_GRPC, create_app
 from modelyard.gateway.gateway import GATEWAY
+from modelyard.gateway.siblings import Siblings
 from modelyard.graph import Graph
 from modelyard.serving import HttpServer
 from modelyard.state import SharedState
@@ -39,9 +40,11 @@ async def start_gateway(
     state: SharedState | None = None,
     seed: int | None = None,
     graphs: dict[str, Graph] | None = None,
+    siblings: Siblings | None = None,
 ) -> RunningGateway:
-    app = create_app(config, state=state, seed=seed, graphs=graphs)
-    server = HttpServer(app, config.listen)
-    app[GATEWAY].metrics.watch_listener(server.stats)
+    """`siblings`: this process is one worker of a gateway (gateway/workers.py)."""
+    app = create_app(config, state=state, seed=seed, graphs=graphs, siblings=siblings)
+    server = HttpServer(app, config.listen, reuse_port=siblings is not None)
+    app[GATEWAY].watch_listener(server.stats)
     await server.start()
     return RunningGateway(server)

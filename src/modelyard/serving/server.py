@@ -38,6 +38,7 @@ class HttpServer:
         max_field_size: int = MAX_FIELD_SIZE,
         max_headers: int = MAX_HEADERS,
         backlog: int = 1024,
+        reuse_port: bool = False,
     ) -> None:
         self.app = app
         self.listen = listen
@@ -49,6 +50,7 @@ class HttpServer:
         self._handler_cancellation = handler_cancellation
         self._parser_limits = (max_line_size, max_field_size, max_headers)
         self._backlog = backlog
+        self._reuse_port = reuse_port  # workers of one group each bind the port (serving/workers.py)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._refusals: set[Refusal] = set()
@@ -76,7 +78,11 @@ class HttpServer:
         self._runner = runner  # before listening: the first connection may be accepted at once
         try:
             self._listener = await asyncio.get_running_loop().create_server(
-                self._accept, self.listen.host or None, self.listen.port, backlog=self._backlog
+                self._accept,
+                self.listen.host or None,
+                self.listen.port,
+                backlog=self._backlog,
+                reuse_port=self._reuse_port or None,
             )
         except BaseException:
             self._runner = None

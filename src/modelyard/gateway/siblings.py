@@ -1,0 +1,193 @@
+"""The other workers of one gateway (`listen.workers` > 1), as one worker sees them.
+
+The workers share one file of int64 slots (serving.SharedInts), laid out from the config, so every
+worker finds the same slot for the same server or endpoint; each slot has one writer, so nothing
+locks on the request path:
+- loads: per server URL, a row per worker (in flight, outstanding tokens); a strategy reads the sum;
+- probes: per (model, endpoint), the leader's (worker 0's) latest verdict and a sequence number;
+  the leader alone probes, the others adopt its verdicts;
+- the admin generation: bumped after an admin change is written to `admin.json` (under a file
+  lock, merged, replaced atomically); every worker applies what it has not applied yet;
+- listener counters: per worker, for /metrics to sum.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from modelyard.cluster import BackendLoad, Endpoint, Load
+from modelyard.config import GatewayConfig
+from modelyard.gateway.cluster import Cluster
+from modelyard.serving import ListenerStats
+from modelyard.serving.workers import SharedInts
+
+log = logging.getLogger("modelyard.gateway")
+
+SHARED_FILE = "shared.bin"
+ADMIN_FILE = "admin.json"
+METRICS_DIR = "metrics"
+_LISTENER_FIELDS = 5  # open, refused, header timeouts, heads refused 400, 431
+
+
+class Layout:
+    """Where each shared counter lives, the same in every worker (built from the same config)."""
+
+    def __init__(self, config: GatewayConfig, count: int) -> None:
+        self.count = count
+        self.urls: dict[str, int] = {}
+        self.probes: dict[tuple[str, str], int] = {}
+        for model in config.models:
+            for endpoint in model.endpoints:
+                self.urls.setdefault(endpoint.url, len(self.urls))
+                self.probes.setdefault((model.name, endpoint.name), len(self.probes))
+        self.probes_at = len(self.urls) * count * 2
+        self.admin_at = self.probes_at + 2 * len(self.probes)
+        self.listener_at = self.admin_at + 1
+        self.size = self.listener_at + count * _LISTENER_FIELDS
+
+
+class SharedLoad:
+    """A server's load summed over the workers; this worker writes only its own row."""
+
+    __slots__ = ("_end", "_ints", "_mine", "_start", "name", "url")
+
+    def __init__(self, url: str, name: str, ints: memoryview, start: int, index: int, count: int) -> None:
+        self.url, self.name = url, name
+        self._ints = ints
+        self._start, self._end = start, start + 2 * count
+        self._mine = start + 2 * index
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self._ints[self._start : self._end : 2])
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return sum(self._ints[self._start + 1 : self._end : 2])
+
+    def acquire(self, tokens: int) -> None:
+        ints, mine = self._ints, self._mine
+        ints[mine] += 1
+        ints[mine + 1] += tokens
+
+    def release(self, tokens: int) -> None:
+        ints, mine = self._ints, self._mine
+        ints[mine] -= 1
+        ints[mine + 1] -= tokens
+
+
+class Siblings:
+    def __init__(self, config: GatewayConfig, index: int, count: int, run_dir: Path) -> None:
+        self.index, self.count = index, count
+        self.leader = index == 0  # probes for every worker; a restarted worker 0 takes it up again
+        self.layout = Layout(config, count)
+        self.run_dir = run_dir
+        self.metrics_dir = run_dir / METRICS_DIR
+        self._shared = SharedInts(run_dir / SHARED_FILE, self.layout.size, create=False)
+        self._ints = self._shared.ints
+        self._probes_seen: dict[int, int] = {}
+        self._admin_seen = 0
+        self._clear_own_row()
+
+    def _clear_own_row(self) -> None:
+        """A worker started again after a crash: what its predecessor had in flight has ended."""
+        layout = self.layout
+        for slot in range(len(layout.urls)):
+            start = slot * self.count * 2 + 2 * self.index
+            self._ints[start] = self._ints[start + 1] = 0
+
+    def close(self) -> None:
+        self._shared.close()
+
+    # --- loads ----------------------------------------------------------------------------------
+
+    def new_load(self, url: str, name: str) -> Load:
+        slot = self.layout.urls.get(url)
+        if slot is None:  # not in the config (cannot happen while placement is refused with workers)
+            return BackendLoad(url, name)
+        return SharedLoad(url, name, self._ints, slot * self.count * 2, self.index, self.count)
+
+    # --- health ---------------------------------------------------------------------------------
+
+    def publish_probe(self, cluster: Cluster, endpoint: Endpoint) -> None:
+        slot = self.layout.probes.get((cluster.name, endpoint.name))
+        if slot is None:
+            return
+        at = self.layout.probes_at + 2 * slot
+        self._ints[at + 1] = 1 if endpoint.health.healthy else 0
+        self._ints[at] += 1  # after the verdict: a reader that sees the new number sees it
+
+    def adopt_probes(self, clusters: Mapping[str, Cluster]) -> None:
+        ints, seen = self._ints, self._probes_seen
+        for (model, name), slot in self.layout.probes.items():
+            at = self.layout.probes_at + 2 * slot
+            seq = ints[at]
+            if seq == seen.get(slot, 0):
+                continue
+            seen[slot] = seq
+            cluster = clusters.get(model)
+            endpoint = next((e for e in cluster.endpoints if e.name == name), None) if cluster else None
+            if cluster is not None and endpoint is not None:
+                cluster.adopt_health(endpoint, bool(ints[at + 1]), "failed the health check")
+
+    # --- admin changes --------------------------------------------------------------------------
+
+    def publish_admin(self, section: str, key: str, value: object) -> None:
+        """Record one admin change for every worker: `value` for `key` in `section` (None deletes
+        a graph). Blocking file I/O on a tmpfs file under a lock held for microseconds."""
+        path = self.run_dir / ADMIN_FILE
+        with (self.run_dir / (ADMIN_FILE + ".lock")).open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            document = self._read_admin()
+            document.setdefault(section, {})[key] = value
+            temporary = path.with_suffix(f".{os.getpid()}")
+            temporary.write_bytes(orjson.dumps(document))
+            temporary.replace(path)
+            self._ints[self.layout.admin_at] += 1  # writers take turns under the lock
+
+    def admin_changes(self) -> dict[str, Any] | None:
+        """The admin document when it changed since the last call, else None."""
+        generation = self._ints[self.layout.admin_at]
+        if generation == self._admin_seen:
+            return None
+        self._admin_seen = generation
+        return self._read_admin()
+
+    def _read_admin(self) -> dict[str, Any]:
+        try:
+            document = orjson.loads((self.run_dir / ADMIN_FILE).read_bytes())
+        except FileNotFoundError:
+            return {}
+        return document if isinstance(document, dict) else {}
+
+    # --- listener counters ----------------------------------------------------------------------
+
+    def publish_listener(self, stats: ListenerStats) -> None:
+        at = self.layout.listener_at + self.index * _LISTENER_FIELDS
+        ints = self._ints
+        ints[at] = stats.open_connections
+        ints[at + 1] = stats.refused_connections
+        ints[at + 2] = stats.header_timeouts
+        ints[at + 3] = stats.refused_heads.get(400, 0)
+        ints[at + 4] = stats.refused_heads.get(431, 0)
+
+    def listener_totals(self, own: ListenerStats) -> ListenerStats:
+        """Every worker's listener counters summed: this worker's live, the others' last published."""
+        self.publish_listener(own)
+        rows = [
+            self._ints[self.layout.listener_at + i * _LISTENER_FIELDS :][:_LISTENER_FIELDS]
+            for i in range(self.count)
+        ]
+        return ListenerStats(
+            open_connections=sum(r[0] for r in rows),
+            refused_connections=sum(r[1] for r in rows),
+            header_timeouts=sum(r[2] for r in rows),
+            refused_heads={400: sum(r[3] for r in rows), 431: sum(r[4] for r in rows)},
+        )

@@ -1,0 +1,104 @@
+"""`listen.workers` > 1: the gateway as N processes on one port (serving/workers.py runs them), which
+share in-flight counts, the leader's health verdicts, admin changes and /metrics (siblings.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from modelyard.config import GatewayConfig
+from modelyard.errors import ConfigError
+from modelyard.gateway.server import start_gateway
+from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings
+from modelyard.graph import load_config_graphs
+from modelyard.serving import run, serve_until_signal
+from modelyard.serving.workers import SharedInts, reserve_port, supervise, watch_parent
+
+log = logging.getLogger("modelyard.gateway")
+
+_PER_PROCESS_STATE = ("kv_aware", "prefix_aware")
+
+
+def worker_count(config: GatewayConfig) -> int:
+    workers = config.listen.workers
+    return max(1, os.cpu_count() or 1) if workers == "auto" else workers
+
+
+def check_workers(config: GatewayConfig, source: str, count: int) -> None:
+    """What the workers cannot share yet: refused with a config error, before anything starts."""
+    problems = []
+    if config.placement.scheduler:
+        problems.append(
+            "listen.workers: placement.scheduler (placed models) works with one worker only for now"
+        )
+    if config.listen.grpc_port is not None:
+        problems.append("listen.workers: listen.grpc_port works with one worker only for now")
+    if problems:
+        raise ConfigError(source, [f"{p} (got {count} workers)" for p in problems])
+
+
+def serve_workers(
+    config: GatewayConfig, source: str, count: int, announce: Callable[[str], None], log_level: str
+) -> int:
+    """Run the gateway as `count` worker processes until SIGINT/SIGTERM; returns the exit status."""
+    check_workers(config, source, count)
+    if config.state.backend == "memory":
+        strategies = {m.strategy for m in config.models} & set(_PER_PROCESS_STATE)
+        if strategies:
+            log.warning(
+                "%s keep(s) affinity per worker with state.backend: memory; with %d workers set "
+                "state.backend: redis so that they share it", ", ".join(sorted(strategies)), count,
+            )  # fmt: skip
+    shm = Path("/dev/shm")  # tmpfs: the shared counters never touch a disk
+    run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=shm if shm.is_dir() else None))
+    reserved = None
+    try:
+        (run_dir / METRICS_DIR).mkdir()
+        SharedInts(run_dir / SHARED_FILE, Layout(config, count).size, create=True).close()
+        # Read by prometheus-client when each spawned worker imports it.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / METRICS_DIR)
+        reserved = reserve_port(config.listen.host, config.listen.port)
+        listen = config.listen.model_copy(update={"port": reserved.getsockname()[1]})
+        config = config.model_copy(update={"listen": listen})
+        return supervise(
+            _worker,
+            (config, source, str(run_dir), count, log_level),
+            count,
+            lambda urls: announce(urls[0]),
+        )
+    finally:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        if reserved is not None:
+            reserved.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _worker(
+    index: int, ready: Connection, config: GatewayConfig, source: str, run_dir: str, count: int, level: str
+) -> None:
+    logging.basicConfig(
+        level=level.upper(), format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s"
+    )
+    graphs = load_config_graphs(config, source)
+
+    async def serve() -> None:
+        siblings = Siblings(config, index, count, Path(run_dir))
+        gateway = await start_gateway(config, graphs=graphs, siblings=siblings)
+        # Without its parent nobody would stop it: drain as on SIGTERM.
+        watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))
+        ready.send(gateway.url)
+        ready.close()
+
+        async def stop() -> None:
+            await gateway.stop()
+            siblings.close()
+
+        await serve_until_signal([gateway.server], stop)
+
+    run(serve())
