@@ -97,7 +97,8 @@ class ListenConfig(_Strict):
     workers: Annotated[int, Field(ge=1, le=512)] | Literal["auto"] = Field(
         1,
         description="gateway processes serving this port (SO_REUSEPORT), sharing in-flight counts, "
-        "health verdicts, admin changes and /metrics; auto = one per CPU (os.cpu_count())",
+        "health verdicts, admin changes and /metrics; auto = one per CPU the process may run on "
+        "(its CPU affinity), at most 512",
     )
 
 

@@ -183,6 +183,15 @@ class Overloaded(ModelyardError):
         super().__init__(message, headers={"Retry-After": "1"})
 
 
+class ChangeNotShared(ModelyardError):
+    """An admin change the other workers of the gateway could not be given (listen.workers > 1):
+    not applied anywhere."""
+
+    status = 503
+    error_type = "service_unavailable"
+    code = "change_not_shared"
+
+
 class UpstreamError(ModelyardError):
     status = 502
     error_type = "upstream_error"

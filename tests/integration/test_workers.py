@@ -26,9 +26,10 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 class Workers:
     """A `modelyard serve --workers 2` process and a way to reach each of its workers."""
 
-    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, url: str, output: list[str]) -> None:
         self.process = process
         self.url = url
+        self.output = output  # its lines so far, read by a background task
         self.sessions: list[aiohttp.ClientSession] = []
 
     async def on_worker(self, index: int) -> aiohttp.ClientSession:
@@ -54,10 +55,12 @@ class Workers:
 
 @pytest.fixture
 async def serve_workers(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, Any]], Awaitable[Workers]]]:
+    processes: list[asyncio.subprocess.Process] = []
+    readers: list[asyncio.Task[None]] = []
     started: list[Workers] = []
 
     async def start(config: dict[str, Any]) -> Workers:
-        path = tmp_path / "gateway.yaml"
+        path = tmp_path / f"gateway-{len(processes)}.yaml"
         path.write_text(
             yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": 0, "drain_seconds": 0}, **config})
         )
@@ -66,22 +69,37 @@ async def serve_workers(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, Any
             "--log-level", "warning",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
-        assert process.stdout is not None
-        output = ""
-        while not (match := re.search(r"listening on (http://\S+) .*2 workers", output)):
-            line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-            assert line, output
-            output += line
-        workers = Workers(process, match.group(1))
+        processes.append(process)  # stopped at teardown even if it never announces
+        output: list[str] = []
+        announced: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def read() -> None:  # to the end: a full pipe would block the gateway's logging
+            assert process.stdout is not None
+            while line := (await process.stdout.readline()).decode():
+                output.append(line)
+                match = re.search(r"listening on (http://\S+) .*2 workers", line)
+                if match and not announced.done():
+                    announced.set_result(match.group(1))
+            if not announced.done():
+                announced.set_exception(AssertionError("exited without serving:\n" + "".join(output)))
+
+        readers.append(asyncio.create_task(read()))
+        workers = Workers(process, await asyncio.wait_for(announced, 60), output)
         started.append(workers)
         return workers
 
     yield start
     for workers in started:
         await workers.close()
-        if workers.process.returncode is None:
-            workers.process.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(workers.process.wait(), 30)
+    for process in processes:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+    await asyncio.gather(*readers, return_exceptions=True)
 
 
 def _model(workers: list[Any], strategy: str = "least_pending", **settings: Any) -> dict[str, Any]:
@@ -96,6 +114,15 @@ async def _chat(session: aiohttp.ClientSession, url: str, max_tokens: int = 1) -
         return response.headers["X-Modelyard-Backend"]
 
 
+async def _metrics(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/metrics") as response:
+        return await response.text()
+
+
+def _sum(text: str, metric: str) -> float:
+    return sum(float(v) for v in re.findall(rf"^{metric}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
+
+
 async def test_requests_spread_over_both_workers_and_metrics_sum_them(sim_workers, serve_workers):
     gateway = await serve_workers({"models": [_model(await sim_workers(2))]})
     seen: dict[int, int] = {}
@@ -106,18 +133,19 @@ async def test_requests_spread_over_both_workers_and_metrics_sum_them(sim_worker
             await _chat(session, gateway.url)
     assert set(seen) == {0, 1} and seen[0] != seen[1]
     for index in (0, 1):  # either worker answers /metrics for both
-        async with (await gateway.on_worker(index)).get(gateway.url + "/metrics") as response:
-            text = await response.text()
+        text = await _metrics(await gateway.on_worker(index), gateway.url)
         counts = re.findall(r'^modelyard_requests_total\{[^}]*code="200"[^}]*\} (\S+)$', text, re.M)
         assert sum(float(c) for c in counts) == 30
         assert re.search(r'^modelyard_request_duration_seconds_count\{model="m"\} 30\.0$', text, re.M)
+        # Each worker has its own live-log streams: labelled with the one that answered.
+        assert re.search(rf'^modelyard_log_streams_open\{{worker="{index}"\}} 0\.0$', text, re.M), text
 
 
 async def test_least_pending_sees_what_the_other_worker_has_in_flight(sim_workers, serve_workers):
     backends = await sim_workers(2, decode_ms_per_token=100.0)
     gateway = await serve_workers({"models": [_model(backends)]})
     first, second = await gateway.on_worker(0), await gateway.on_worker(1)
-    slow = asyncio.create_task(_chat(first, gateway.url, max_tokens=15))  # 1.5 s on one backend
+    slow = asyncio.create_task(_chat(first, gateway.url, max_tokens=30))  # 3 s on one backend
 
     async def started() -> bool:
         return any(b.stats.running for b in backends)
@@ -125,7 +153,10 @@ async def test_least_pending_sees_what_the_other_worker_has_in_flight(sim_worker
     await wait_until(started)
     busy = next(f"w{i}" for i, b in enumerate(backends) if b.stats.running)
     picks = [await _chat(second, gateway.url) for _ in range(6)]
+    assert not slow.done()  # still in flight on worker 0 while worker 1 picked
     assert busy not in picks, picks  # worker 1 saw worker 0's request in flight
+    assert (await gateway.worker_of(first))["worker"] == 0  # the sessions stayed on their workers
+    assert (await gateway.worker_of(second))["worker"] == 1
     assert await slow == busy
 
 
@@ -140,6 +171,8 @@ async def test_admin_changes_reach_every_worker(sim_workers, serve_workers):
     graph = "nodes:\n  root:\n    routerType: Sequence\n    steps:\n      - serviceName: m\n"
     async with first.put(gateway.url + "/admin/graphs/g", data=graph) as response:
         assert response.status == 200, await response.text()
+    async with first.put(gateway.url + "/admin/strategy", json={"strategy": "nope"}) as response:
+        assert response.status == 400  # not applied, so not given to the other worker
     async with asyncio.timeout(5):
         while True:
             async with second.get(gateway.url + "/admin/strategy") as response:
@@ -159,60 +192,109 @@ async def test_admin_changes_reach_every_worker(sim_workers, serve_workers):
                 if response.status == 404:
                     break
             await asyncio.sleep(0.02)
+    assert (await gateway.worker_of(first))["worker"] == 0  # each change came from the worker named
+    assert (await gateway.worker_of(second))["worker"] == 1
 
 
-async def test_one_worker_probes_and_the_other_follows_its_verdicts(sim_workers, serve_workers):
-    probes = 0
-    answer = 200
+async def test_one_worker_probes_and_the_other_follows_its_verdicts(serve_workers):
+    probes: dict[int, int] = {}  # by the health server's port
+    answers: dict[int, int] = {}
 
-    async def health(_request: web.Request) -> web.Response:
-        nonlocal probes
-        probes += 1
-        return web.Response(status=answer)
+    async def health(request: web.Request) -> web.Response:
+        port = int(request.host.rsplit(":", 1)[1])
+        probes[port] = probes.get(port, 0) + 1
+        return web.Response(status=answers[port])
 
     app = web.Application()
     app.router.add_get("/health", health)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ports = []
+    for _ in range(2):
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    counted, followed = ports
+    answers.update({counted: 200, followed: 503})
     try:
-        check = {"interval": 0.1, "unhealthy_interval": 0.1, "unhealthy_threshold": 1}
-        model = {"name": "m", "endpoints": [{"url": f"http://127.0.0.1:{port}"}], "health_check": check}
-        gateway = await serve_workers({"models": [model]})
-        start = probes
-        await asyncio.sleep(1.0)  # measuring a rate: probes over one second
-        assert probes - start <= 14, probes - start  # one worker's ~10 a second, not two workers' ~20
-        answer = 503
+        models = [
+            # Probed once at start, then not for an hour: exactly one probe if only the leader probes.
+            {"name": "m", "endpoints": [{"url": f"http://127.0.0.1:{counted}"}],
+             "health_check": {"interval": 3600}},
+            {"name": "v", "endpoints": [{"url": f"http://127.0.0.1:{followed}"}],
+             "health_check": {"interval": 0.1, "unhealthy_interval": 0.1, "unhealthy_threshold": 1,
+                              "healthy_threshold": 1}},
+        ]  # fmt: skip
+        gateway = await serve_workers({"models": models})
         sessions = [await gateway.on_worker(0), await gateway.on_worker(1)]
+        assert probes[counted] == 1  # both workers serve; one of them probed
+        for session in sessions:  # the follower served with the leader's first verdict already
+            async with session.get(gateway.url + "/readyz") as response:
+                assert (await response.json())["models_without_healthy_endpoints"] == ["v"]
+        answers[followed] = 200
         async with asyncio.timeout(5):
-            for session in sessions:  # both take the endpoint out
+            for session in sessions:  # both bring the endpoint back
                 while True:
                     async with session.get(gateway.url + "/readyz") as response:
-                        if response.status == 503:
+                        if response.status == 200:
                             break
                     await asyncio.sleep(0.02)
+        assert probes[counted] == 1
+        for index, session in enumerate(sessions):
+            assert (await gateway.worker_of(session))["worker"] == index
     finally:
         await runner.cleanup()
 
 
 async def test_a_killed_worker_is_started_again_and_sigterm_drains_all(sim_workers, serve_workers):
-    gateway = await serve_workers({"models": [_model(await sim_workers(2))]})
-    victim = await gateway.worker_of(await gateway.on_worker(1))
+    gateway = await serve_workers({"models": [_model(await sim_workers(2, decode_ms_per_token=100.0))]})
+    observer, doomed = await gateway.on_worker(0), await gateway.on_worker(1)
+    victim = await gateway.worker_of(doomed)
+    slow = asyncio.create_task(_chat(doomed, gateway.url, max_tokens=100))  # in flight on worker 1
+
+    async def in_flight() -> float:
+        return _sum(await _metrics(observer, gateway.url), "modelyard_backend_in_flight")
+
+    async def one_in_flight() -> bool:
+        return await in_flight() == 1
+
+    await wait_until(one_in_flight)
     os.kill(victim["pid"], signal.SIGKILL)
+    with pytest.raises(aiohttp.ClientError):
+        await slow
+    delay = 0.01
     async with asyncio.timeout(30):
         while True:
             async with aiohttp.ClientSession() as session:
                 try:
                     worker = await gateway.worker_of(session)
-                except aiohttp.ClientError:
-                    continue
-                if worker["worker"] == 1 and worker["pid"] != victim["pid"]:
+                except aiohttp.ClientError:  # its listener was in the kernel's group: retry soon
+                    worker = {}
+                if worker.get("worker") == 1 and worker["pid"] != victim["pid"]:
                     await _chat(session, gateway.url)
                     break
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.2)
+    # What the dead worker had in flight ended with it (its new self served one request since).
+    assert await in_flight() == 0
+    assert (await gateway.worker_of(observer))["worker"] == 0
     gateway.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(gateway.process.wait(), 30) == 0
+
+
+async def test_a_second_group_on_the_same_port_is_refused(sim_workers, serve_workers, tmp_path):
+    gateway = await serve_workers({"models": [_model(await sim_workers(1))]})
+    port = int(gateway.url.rsplit(":", 1)[1])
+    path = tmp_path / "second.yaml"
+    path.write_text(yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": port}}))
+    second = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "modelyard", "serve", "-c", str(path), "--workers", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(second.communicate(), 60)
+    assert second.returncode == 1, stdout.decode() + stderr.decode()
+    lines = stderr.decode().strip().splitlines()
+    assert lines == ["error: cannot listen: Address already in use"], lines
 
 
 def test_what_workers_cannot_share_yet_is_refused(tmp_path):
@@ -225,3 +307,14 @@ def test_what_workers_cannot_share_yet_is_refused(tmp_path):
     assert result.returncode == 1
     assert "listen.workers: placement.scheduler (placed models) works with one worker only" in result.stderr
     assert "listen.workers: listen.grpc_port works with one worker only" in result.stderr
+
+
+@pytest.mark.parametrize(("workers", "code"), [("1", 0), ("2", 1)])
+def test_the_demo_takes_one_worker_from_the_environment(workers, code):
+    result = subprocess.run(
+        [sys.executable, "-m", "modelyard", "serve", "--print-config"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COLUMNS": "200", "MODELYARD_LISTEN__WORKERS": workers},
+    )  # fmt: skip
+    assert result.returncode == code, result.stderr
+    assert ("the demo runs one worker" in result.stderr) == (code == 1)

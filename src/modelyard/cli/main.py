@@ -22,7 +22,7 @@ from modelyard.cli.graph import app as graph_app
 from modelyard.cli.model import model_app, server_app
 from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
-from modelyard.config import GatewayConfig, load_config, merged_data
+from modelyard.config import GatewayConfig, load_config, merged_data, validate_config
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from modelyard.gateway.workers import serve_workers, worker_count
@@ -108,7 +108,8 @@ def serve(
     try:
         if config is None and not scheduler:
             base = merged_data(None, overrides=overrides)
-            if base.get("listen", {}).get("workers", 1) != 1:
+            listen = validate_config({"listen": base.get("listen", {})}, "the embedded demo").listen
+            if listen.workers != 1:  # validated: "1" from the environment is one worker
                 problem = "listen.workers: the demo runs one worker; use -c FILE"
                 raise ConfigError("the embedded demo", [problem])
             if print_config:

@@ -96,9 +96,13 @@ async def put_strategy(request: web.Request) -> web.Response:
     if target is not None and not isinstance(target, str):
         raise BadRequest("'model' must be a string naming one model")
     clusters = [gateway.cluster(target)] if target else list(gateway.clusters.values())
-    for cluster in clusters:
-        gateway.set_strategy(cluster, data.get("strategy"))  # a bad name fails on the first
-        gateway.publish("strategies", cluster.name, cluster.strategy.name)
+    name = data.get("strategy")
+
+    def apply() -> None:
+        for cluster in clusters:
+            gateway.set_strategy(cluster, name)  # a bad name fails on the first
+
+    gateway.change("strategies", {c.name: name for c in clusters}, apply)
     return json_response(_strategies(gateway))
 
 
@@ -121,8 +125,8 @@ async def put_routes(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     cluster = gateway.cluster(request.match_info["model"])
     data = await _read_document(request)
-    cluster.replace_routes(data.get("routes") if isinstance(data, dict) else data)
-    gateway.publish("routes", cluster.name, routes_document(cluster))
+    routes = data.get("routes") if isinstance(data, dict) else data
+    gateway.change("routes", {cluster.name: routes}, lambda: cluster.replace_routes(routes))
     return json_response(_routes_view(cluster))
 
 
@@ -163,16 +167,16 @@ async def put_graph(request: web.Request) -> web.Response:
     check_admin(request)
     name = request.match_info["name"]
     documents = await _read_document(request, many=True)
-    graph, warnings = request.app[GATEWAY].graphs.put(name, documents)
-    request.app[GATEWAY].publish("graphs", name, documents)
+    gateway = request.app[GATEWAY]
+    graph, warnings = gateway.change("graphs", {name: documents}, lambda: gateway.graphs.put(name, documents))
     return json_response({**_graph_summary(graph), "warnings": warnings})
 
 
 async def delete_graph(request: web.Request) -> web.Response:
     check_admin(request)
     name = request.match_info["name"]
-    request.app[GATEWAY].graphs.delete(name)
-    request.app[GATEWAY].publish("graphs", name, None)
+    gateway = request.app[GATEWAY]
+    gateway.change("graphs", {name: None}, lambda: gateway.graphs.delete(name))
     return json_response({"deleted": name})
 
 

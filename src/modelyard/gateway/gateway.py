@@ -7,7 +7,8 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -49,6 +50,7 @@ class Gateway:
             lambda: self.loads.values(),
             max_log_streams=config.admin.max_log_streams,
             multiprocess_dir=str(siblings.metrics_dir) if siblings is not None else None,
+            worker=siblings.index if siblings is not None else None,
         )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
@@ -82,7 +84,7 @@ class Gateway:
             on_probe=siblings.publish_probe if siblings is not None and leader else None,
         )
         self._probes = leader  # the other workers adopt the leader's verdicts instead
-        self._graph_documents: dict[str, object] = {}  # admin changes applied from other workers
+        self._applied: dict[tuple[str, str], object] = {}  # (section, key) -> the admin change applied
         self._following: asyncio.Task[None] | None = None
         self._listener: ListenerStats | None = None
         self.scrapers: dict[str, tuple[ResourceScraper, Http1Client]] = {}
@@ -158,18 +160,24 @@ class Gateway:
             self.metrics.watch_listener(lambda: siblings.listener_totals(stats))
             self._listener = stats
 
-    def publish(self, section: str, key: str, value: object) -> None:
-        """An admin change made here, for the other workers to apply (a no-op without workers)."""
-        if self.siblings is not None:
-            if section == "graphs":
-                self._graph_documents[key] = value  # applied here already
-            self.siblings.publish_admin(section, key, value)
+    def change(self, section: str, entries: dict[str, object], apply: Callable[[], T]) -> T:
+        """Apply an admin change (`apply`) and give it to the other workers as `entries` for
+        `section`, which they apply in turn: published first, so that a change the others cannot
+        be given (ChangeNotShared, 503) is applied nowhere, and one that fails here is not given."""
+        if self.siblings is None:
+            return apply()
+        with self.siblings.admin_change(section, entries):
+            result = apply()
+        self._applied.update({(section, key): value for key, value in entries.items()})
+        return result
 
     async def start(self) -> None:
         if self._probes:
             await self.health.check_once()  # serve with real health from the first request
             self.health.start()
         if self.siblings is not None:
+            if not self._probes:
+                await self._await_verdicts(self.siblings)
             self._follow_once(self.siblings)  # what the others decided so far, before serving
             self._following = asyncio.create_task(self._follow(self.siblings), name="siblings")
         for cluster in list(self.clusters.values()):
@@ -225,6 +233,17 @@ class Gateway:
                 log.exception("following the other workers failed; trying again")
             await asyncio.sleep(FOLLOW_SECONDS)
 
+    async def _await_verdicts(self, siblings: Siblings) -> None:
+        """Serve with real health from the first request, as the leader does: wait (bounded by the
+        probe timeout and a grace) for the leader's first verdict on each health-checked endpoint."""
+        timeouts = [c.config.health_check.timeout for c in self.clusters.values() if c.health_checked]
+        if not timeouts:
+            return
+        deadline = time.monotonic() + max(timeouts) + VERDICT_GRACE
+        # Another process writes the verdicts: nothing here to wait on but the clock.
+        while siblings.verdicts_pending(self.clusters) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(FOLLOW_SECONDS)
+
     def _follow_once(self, siblings: Siblings) -> None:
         if not self._probes:
             siblings.adopt_probes(self.clusters)
@@ -238,24 +257,21 @@ class Gateway:
                 cluster.capacity.wake_all()
 
     def _apply_changes(self, changes: dict[str, Any]) -> None:
-        """Apply what differs from this worker's state (its own changes are already applied)."""
-        for model, name in changes.get("strategies", {}).items():
-            cluster = self.clusters.get(model)
-            if cluster is not None and cluster.strategy.name != name:
-                self._try(f"strategy of {model}", lambda c=cluster, n=name: self.set_strategy(c, n))
-        for model, routes in changes.get("routes", {}).items():
-            cluster = self.clusters.get(model)
-            if cluster is not None and routes_document(cluster) != routes:
-                self._try(f"routes of {model}", lambda c=cluster, r=routes: c.replace_routes(r))
-        for name, documents in changes.get("graphs", {}).items():
-            if self._graph_documents.get(name, ...) == documents:
-                continue
-            self._graph_documents[name] = documents
-            if documents is None:
-                if name in self.graphs.graphs:
-                    self._try(f"graph {name}", lambda n=name: self.graphs.delete(n))
-            else:
-                self._try(f"graph {name}", lambda n=name, d=documents: self.graphs.put(n, d))
+        """Apply what this worker has not applied yet (its own changes are applied already)."""
+        for section, entries in changes.items():
+            for key, value in entries.items() if isinstance(entries, dict) else ():
+                if self._applied.get((section, key), _NOTHING) == value:
+                    continue
+                self._applied[(section, key)] = value
+                if section == "strategies" and (cluster := self.clusters.get(key)) is not None:
+                    self._try(f"strategy of {key}", lambda c=cluster, v=value: self.set_strategy(c, v))
+                elif section == "routes" and (cluster := self.clusters.get(key)) is not None:
+                    self._try(f"routes of {key}", lambda c=cluster, v=value: c.replace_routes(v))
+                elif section == "graphs" and value is None:
+                    if key in self.graphs.graphs:
+                        self._try(f"graph {key}", lambda k=key: self.graphs.delete(k))
+                elif section == "graphs":
+                    self._try(f"graph {key}", lambda k=key, v=value: self.graphs.put(k, v))
 
     @staticmethod
     def _try(what: str, change: Any) -> None:
@@ -271,5 +287,8 @@ def routes_document(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 FOLLOW_SECONDS = 0.05
+VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
+_NOTHING = object()
+T = TypeVar("T")
 log = logging.getLogger("modelyard.gateway")
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -66,20 +66,28 @@ class _ListenerCollector(Collector):
 
 
 class _RoutingLogCollector(Collector):
-    """The live-log streams, read at scrape time from the routing log's own counts."""
+    """The live-log streams, read at scrape time from the routing log's own counts. With workers
+    (`worker` set) each has its own streams and admin.max_log_streams: labelled with the worker that
+    answered the scrape, whose counts they are."""
 
-    def __init__(self, log: RoutingLog) -> None:
+    def __init__(self, log: RoutingLog, worker: int | None = None) -> None:
         self._log = log
+        self._labels = ([], []) if worker is None else (["worker"], [str(worker)])
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
-        yield GaugeMetricFamily(
-            "modelyard_log_streams_open", "Live routing-log streams open now", value=self._log.subscribers
+        names, values = self._labels
+        open_now = GaugeMetricFamily(
+            "modelyard_log_streams_open", "Live routing-log streams open now", labels=names
         )
-        yield CounterMetricFamily(
+        open_now.add_metric(values, self._log.subscribers)
+        yield open_now
+        refused = CounterMetricFamily(
             "modelyard_log_streams_refused",
             "Live routing-log streams answered 503 because admin.max_log_streams were open",
-            value=self._log.refused,
+            labels=names,
         )
+        refused.add_metric(values, self._log.refused)
+        yield refused
 
 
 class GatewayMetrics:
@@ -89,12 +97,14 @@ class GatewayMetrics:
         *,
         max_log_streams: int = DEFAULT_MAX_SUBSCRIBERS,
         multiprocess_dir: str | None = None,
+        worker: int | None = None,
     ) -> None:
         self.routing_log = RoutingLog(max_subscribers=max_log_streams)
         self.registry = CollectorRegistry()
         # What /metrics serves. With workers (multiprocess_dir, which PROMETHEUS_MULTIPROC_DIR
         # names in every worker), prometheus-client keeps each worker's counters and histograms in
-        # files there, and the exposition sums them; the collectors below read shared counters.
+        # files there, and the exposition sums them; the collectors below read shared counters (the
+        # log streams: the answering worker's, labelled with it).
         self.exposition = self.registry
         if multiprocess_dir is not None:
             self.exposition = CollectorRegistry()
@@ -210,7 +220,7 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.exposition.register(_InFlightCollector(loads))
-        self.exposition.register(_RoutingLogCollector(self.routing_log))
+        self.exposition.register(_RoutingLogCollector(self.routing_log, worker))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}

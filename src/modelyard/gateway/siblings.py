@@ -8,7 +8,8 @@ locks on the request path:
   the leader alone probes, the others adopt its verdicts;
 - the admin generation: bumped after an admin change is written to `admin.json` (under a file
   lock, merged, replaced atomically); every worker applies what it has not applied yet;
-- listener counters: per worker, for /metrics to sum.
+- listener counters: per worker, for /metrics to sum, and a base the supervising process adds a
+  dead worker's counters to (`worker_exited`), so that the sums never go down.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import orjson
 
 from modelyard.cluster import BackendLoad, Endpoint, Load
 from modelyard.config import GatewayConfig
+from modelyard.errors import ChangeNotShared
 from modelyard.gateway.cluster import Cluster
 from modelyard.serving import ListenerStats
 from modelyard.serving.workers import SharedInts
@@ -50,7 +53,25 @@ class Layout:
         self.probes_at = len(self.urls) * count * 2
         self.admin_at = self.probes_at + 2 * len(self.probes)
         self.listener_at = self.admin_at + 1
-        self.size = self.listener_at + count * _LISTENER_FIELDS
+        self.listener_base_at = self.listener_at + count * _LISTENER_FIELDS
+        self.size = self.listener_base_at + _LISTENER_FIELDS
+
+    def load_row(self, slot: int, index: int) -> int:
+        """Where worker `index`'s in-flight count for server `slot` is (its tokens follow)."""
+        return slot * self.count * 2 + 2 * index
+
+
+def worker_exited(ints: memoryview, layout: Layout, index: int) -> None:
+    """The supervising process reaped worker `index`: what it had in flight has ended, and its
+    listener counters move to the base (the one writer of the base; the worker is gone)."""
+    for slot in range(len(layout.urls)):
+        at = layout.load_row(slot, index)
+        ints[at] = ints[at + 1] = 0
+    row = layout.listener_at + index * _LISTENER_FIELDS
+    ints[row] = 0  # open connections: closed with the process
+    for field in range(1, _LISTENER_FIELDS):
+        ints[layout.listener_base_at + field] += ints[row + field]
+        ints[row + field] = 0
 
 
 class SharedLoad:
@@ -98,13 +119,13 @@ class Siblings:
 
     def _clear_own_row(self) -> None:
         """A worker started again after a crash: what its predecessor had in flight has ended."""
-        layout = self.layout
-        for slot in range(len(layout.urls)):
-            start = slot * self.count * 2 + 2 * self.index
+        for slot in range(len(self.layout.urls)):
+            start = self.layout.load_row(slot, self.index)
             self._ints[start] = self._ints[start + 1] = 0
 
     def close(self) -> None:
-        self._shared.close()
+        """Nothing to release: the loads handed out use the shared map until the process exits
+        (which unmaps it), requests still finishing included."""
 
     # --- loads ----------------------------------------------------------------------------------
 
@@ -112,7 +133,7 @@ class Siblings:
         slot = self.layout.urls.get(url)
         if slot is None:  # not in the config (cannot happen while placement is refused with workers)
             return BackendLoad(url, name)
-        return SharedLoad(url, name, self._ints, slot * self.count * 2, self.index, self.count)
+        return SharedLoad(url, name, self._ints, self.layout.load_row(slot, 0), self.index, self.count)
 
     # --- health ---------------------------------------------------------------------------------
 
@@ -123,6 +144,15 @@ class Siblings:
         at = self.layout.probes_at + 2 * slot
         self._ints[at + 1] = 1 if endpoint.health.healthy else 0
         self._ints[at] += 1  # after the verdict: a reader that sees the new number sees it
+
+    def verdicts_pending(self, clusters: Mapping[str, Cluster]) -> bool:
+        """Whether an endpoint of a health-checked model has no verdict from the leader yet."""
+        ints = self._ints
+        for (model, _name), slot in self.layout.probes.items():
+            cluster = clusters.get(model)
+            if cluster is not None and cluster.health_checked and ints[self.layout.probes_at + 2 * slot] == 0:
+                return True
+        return False
 
     def adopt_probes(self, clusters: Mapping[str, Cluster]) -> None:
         ints, seen = self._ints, self._probes_seen
@@ -139,18 +169,42 @@ class Siblings:
 
     # --- admin changes --------------------------------------------------------------------------
 
-    def publish_admin(self, section: str, key: str, value: object) -> None:
-        """Record one admin change for every worker: `value` for `key` in `section` (None deletes
-        a graph). Blocking file I/O on a tmpfs file under a lock held for microseconds."""
+    @contextmanager
+    def admin_change(self, section: str, entries: Mapping[str, object]) -> Iterator[None]:
+        """Record an admin change for every worker: `entries` (key -> value; None deletes a graph)
+        for `section`. Published first, applied in the body: the merged document is serialised and
+        written beside admin.json before the body runs (ChangeNotShared if it cannot be: nothing
+        applied); the
+        body applies the change here (an exception: nothing published); then the document replaces
+        admin.json and the generation moves. Blocking file I/O on a tmpfs file, under a lock held
+        for as long as the change takes to apply."""
         path = self.run_dir / ADMIN_FILE
-        with (self.run_dir / (ADMIN_FILE + ".lock")).open("a") as lock:
+        try:
+            lock = (self.run_dir / (ADMIN_FILE + ".lock")).open("a")
+        except OSError as exc:
+            raise ChangeNotShared(f"the other workers cannot be given the change: {exc}") from exc
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             document = self._read_admin()
-            document.setdefault(section, {})[key] = value
+            document.setdefault(section, {}).update(entries)
             temporary = path.with_suffix(f".{os.getpid()}")
-            temporary.write_bytes(orjson.dumps(document))
+            try:
+                temporary.write_bytes(orjson.dumps(document))
+            except (TypeError, OSError) as exc:  # orjson.JSONEncodeError is a TypeError
+                temporary.unlink(missing_ok=True)
+                raise ChangeNotShared(f"the other workers cannot be given the change: {exc}") from exc
+            try:
+                yield
+            except BaseException:
+                temporary.unlink(missing_ok=True)
+                raise
             temporary.replace(path)
             self._ints[self.layout.admin_at] += 1  # writers take turns under the lock
+
+    def publish_admin(self, section: str, key: str, value: object) -> None:
+        """`admin_change` with nothing to apply here."""
+        with self.admin_change(section, {key: value}):
+            pass
 
     def admin_changes(self) -> dict[str, Any] | None:
         """The admin document when it changed since the last call, else None."""
@@ -179,11 +233,12 @@ class Siblings:
         ints[at + 4] = stats.refused_heads.get(431, 0)
 
     def listener_totals(self, own: ListenerStats) -> ListenerStats:
-        """Every worker's listener counters summed: this worker's live, the others' last published."""
+        """Every worker's listener counters summed: this worker's live, the others' last published,
+        and those of workers that exited (the base)."""
         self.publish_listener(own)
         rows = [
             self._ints[self.layout.listener_at + i * _LISTENER_FIELDS :][:_LISTENER_FIELDS]
-            for i in range(self.count)
+            for i in range(self.count + 1)  # the base follows the last worker's row
         ]
         return ListenerStats(
             open_connections=sum(r[0] for r in rows),

@@ -15,7 +15,7 @@ from pathlib import Path
 from modelyard.config import GatewayConfig
 from modelyard.errors import ConfigError
 from modelyard.gateway.server import start_gateway
-from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings
+from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
 from modelyard.graph import load_config_graphs
 from modelyard.serving import run, serve_until_signal
 from modelyard.serving.workers import SharedInts, reserve_port, supervise, watch_parent
@@ -25,9 +25,18 @@ log = logging.getLogger("modelyard.gateway")
 _PER_PROCESS_STATE = ("kv_aware", "prefix_aware")
 
 
+MAX_WORKERS = 512  # as listen.workers allows
+STOP_GRACE = 5.0  # seconds past drain_seconds + shutdown_timeout before workers still running are killed
+
+
 def worker_count(config: GatewayConfig) -> int:
+    """listen.workers; auto: one per CPU this process may run on (its affinity), at most 512."""
     workers = config.listen.workers
-    return max(1, os.cpu_count() or 1) if workers == "auto" else workers
+    if workers != "auto":
+        return workers
+    # The CPUs this process may run on (a container's or taskset's share); macOS has no affinity.
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cpus))
 
 
 def check_workers(config: GatewayConfig, source: str, count: int) -> None:
@@ -58,9 +67,12 @@ def serve_workers(
     shm = Path("/dev/shm")  # tmpfs: the shared counters never touch a disk
     run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=shm if shm.is_dir() else None))
     reserved = None
+    layout = Layout(config, count)
+    shared = None
     try:
         (run_dir / METRICS_DIR).mkdir()
-        SharedInts(run_dir / SHARED_FILE, Layout(config, count).size, create=True).close()
+        shared = SharedInts(run_dir / SHARED_FILE, layout.size, create=True)
+        ints = shared.ints
         # Read by prometheus-client when each spawned worker imports it.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / METRICS_DIR)
         reserved = reserve_port(config.listen.host, config.listen.port)
@@ -71,9 +83,13 @@ def serve_workers(
             (config, source, str(run_dir), count, log_level),
             count,
             lambda urls: announce(urls[0]),
+            stop_timeout=config.listen.drain_seconds + config.listen.shutdown_timeout + STOP_GRACE,
+            on_exit=lambda index: worker_exited(ints, layout, index),
         )
     finally:
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        if shared is not None:
+            shared.close()
         if reserved is not None:
             reserved.close()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -95,10 +111,6 @@ def _worker(
         ready.send(gateway.url)
         ready.close()
 
-        async def stop() -> None:
-            await gateway.stop()
-            siblings.close()
-
-        await serve_until_signal([gateway.server], stop)
+        await serve_until_signal([gateway.server], gateway.stop)
 
     run(serve())

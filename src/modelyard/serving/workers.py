@@ -21,6 +21,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from modelyard.errors import ModelyardError
+
 log = logging.getLogger("modelyard.serving")
 
 WorkerTarget = Callable[..., None]
@@ -32,18 +34,27 @@ _RESTART_WINDOW = 30.0
 
 def reserve_port(host: str, port: int) -> socket.socket:
     """Bind (not listen) a SO_REUSEPORT socket on `host`:`port` (0 = a free port), which holds the
-    port for the workers' own SO_REUSEPORT listeners while the group runs."""
+    port for the workers' own SO_REUSEPORT listeners while the group runs. OSError (address in use)
+    when something listens there already, another group of workers included: SO_REUSEPORT alone
+    would let the two share the port."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise OSError("listen.workers > 1 needs SO_REUSEPORT, which this platform lacks")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    address = (host or "0.0.0.0", port)  # "": every interface
+    probe = socket.socket(family, socket.SOCK_STREAM)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        if port:  # without SO_REUSEPORT: fails while any listener holds the port
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host or "0.0.0.0", port))  # "": every interface
+        sock.bind(address)
     except BaseException:
         sock.close()
         raise
+    finally:
+        probe.close()
     return sock
 
 
@@ -61,10 +72,15 @@ class SharedInts:
         self.ints = memoryview(self._map).cast("q")
 
     def close(self) -> None:
-        """Unmap (a no-op while views of it are still held: the process exit unmaps it then)."""
+        """Unmap, once nothing uses `ints` any more (a no-op while views of it are held). A worker
+        never calls it: the loads it handed out use the map until the process exits."""
         with contextlib.suppress(BufferError):
             self.ints.release()
             self._map.close()
+
+
+class WorkerFailed(ModelyardError):
+    """A worker exited before it first served (its config, its port): the group stops at once."""
 
 
 def supervise(
@@ -72,9 +88,15 @@ def supervise(
     args: Sequence[Any],
     count: int,
     on_ready: Callable[[list[str]], None],
+    *,
+    stop_timeout: float = 30.0,
+    on_exit: Callable[[int], None] = lambda index: None,
 ) -> int:
     """Run `count` workers until SIGINT/SIGTERM and they have all exited; returns the exit status
-    (0 when every worker drained and exited 0). `on_ready` gets the workers' URLs once all serve."""
+    (0 when every worker drained and exited 0). `on_ready` gets the workers' URLs once all serve;
+    `on_exit(index)` runs when a worker has exited, before it is started again. Stopping is bounded:
+    workers still running `stop_timeout` seconds after the first signal (or at a third signal) are
+    killed. Raises WorkerFailed when a worker exits before it first served."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no loop or lock inherited
     wake_read, wake_write = socket.socketpair()
     wake_read.setblocking(False)
@@ -82,11 +104,15 @@ def supervise(
     previous_fd = signal.set_wakeup_fd(wake_write.fileno())
     previous = {sig: signal.signal(sig, lambda _sig, _frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     workers: dict[int, BaseProcess] = {}
-    pipes: dict[int, Connection] = {}
+    sentinels: dict[int, int] = {}  # sentinel -> worker index
+    pipes: dict[Connection, int] = {}  # the pipe a worker sends its URL on -> worker index
     urls: dict[int, str] = {}
     ever_ready: set[int] = set()
     restarts: list[float] = []
-    stopping = failed = announced = False
+    failed = announced = stopping = False
+    failure: str | None = None
+    signals = 0
+    deadline: float | None = None  # once stopping: when the workers still running are killed
 
     def start(index: int) -> None:
         receive, send = context.Pipe(duplex=False)
@@ -95,63 +121,103 @@ def supervise(
         )
         process.start()
         send.close()
-        workers[index], pipes[index] = process, receive
+        workers[index] = process
+        sentinels[process.sentinel] = index
+        pipes[receive] = index
 
-    def signal_all() -> None:
+    def signal_all(sig: signal.Signals = signal.SIGTERM) -> None:
         for process in workers.values():
             if process.pid is not None and process.exitcode is None:
-                os.kill(process.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, sig)
+
+    def stop() -> None:
+        nonlocal deadline, stopping
+        if not stopping:
+            stopping, deadline = True, time.monotonic() + stop_timeout
+        signal_all()
+
+    def receive_url(pipe: Connection) -> None:
+        index = pipes.pop(pipe)
+        try:
+            if pipe.poll():
+                urls[index] = pipe.recv()
+                ever_ready.add(index)
+        except (EOFError, OSError):
+            pass  # it exited without serving: its sentinel says so
+        pipe.close()
 
     try:
         for index in range(count):
             start(index)
         while workers:
-            waiting: list[Any] = [wake_read, *(p.sentinel for p in workers.values()), *pipes.values()]
-            for ready in wait(waiting):
+            waiting: list[Any] = [wake_read, *sentinels, *pipes]
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready_now = wait(waiting, timeout)
+            if deadline is not None and time.monotonic() >= deadline:
+                log.error("workers still running %.0f s after the stop; killing them", stop_timeout)
+                signal_all(signal.SIGKILL)
+                failed = True
+                deadline = None  # SIGKILL cannot be ignored: their sentinels follow
+            for ready in ready_now:
                 if ready is wake_read:
-                    if wake_read.recv(64):  # signal numbers; a second one makes the workers stop now
-                        stopping = True
-                        signal_all()
+                    received = wake_read.recv(64)  # signal numbers
+                    if received:
+                        signals += len(received)
+                        stop()  # a second one makes the workers stop now (serving/process.py)
+                        if signals >= 3:  # a third: kill them, whatever they are doing
+                            signal_all(signal.SIGKILL)
+                            failed = True
                     continue
-                sender = next((i for i, pipe in pipes.items() if pipe is ready), None)
-                if sender is not None:
-                    try:
-                        urls[sender] = pipes[sender].recv()
-                        ever_ready.add(sender)
-                    except (EOFError, OSError):
-                        pass
-                    pipes.pop(sender).close()
+                if ready in pipes:
+                    receive_url(ready)
                     if not announced and len(urls) == count:
                         announced = True
                         on_ready([urls[i] for i in range(count)])
                     continue
-                index = next(i for i, p in workers.items() if p.sentinel == ready)
+                index_or_none = sentinels.pop(ready, None) if isinstance(ready, int) else None
+                if index_or_none is None:
+                    continue  # handled already in this round
+                index = index_or_none
                 process = workers.pop(index)
                 process.join()
-                pipe = pipes.pop(index, None)
-                if pipe is not None:
-                    pipe.close()
+                pipe = next((p for p, i in pipes.items() if i == index), None)
+                if pipe is not None:  # what it sent before it exited still counts
+                    receive_url(pipe)
+                on_exit(index)
                 if stopping:
                     failed = failed or process.exitcode != 0
                     continue
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < _RESTART_WINDOW] + [now]
-                if index not in ever_ready or len(restarts) > _MAX_RESTARTS:
+                if index not in ever_ready:
+                    failure = f"worker {index} exited with {process.exitcode} before it served"
+                    failed = True
+                    stop()
+                    continue
+                if len(restarts) > _MAX_RESTARTS:
                     log.error("worker %d exited with %s; stopping every worker", index, process.exitcode)
-                    stopping = failed = True
-                    signal_all()
+                    failed = True
+                    stop()
                     continue
                 log.warning("worker %d exited with %s; starting it again", index, process.exitcode)
                 start(index)
     finally:
         signal_all()
         for process in workers.values():
-            process.join()
+            process.join(stop_timeout)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        for pipe in pipes:
+            pipe.close()
         signal.set_wakeup_fd(previous_fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         wake_read.close()
         wake_write.close()
+    if failure is not None:
+        raise WorkerFailed(failure + "; stopped every worker")
     return 1 if failed else 0
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from modelyard.config import GatewayConfig, validate_config
+from modelyard.errors import ChangeNotShared, UnknownStrategy
+from modelyard.gateway.app import create_app
 from modelyard.gateway.cluster import Cluster
-from modelyard.gateway.siblings import SHARED_FILE, Layout, Siblings
+from modelyard.gateway.gateway import GATEWAY
+from modelyard.gateway.siblings import SHARED_FILE, Layout, Siblings, worker_exited
+from modelyard.gateway.workers import worker_count
 from modelyard.serving import ListenerStats
 from modelyard.serving.workers import SharedInts
 
@@ -90,3 +95,79 @@ def test_listener_counters_sum_over_workers(pair):
     totals = first.listener_totals(ListenerStats(open_connections=5, header_timeouts=1))
     assert (totals.open_connections, totals.refused_connections, totals.header_timeouts) == (7, 1, 1)
     assert totals.refused_heads == {400: 3, 431: 0}
+
+
+def test_loads_stay_usable_after_close(pair):
+    first, _second = pair
+    load = first.new_load("http://127.0.0.1:9001", "a")
+    load.acquire(3)
+    first.close()  # a worker stopping while requests still finish
+    load.release(3)
+    assert load.in_flight == 0
+
+
+def test_the_parent_clears_a_dead_worker_loads_and_keeps_its_listener_counts(pair, tmp_path):
+    first, second = pair
+    theirs = second.new_load("http://127.0.0.1:9002", "b")
+    theirs.acquire(4)
+    first.new_load("http://127.0.0.1:9002", "b").acquire(1)
+    second.publish_listener(ListenerStats(open_connections=2, refused_connections=3, refused_heads={431: 1}))
+    parent = SharedInts(tmp_path / SHARED_FILE, first.layout.size, create=False)
+    worker_exited(parent.ints, first.layout, 1)
+    assert (theirs.in_flight, theirs.outstanding_tokens) == (1, 1)  # only worker 0's request is left
+    again = Siblings(_config(), 1, 2, tmp_path)  # the restarted worker 1, its listener from zero
+    again.publish_listener(ListenerStats(refused_connections=1))
+    totals = first.listener_totals(ListenerStats())
+    assert (totals.open_connections, totals.refused_connections, totals.refused_heads[431]) == (0, 4, 1)
+
+
+def test_auto_counts_the_cpus_this_process_may_run_on(monkeypatch):
+    config = validate_config({"listen": {"workers": "auto"}}, "<test>")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 2, 5}, raising=False)
+    assert worker_count(config) == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(1000)), raising=False)
+    assert worker_count(config) == 512
+    assert worker_count(validate_config({"listen": {"workers": 7}}, "<test>")) == 7
+
+
+def test_followers_know_which_verdicts_they_still_wait_for(pair):
+    leader, follower = pair
+    config = validate_config(
+        {"models": [{"name": "m", "endpoints": ENDPOINTS}, {"name": "n", "endpoints": ENDPOINTS[1:],
+                    "health_check": {"interval": 0}}]},
+        "<test>",
+    )  # fmt: skip
+    clusters = {m.name: Cluster(m, {}) for m in config.models}
+    assert follower.verdicts_pending(clusters)
+    for endpoint in clusters["m"].endpoints:
+        leader.publish_probe(clusters["m"], endpoint)
+    assert not follower.verdicts_pending(clusters)  # n is not health-checked: nothing to wait for
+
+
+async def test_a_change_that_cannot_be_published_is_not_applied(tmp_path):
+    config = _config()
+    SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=True).close()
+    (tmp_path / "metrics").mkdir()
+    gateway = create_app(config, siblings=Siblings(config, 0, 2, tmp_path))[GATEWAY]
+    cluster = gateway.clusters["m"]
+    before = cluster.config.routes
+    routes = [{"name": "all", "destinations": [{"subset": "default", "weight": 100}], "tags": {1, 2}}]
+    with pytest.raises(ChangeNotShared):  # a set: no JSON for it
+        gateway.change("routes", {"m": routes}, lambda: cluster.replace_routes(routes))
+    assert cluster.config.routes == before
+    lock = tmp_path / "admin.json.lock"
+    lock.unlink()
+    lock.mkdir()  # the lock cannot be opened
+    with pytest.raises(ChangeNotShared):
+        gateway.change(
+            "strategies", {"m": "round_robin"}, lambda: gateway.set_strategy(cluster, "round_robin")
+        )
+    lock.rmdir()
+    assert cluster.strategy.name == "least_pending"
+    with pytest.raises(UnknownStrategy):  # fails here: not given to the others
+        gateway.change("strategies", {"m": "nope"}, lambda: gateway.set_strategy(cluster, "nope"))
+    assert not (tmp_path / "admin.json").exists()
+    gateway.change("strategies", {"m": "round_robin"}, lambda: gateway.set_strategy(cluster, "round_robin"))
+    other = Siblings(config, 1, 2, tmp_path)
+    assert other.admin_changes() == {"strategies": {"m": "round_robin"}}
+    await gateway.pool.close()

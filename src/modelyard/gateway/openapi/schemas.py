@@ -180,7 +180,19 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
         "PredictResponse": {"type": "object", "description": RELAYED, "required": ["predictions"]},
         "KServeModel": {"type": "object", "description": RELAYED},
         # The gateway's own endpoints.
-        "Health": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
+        "Health": {
+            "type": "object",
+            "required": ["status"],
+            "properties": {
+                "status": {"const": "ok"},
+                "worker": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "with listen.workers > 1: the worker that answered (0 to N-1)",
+                },
+                "pid": {"type": "integer", "description": "with listen.workers > 1: its process id"},
+            },
+        },
         "Readiness": {
             "type": "object",
             "required": ["ready", "models_without_healthy_endpoints"],
