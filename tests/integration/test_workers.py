@@ -18,7 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from support import wait_until
+from support import free_ports, wait_until
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
@@ -242,6 +242,65 @@ async def test_one_worker_probes_and_the_other_follows_its_verdicts(serve_worker
         assert probes[counted] == 1
         for index, session in enumerate(sessions):
             assert (await gateway.worker_of(session))["worker"] == index
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_connection_refused_on_the_follower_is_probed_again_soon(serve_workers):
+    """The follower takes the endpoint out on a refused connection; the leader, which alone probes,
+    probes it at unhealthy_interval (not the hour-long interval), and its healthy verdict brings it
+    back on the follower."""
+
+    async def chat(request: web.Request) -> web.Response:
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": []})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/chat/completions", chat)
+    (port,) = free_ports(1)
+
+    async def start() -> web.AppRunner:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    runner = await start()
+    try:
+        models = [
+            {"name": "m", "endpoints": [{"url": f"http://127.0.0.1:{port}", "name": "w0"}],
+             "health_check": {"interval": 3600, "unhealthy_interval": 0.2}},
+        ]  # fmt: skip
+        gateway = await serve_workers({"models": models})
+        follower = await gateway.on_worker(1)
+        assert await _chat(follower, gateway.url) == "w0"
+
+        await runner.cleanup()  # refused from now on
+
+        async def taken_out() -> bool:
+            async with follower.post(
+                gateway.url + "/v1/chat/completions", data=orjson.dumps(CHAT)
+            ) as response:
+                await response.read()
+            async with follower.get(gateway.url + "/readyz") as response:
+                return response.status == 503
+
+        await wait_until(taken_out, attempts=100, interval=0.02)
+        runner = await start()
+
+        async def back() -> bool:
+            async with follower.get(gateway.url + "/readyz") as response:
+                return response.status == 200
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await wait_until(back, attempts=250, interval=0.02)  # 5 s, against an interval of an hour
+        assert loop.time() - started < 5
+        assert await _chat(follower, gateway.url) == "w0"
+        assert (await gateway.worker_of(follower))["worker"] == 1
     finally:
         await runner.cleanup()
 

@@ -54,6 +54,7 @@ class Cluster:
         on_health_change: HealthListener = lambda model, endpoint, healthy: None,
         on_outlier: OutlierListener = lambda model, endpoint, event: None,
         new_load: Callable[[str, str], Load] = BackendLoad,
+        on_refused: Callable[[Cluster, Endpoint], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -61,6 +62,7 @@ class Cluster:
         self._new_load = new_load  # (url, name) -> the load of a server no cluster used yet
         self._on_health_change = on_health_change
         self._on_outlier = on_outlier
+        self._on_refused = on_refused  # after record_connection_failure: told to the other workers
         self.strategy: Strategy = build_strategy(config.strategy, config)
         self.seq = 0  # requests routed so far; kept across strategy switches (round_robin's position)
         self.budget = RetryBudget(config.retry_budget)
@@ -321,6 +323,8 @@ class Cluster:
         before = endpoint.health.healthy
         endpoint.health = ejected(error)
         self._transition(endpoint, before)
+        if self._on_refused is not None:
+            self._on_refused(self, endpoint)
 
     def _transition(self, endpoint: Endpoint, before: bool) -> None:
         after = endpoint.health.healthy

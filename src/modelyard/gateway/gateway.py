@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from modelyard.balancing import Need
-from modelyard.cluster import BackendLoad, Load
+from modelyard.cluster import Load
 from modelyard.config import GatewayConfig, ModelConfig
 from modelyard.errors import ModelNotFound, ModelyardError
 from modelyard.gateway.cluster import Cluster
@@ -107,8 +107,13 @@ class Gateway:
         self._retiring: set[asyncio.Task[None]] = set()
 
     def new_cluster(self, config: ModelConfig) -> Cluster:
-        new_load = self.siblings.new_load if self.siblings is not None else BackendLoad
-        return Cluster(config, self.loads, self.metrics.health_changed, self.metrics.outlier_event, new_load)
+        siblings = self.siblings
+        if siblings is None:
+            return Cluster(config, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
+        return Cluster(
+            config, self.loads, self.metrics.health_changed, self.metrics.outlier_event, siblings.new_load,
+            on_refused=siblings.connection_refused,
+        )  # fmt: skip
 
     def install(self, cluster: Cluster) -> None:
         """Route to a cluster added at runtime (placed by the scheduler): health checks and the
@@ -247,6 +252,12 @@ class Gateway:
     def _follow_once(self, siblings: Siblings) -> None:
         if not self._probes:
             siblings.adopt_probes(self.clusters)
+        else:  # a connection another worker saw refused: out here and published, probed soon
+            for model, name in siblings.suspected():
+                cluster = self.clusters.get(model)
+                endpoint = next((e for e in cluster.endpoints if e.name == name), None) if cluster else None
+                if cluster is not None and endpoint is not None:
+                    cluster.record_connection_failure(endpoint, "connection refused (seen by another worker)")
         changes = siblings.admin_changes()
         if changes is not None:
             self._apply_changes(changes)

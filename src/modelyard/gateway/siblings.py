@@ -6,6 +6,8 @@ locks on the request path:
 - loads: per server URL, a row per worker (in flight, outstanding tokens); a strategy reads the sum;
 - probes: per (model, endpoint), the leader's (worker 0's) latest verdict and a sequence number;
   the leader alone probes, the others adopt its verdicts;
+- suspicions: per (model, endpoint), a row per worker counting the connections it saw refused; the
+  leader takes each new one as a refusal of its own (out, published, probed at unhealthy_interval);
 - the admin generation: bumped after an admin change is written to `admin.json` (under a file
   lock, merged, replaced atomically); every worker applies what it has not applied yet;
 - listener counters: per worker, for /metrics to sum, and a base the supervising process adds a
@@ -51,7 +53,8 @@ class Layout:
                 self.urls.setdefault(endpoint.url, len(self.urls))
                 self.probes.setdefault((model.name, endpoint.name), len(self.probes))
         self.probes_at = len(self.urls) * count * 2
-        self.admin_at = self.probes_at + 2 * len(self.probes)
+        self.suspects_at = self.probes_at + 2 * len(self.probes)
+        self.admin_at = self.suspects_at + len(self.probes) * count
         self.listener_at = self.admin_at + 1
         self.listener_base_at = self.listener_at + count * _LISTENER_FIELDS
         self.size = self.listener_base_at + _LISTENER_FIELDS
@@ -114,6 +117,8 @@ class Siblings:
         self._shared = SharedInts(run_dir / SHARED_FILE, self.layout.size, create=False)
         self._ints = self._shared.ints
         self._probes_seen: dict[int, int] = {}
+        # Refusals reported before this worker started (a restarted leader) were dealt with then.
+        self._suspects_seen = {slot: self._suspicions(slot) for slot in self.layout.probes.values()}
         self._admin_seen = 0
         self._clear_own_row()
 
@@ -144,6 +149,33 @@ class Siblings:
         at = self.layout.probes_at + 2 * slot
         self._ints[at + 1] = 1 if endpoint.health.healthy else 0
         self._ints[at] += 1  # after the verdict: a reader that sees the new number sees it
+
+    def connection_refused(self, cluster: Cluster, endpoint: Endpoint) -> None:
+        """This worker took `endpoint` out on a refused connection. The leader publishes that as its
+        verdict; a follower tells the leader (`suspected`), which takes it out the same way: only the
+        leader probes, and it probes an endpoint that is out every `unhealthy_interval`, so the
+        verdict that brings it back reaches every worker as soon as in a single process."""
+        slot = self.layout.probes.get((cluster.name, endpoint.name))
+        if slot is None:
+            return
+        if self.leader:
+            self.publish_probe(cluster, endpoint)
+        else:
+            self._ints[self.layout.suspects_at + slot * self.count + self.index] += 1
+
+    def suspected(self) -> list[tuple[str, str]]:
+        """The leader: (model, endpoint) pairs a follower saw refused since the last call."""
+        found = []
+        for key, slot in self.layout.probes.items():
+            count = self._suspicions(slot)
+            if count != self._suspects_seen[slot]:
+                self._suspects_seen[slot] = count
+                found.append(key)
+        return found
+
+    def _suspicions(self, slot: int) -> int:
+        start = self.layout.suspects_at + slot * self.count
+        return sum(self._ints[start : start + self.count])
 
     def verdicts_pending(self, clusters: Mapping[str, Cluster]) -> bool:
         """Whether an endpoint of a health-checked model has no verdict from the leader yet."""

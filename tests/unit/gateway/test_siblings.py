@@ -79,6 +79,31 @@ def test_followers_adopt_the_leader_verdicts(pair):
     assert all(e.healthy for e in mine["m"].endpoints)
 
 
+def test_a_refusal_on_a_follower_reaches_the_leader_once(pair, tmp_path):
+    leader, follower = pair
+    config = _config()
+    mine = {m.name: Cluster(m, {}, on_refused=follower.connection_refused) for m in config.models}
+    theirs = {m.name: Cluster(m, {}, on_refused=leader.connection_refused) for m in config.models}
+    assert leader.suspected() == []
+    mine["n"].record_connection_failure(mine["n"].endpoints[0], "refused")
+    assert not mine["n"].endpoints[0].healthy
+    assert leader.suspected() == [("n", "b")]
+    assert leader.suspected() == []  # taken once
+    # The leader takes it out as its own refusal, which publishes the verdict to the followers.
+    theirs["n"].record_connection_failure(theirs["n"].endpoints[0], "refused")
+    mine["n"].adopt_health(mine["n"].endpoints[0], True, "")  # as if a probe had brought it back
+    follower.adopt_probes(mine)
+    assert not mine["n"].endpoints[0].healthy
+    theirs["n"].record_probe(theirs["n"].endpoints[0], "")
+    leader.publish_probe(theirs["n"], theirs["n"].endpoints[0])
+    follower.adopt_probes(mine)
+    assert mine["n"].endpoints[0].healthy
+    mine["n"].record_connection_failure(mine["n"].endpoints[0], "refused")
+    again = Siblings(config, 0, 2, tmp_path)  # a restarted leader: only refusals after it started
+    assert again.suspected() == []
+    again.close()
+
+
 def test_admin_changes_merge_and_are_seen_once(pair):
     first, second = pair
     first.publish_admin("strategies", "m", "round_robin")
