@@ -305,6 +305,62 @@ async def test_a_connection_refused_on_the_follower_is_probed_again_soon(serve_w
         await runner.cleanup()
 
 
+async def test_one_worker_scrapes_and_the_other_routes_on_its_snapshots(serve_workers):
+    """resource_aware: the leader alone scrapes (once per endpoint at start, then not for an hour),
+    and the follower routes on the snapshots it published: away from the endpoint whose queue is full."""
+    scrapes: dict[int, int] = {}  # by the server's port
+    waiting: dict[int, int] = {}
+
+    async def metrics(request: web.Request) -> web.Response:
+        port = int(request.host.rsplit(":", 1)[1])
+        scrapes[port] = scrapes.get(port, 0) + 1
+        text = (
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting {waiting[port]}\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            "vllm:num_requests_running 0\n"
+        )
+        return web.Response(text=text)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def chat(request: web.Request) -> web.Response:
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": []})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    ports = []
+    for _ in range(2):
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    full, idle = ports
+    waiting.update({full: 1000, idle: 0})  # past max_queue_depth: skipped while its snapshot holds
+    try:
+        endpoints = [{"url": f"http://127.0.0.1:{port}", "name": f"w{i}"} for i, port in enumerate(ports)]
+        model = {
+            "name": "m", "strategy": "resource_aware", "endpoints": endpoints,
+            "health_check": {"interval": 3600},
+            "resource_aware": {"scrape_interval": 3600, "stale_after": 3600},
+        }  # fmt: skip
+        gateway = await serve_workers({"models": [model]})
+        follower = await gateway.on_worker(1)
+
+        async def avoids_the_full_one() -> bool:  # by chance, 20 in a row: one in a million
+            return all([await _chat(follower, gateway.url) == "w1" for _ in range(20)])
+
+        await wait_until(avoids_the_full_one, attempts=100, interval=0.02)
+        assert scrapes == {full: 1, idle: 1}  # one worker scraped: both served, the follower routed
+        assert (await gateway.worker_of(follower))["worker"] == 1
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_killed_worker_is_started_again_and_sigterm_drains_all(sim_workers, serve_workers):
     gateway = await serve_workers({"models": [_model(await sim_workers(2, decode_ms_per_token=100.0))]})
     observer, doomed = await gateway.on_worker(0), await gateway.on_worker(1)

@@ -217,19 +217,26 @@ class Gateway:
     def _serve_needs(self, cluster: Cluster) -> None:
         """Scrape the model's endpoints' /metrics while its strategy reads their load. The scraper
         has its own small client: through the proxy's pool a scrape would queue exactly when the
-        server is saturated, and its snapshot would go stale when it matters most."""
+        server is saturated, and its snapshot would go stale when it matters most. With workers the
+        leader alone scrapes and publishes each snapshot; the others adopt them (`_follow_once`)."""
         if Need.RESOURCES not in cluster.strategy.needs or cluster.name in self.scrapers:
             return
+        siblings = self.siblings
+        if siblings is not None and not siblings.leader:
+            return  # the leader scrapes for every worker; this one adopts its snapshots (_follow)
         client = Http1Client(max_connections=2, connect_timeout=self.config.upstream.connect_timeout)
-        scraper = ResourceScraper(lambda: cluster.endpoints, client, cluster.config.resource_aware)
+        scraper = ResourceScraper(
+            lambda: cluster.endpoints, client, cluster.config.resource_aware,
+            on_snapshot=(lambda e: siblings.publish_resources(cluster, e)) if siblings is not None else None,
+        )  # fmt: skip
         # Started before anything awaits, and recorded with it: a cancelled admin call can no
         # longer leave a scraper recorded but never running. Its loop scrapes at once.
         scraper.start()
         self.scrapers[cluster.name] = (scraper, client)
 
     async def _follow(self, siblings: Siblings) -> None:
-        """Every FOLLOW_SECONDS: adopt the leader's health verdicts and the other workers' admin
-        changes, publish this worker's listener counters, and let requests queued for room
+        """Every FOLLOW_SECONDS: adopt the leader's health verdicts and scrapes and the other workers'
+        admin changes, publish this worker's listener counters, and let requests queued for room
         (circuit_breakers) look again, since the others' releases do not wake them."""
         while True:
             try:
@@ -252,6 +259,7 @@ class Gateway:
     def _follow_once(self, siblings: Siblings) -> None:
         if not self._probes:
             siblings.adopt_probes(self.clusters)
+            siblings.adopt_resources(self.clusters)
         else:  # a connection another worker saw refused: out here and published, probed soon
             for model, name in siblings.suspected():
                 cluster = self.clusters.get(model)

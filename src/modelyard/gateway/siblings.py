@@ -11,22 +11,27 @@ locks on the request path:
 - the admin generation: bumped after an admin change is written to `admin.json` (under a file
   lock, merged, replaced atomically); every worker applies what it has not applied yet;
 - listener counters: per worker, for /metrics to sum, and a base the supervising process adds a
-  dead worker's counters to (`worker_exited`), so that the sums never go down.
+  dead worker's counters to (`worker_exited`), so that the sums never go down;
+- resources: per (model, endpoint), the leader's latest scrape (resource_aware) under a seqlock: a
+  sequence number, odd while the leader writes, then one slot per field (`encode_snapshot`); the
+  leader alone scrapes, the others adopt each new snapshot whole (`read_snapshot`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
-from collections.abc import Iterator, Mapping
+import struct
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from modelyard.cluster import BackendLoad, Endpoint, Load
+from modelyard.cluster import BackendLoad, Endpoint, Load, ResourceSnapshot
 from modelyard.config import GatewayConfig
 from modelyard.errors import ChangeNotShared
 from modelyard.gateway.cluster import Cluster
@@ -39,6 +44,79 @@ SHARED_FILE = "shared.bin"
 ADMIN_FILE = "admin.json"
 METRICS_DIR = "metrics"
 _LISTENER_FIELDS = 5  # open, refused, header timeouts, heads refused 400, 431
+# taken_at, queue_depth, running, kv_cache_usage, sm_utilization, memory_used, in_flight_at_scrape
+SNAPSHOT_FIELDS = 7
+SNAPSHOT_SLOTS = 1 + SNAPSHOT_FIELDS  # the sequence number first
+_SEQLOCK_TRIES = 3  # a read that keeps meeting a write gives up until the next round
+_DOUBLE = struct.Struct("d")
+_INT64 = struct.Struct("q")
+
+
+def _bits(value: float) -> int:
+    return int(_INT64.unpack(_DOUBLE.pack(value))[0])
+
+
+def _float(bits: int) -> float:
+    return float(_DOUBLE.unpack(_INT64.pack(bits))[0])
+
+
+_NONE = _bits(math.nan)  # a signal the server does not export (the scraper never keeps a NaN)
+
+
+def encode_snapshot(snapshot: ResourceSnapshot) -> list[int]:
+    """A snapshot as SNAPSHOT_FIELDS int64s: floats as their IEEE-754 bits, None as NaN's."""
+    optional = (
+        snapshot.queue_depth, snapshot.running, snapshot.kv_cache_usage, snapshot.sm_utilization,
+        snapshot.memory_used,
+    )  # fmt: skip
+    return [
+        _bits(snapshot.taken_at),
+        *(_NONE if value is None else _bits(value) for value in optional),
+        snapshot.in_flight_at_scrape,
+    ]
+
+
+def decode_snapshot(fields: Sequence[int]) -> ResourceSnapshot:
+    taken_at, queue_depth, running, kv_cache_usage, sm_utilization, memory_used, in_flight = fields
+    return ResourceSnapshot(
+        taken_at=_float(taken_at),
+        queue_depth=_optional(queue_depth),
+        running=_optional(running),
+        kv_cache_usage=_optional(kv_cache_usage),
+        sm_utilization=_optional(sm_utilization),
+        memory_used=_optional(memory_used),
+        in_flight_at_scrape=in_flight,
+    )
+
+
+def _optional(bits: int) -> float | None:
+    value = _float(bits)
+    return None if math.isnan(value) else value
+
+
+def write_snapshot(ints: memoryview, at: int, snapshot: ResourceSnapshot) -> None:
+    """The one writer of slot group `at`: the sequence number turns odd, the fields are written,
+    then it turns even; a reader that saw the same even number before and after read them whole."""
+    seq = (ints[at] + 1) | 1  # odd: the next, or past the one a writer that died mid-write left
+    ints[at] = seq
+    for offset, value in enumerate(encode_snapshot(snapshot), start=at + 1):
+        ints[offset] = value
+    ints[at] = seq + 1
+
+
+def read_snapshot(ints: memoryview, at: int) -> tuple[int, ResourceSnapshot] | None:
+    """(sequence number, snapshot) of slot group `at`; None when nothing was published yet or
+    every try met a write (the caller tries again next round: never a torn snapshot)."""
+    for _ in range(_SEQLOCK_TRIES):
+        before = ints[at]
+        if before == 0:
+            return None
+        if before % 2:
+            continue
+        fields = list(ints[at + 1 : at + SNAPSHOT_SLOTS])
+        if ints[at] == before:
+            return before, decode_snapshot(fields)
+    return None
 
 
 class Layout:
@@ -57,7 +135,8 @@ class Layout:
         self.admin_at = self.suspects_at + len(self.probes) * count
         self.listener_at = self.admin_at + 1
         self.listener_base_at = self.listener_at + count * _LISTENER_FIELDS
-        self.size = self.listener_base_at + _LISTENER_FIELDS
+        self.resources_at = self.listener_base_at + _LISTENER_FIELDS
+        self.size = self.resources_at + SNAPSHOT_SLOTS * len(self.probes)
 
     def load_row(self, slot: int, index: int) -> int:
         """Where worker `index`'s in-flight count for server `slot` is (its tokens follow)."""
@@ -117,6 +196,7 @@ class Siblings:
         self._shared = SharedInts(run_dir / SHARED_FILE, self.layout.size, create=False)
         self._ints = self._shared.ints
         self._probes_seen: dict[int, int] = {}
+        self._resources_seen: dict[int, int] = {}
         # Refusals reported before this worker started (a restarted leader) were dealt with then.
         self._suspects_seen = {slot: self._suspicions(slot) for slot in self.layout.probes.values()}
         self._admin_seen = 0
@@ -198,6 +278,34 @@ class Siblings:
             endpoint = next((e for e in cluster.endpoints if e.name == name), None) if cluster else None
             if cluster is not None and endpoint is not None:
                 cluster.adopt_health(endpoint, bool(ints[at + 1]), "failed the health check")
+
+    # --- resources (resource_aware) -------------------------------------------------------------
+
+    def publish_resources(self, cluster: Cluster, endpoint: Endpoint) -> None:
+        """The leader scraped `endpoint`: its snapshot for the others. Its `in_flight_at_scrape` is
+        the in-flight count summed over the workers (the shared load), which is what the strategy
+        reads as `in_flight` in every worker."""
+        slot = self.layout.probes.get((cluster.name, endpoint.name))
+        if slot is None or endpoint.resources is None:
+            return
+        write_snapshot(self._ints, self.layout.resources_at + SNAPSHOT_SLOTS * slot, endpoint.resources)
+
+    def adopt_resources(self, clusters: Mapping[str, Cluster]) -> None:
+        """A follower: each snapshot the leader published since the last call, as its scraper would
+        have set it."""
+        ints, seen = self._ints, self._resources_seen
+        for (model, name), slot in self.layout.probes.items():
+            at = self.layout.resources_at + SNAPSHOT_SLOTS * slot
+            if ints[at] == seen.get(slot, 0):
+                continue
+            read = read_snapshot(ints, at)
+            if read is None:  # unpublished, or being written: next round
+                continue
+            seen[slot], snapshot = read
+            cluster = clusters.get(model)
+            endpoint = next((e for e in cluster.endpoints if e.name == name), None) if cluster else None
+            if endpoint is not None:
+                endpoint.resources = snapshot
 
     # --- admin changes --------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """`listen.workers` > 1: the gateway as N processes on one port (serving/workers.py runs them), which
-share in-flight counts, the leader's health verdicts, admin changes and /metrics (siblings.py)."""
+share in-flight counts, the leader's health verdicts and resource scrapes, admin changes and /metrics
+(siblings.py)."""
 
 from __future__ import annotations
 

@@ -132,12 +132,14 @@ class ResourceScraper:
         config: ResourceAwareConfig,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[Endpoint, str], None] | None = None,
+        on_snapshot: Callable[[Endpoint], None] | None = None,
     ) -> None:
         self._endpoints = endpoints  # read at every scrape: the cluster may replace its endpoints
         self._client = client
         self._config = config
         self._clock = clock
         self._on_error = on_error or self._log_error
+        self._on_snapshot = on_snapshot  # after each new `endpoint.resources` (workers: publish it)
         names = config.metrics
         self._wanted = (
             frozenset((names.queue_depth, names.running, names.memory_used, names.memory_free))
@@ -198,6 +200,8 @@ class ResourceScraper:
         endpoint.resources = snapshot_from_metrics(
             families, self._config.metrics, self._clock(), endpoint.in_flight
         )
+        if self._on_snapshot is not None:
+            self._on_snapshot(endpoint)
 
     async def _fetch(self, base_url: str, path: str) -> dict[str, list[tuple[dict[str, str], float]]]:
         """One scrape, bounded by the interval (Http1Client's deadline starts after connecting; the

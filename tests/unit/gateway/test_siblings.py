@@ -8,12 +8,23 @@ from pathlib import Path
 
 import pytest
 
+from modelyard.cluster import ResourceSnapshot
 from modelyard.config import GatewayConfig, validate_config
 from modelyard.errors import ChangeNotShared, UnknownStrategy
 from modelyard.gateway.app import create_app
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import GATEWAY
-from modelyard.gateway.siblings import SHARED_FILE, Layout, Siblings, worker_exited
+from modelyard.gateway.siblings import (
+    SHARED_FILE,
+    SNAPSHOT_SLOTS,
+    Layout,
+    Siblings,
+    decode_snapshot,
+    encode_snapshot,
+    read_snapshot,
+    worker_exited,
+    write_snapshot,
+)
 from modelyard.gateway.workers import worker_count
 from modelyard.serving import ListenerStats
 from modelyard.serving.workers import SharedInts
@@ -196,3 +207,75 @@ async def test_a_change_that_cannot_be_published_is_not_applied(tmp_path):
     other = Siblings(config, 1, 2, tmp_path)
     assert other.admin_changes() == {"strategies": {"m": "round_robin"}}
     await gateway.pool.close()
+
+
+def test_a_snapshot_survives_its_slots_none_included():
+    full = ResourceSnapshot(1234.5678, 3.0, 2.0, 0.25, 0.9, 0.5, in_flight_at_scrape=7)
+    sparse = ResourceSnapshot(0.001, queue_depth=0.0, in_flight_at_scrape=0)
+    for snapshot in (full, sparse):
+        fields = encode_snapshot(snapshot)
+        assert all(isinstance(f, int) and -(2**63) <= f < 2**63 for f in fields)
+        assert decode_snapshot(fields) == snapshot
+    assert decode_snapshot(encode_snapshot(sparse)).running is None
+
+
+def _slots() -> memoryview:
+    return memoryview(bytearray(8 * SNAPSHOT_SLOTS)).cast("q")
+
+
+def test_a_snapshot_is_read_whole_or_not_at_all():
+    ints = _slots()
+    assert read_snapshot(ints, 0) is None  # nothing published yet
+    first = ResourceSnapshot(1.0, queue_depth=4.0, in_flight_at_scrape=2)
+    write_snapshot(ints, 0, first)
+    assert read_snapshot(ints, 0) == (2, first)
+    ints[0] += 1  # a write under way (odd): its fields are not read
+    ints[2] = 999
+    assert read_snapshot(ints, 0) is None
+    write_snapshot(ints, 0, first)  # the next write moves past the odd number
+    assert read_snapshot(ints, 0) == (6, first)
+
+
+class _WrittenDuringRead(list[int]):
+    """Slots where the writer writes a new snapshot whole while a reader reads the fields, `times` times."""
+
+    def __init__(self, values: list[int], snapshot: ResourceSnapshot, times: int) -> None:
+        super().__init__(values)
+        self.snapshot, self.times = snapshot, times
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def,override]
+        value = super().__getitem__(index)
+        if isinstance(index, slice) and self.times:
+            self.times -= 1
+            write_snapshot(self, 0, self.snapshot)  # type: ignore[arg-type]
+        return value
+
+
+def test_a_snapshot_rewritten_while_read_is_read_again():
+    ints = _slots()
+    old, new = ResourceSnapshot(1.0, queue_depth=1.0), ResourceSnapshot(2.0, queue_depth=9.0)
+    write_snapshot(ints, 0, old)
+    racing = _WrittenDuringRead(ints.tolist(), new, times=1)
+    assert read_snapshot(racing, 0) == (4, new)  # type: ignore[arg-type]  # the old fields were dropped
+    always = _WrittenDuringRead(ints.tolist(), new, times=100)
+    assert read_snapshot(always, 0) is None  # gives up this round rather than adopt a torn one
+
+
+def test_followers_adopt_the_leader_scrapes_once_each(pair):
+    leader, follower = pair
+    config = _config()
+    theirs = {m.name: Cluster(m, {}) for m in config.models}
+    mine = {m.name: Cluster(m, {}) for m in config.models}
+    follower.adopt_resources(mine)
+    assert all(e.resources is None for c in mine.values() for e in c.endpoints)
+    scraped = ResourceSnapshot(10.0, queue_depth=5.0, running=1.0, in_flight_at_scrape=3)
+    endpoint = theirs["m"].endpoints[1]
+    endpoint.resources = scraped
+    leader.publish_resources(theirs["m"], endpoint)
+    follower.adopt_resources(mine)
+    assert mine["m"].endpoints[1].resources == scraped
+    assert mine["m"].endpoints[0].resources is None
+    assert mine["n"].endpoints[0].resources is None  # the same server under another model: its own
+    mine["m"].endpoints[1].resources = None
+    follower.adopt_resources(mine)
+    assert mine["m"].endpoints[1].resources is None  # nothing new published: nothing adopted again
