@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 import pytest
+import tritonclient.grpc as grpcclient
 import yaml
 from aiohttp import web
 
-from support import free_ports, wait_until
+from support import free_ports, model_config, wait_until
 
+GRPC_LINE = re.compile(r"^OIP v2 over gRPC \(inference.GRPCInferenceService\) on 127\.0\.0\.1:(\d+)$")
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
@@ -412,6 +415,59 @@ async def test_a_second_group_on_the_same_port_is_refused(sim_workers, serve_wor
     assert lines == ["error: cannot listen: Address already in use"], lines
 
 
+async def test_oip_grpc_is_served_by_both_workers_on_one_port(sim_workers, serve_workers, tmp_path):
+    backends = await sim_workers(2, oip_scale=2.0, models=["echo"])
+    listen = {"host": "127.0.0.1", "port": 0, "grpc_port": 0, "drain_seconds": 0}
+    gateway = await serve_workers({"listen": listen, "models": [model_config("echo", backends)]})
+
+    def grpc_port() -> int | None:  # from the line the parent prints once every worker serves
+        found = (GRPC_LINE.search(line) for line in gateway.output)
+        return next((int(match.group(1)) for match in found if match), None)
+
+    async def announced() -> bool:
+        return grpc_port() is not None
+
+    await wait_until(announced)
+    port = grpc_port()
+    assert sum("OIP v2 over gRPC" in line for line in gateway.output) == 1  # the parent's line, once
+
+    def infer() -> list[float]:
+        # A fresh client each call on a connection of its own (grpc shares one process-wide unless
+        # told not to), which the kernel gives to either worker.
+        own_connection = [("grpc.use_local_subchannel_pool", 1)]
+        triton = grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}", channel_args=own_connection)
+        try:
+            tensor = grpcclient.InferInput("x", [2], "FP32")
+            tensor.set_data_from_numpy(np.array([1.0, 2.5], dtype=np.float32))
+            return triton.infer("echo", [tensor], client_timeout=30).as_numpy("x").tolist()  # type: ignore[no-any-return]
+        finally:
+            triton.close()
+
+    answers = await asyncio.gather(*(asyncio.to_thread(infer) for _ in range(20)))
+    assert answers == [[2.0, 5.0]] * 20
+    answered = []
+    for index in (0, 1):  # each worker's routing log holds the calls that worker answered
+        async with (await gateway.on_worker(index)).get(gateway.url + "/admin/log") as response:
+            answered.append(len((await response.json())["records"]))
+    assert answered[0] and answered[1] and sum(answered) == 20, answered
+    text = await _metrics(await gateway.on_worker(0), gateway.url)  # the sum counts every gRPC call
+    assert re.search(r'^modelyard_request_duration_seconds_count\{model="echo"\} 20\.0$', text, re.M), text
+
+    # A fixed gRPC port in use (this group's) is refused at start: one line, exit 1.
+    path = tmp_path / "second.yaml"
+    path.write_text(yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": 0, "grpc_port": port}}))
+    second = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "modelyard", "serve", "-c", str(path), "--workers", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(second.communicate(), 60)
+    assert second.returncode == 1, stdout.decode() + stderr.decode()
+    lines = stderr.decode().strip().splitlines()
+    assert lines == [f"error: cannot listen: listen.grpc_port {port} (OIP gRPC): Address already in use"], (
+        lines
+    )
+
+
 def test_what_workers_cannot_share_yet_is_refused(tmp_path):
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump({"listen": {"port": 0, "grpc_port": 0}}))
@@ -421,7 +477,7 @@ def test_what_workers_cannot_share_yet_is_refused(tmp_path):
     )  # fmt: skip
     assert result.returncode == 1
     assert "listen.workers: placement.scheduler (placed models) works with one worker only" in result.stderr
-    assert "listen.workers: listen.grpc_port works with one worker only" in result.stderr
+    assert "grpc_port" not in result.stderr  # shared by the workers (the test above)
 
 
 @pytest.mark.parametrize(("workers", "code"), [("1", 0), ("2", 1)])

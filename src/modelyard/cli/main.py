@@ -24,7 +24,7 @@ from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data, validate_config
 from modelyard.errors import ConfigError, ModelyardError
-from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
+from modelyard.gateway import GATEWAY, start_gateway
 from modelyard.gateway.workers import serve_workers, worker_count
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.serving import run, serve_until_signal
@@ -142,9 +142,16 @@ def serve(
         raise typer.Exit(1) from None
 
 
-def _announce(config: GatewayConfig, graphs: dict[str, Graph], count: int) -> Callable[[str], None]:
+def _announce(
+    config: GatewayConfig, graphs: dict[str, Graph], count: int
+) -> Callable[[str, int | None], None]:
     counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
-    return lambda url: typer.echo(f"modelyard gateway listening on {url} ({counts}, {count} workers)")
+
+    def announce(url: str, grpc_port: int | None) -> None:
+        typer.echo(f"modelyard gateway listening on {url} ({counts}, {count} workers)")
+        _echo_grpc(config.listen.host, grpc_port)
+
+    return announce
 
 
 async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
@@ -154,13 +161,13 @@ async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
         placed = len(gateway.app[GATEWAY].placed.models)
         counts += f", following {config.placement.scheduler}: {_count(placed, 'placed model')}"
     typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
-    _echo_grpc(gateway)
+    _echo_grpc(gateway.host, gateway.grpc_port)
     await serve_until_signal([gateway.server], gateway.stop)
 
 
-def _echo_grpc(gateway: RunningGateway) -> None:
-    if gateway.grpc_port is not None:
-        typer.echo(f"OIP v2 over gRPC (inference.GRPCInferenceService) on {gateway.host}:{gateway.grpc_port}")
+def _echo_grpc(host: str, grpc_port: int | None) -> None:
+    if grpc_port is not None:
+        typer.echo(f"OIP v2 over gRPC (inference.GRPCInferenceService) on {host}:{grpc_port}")
 
 
 async def _serve_demo(base: dict[str, Any]) -> None:
@@ -183,7 +190,7 @@ async def _serve_demo(base: dict[str, Any]) -> None:
         await stop_workers()
         raise
     typer.echo(demo_banner(gateway.url, workers, placement))
-    _echo_grpc(gateway)
+    _echo_grpc(gateway.host, gateway.grpc_port)
 
     async def stop() -> None:
         await gateway.stop()

@@ -42,6 +42,7 @@ def create_app(
             config.listen.host,
             config.listen.grpc_port,
             max_message_bytes=config.limits.max_body_bytes,
+            reuse_port=siblings is not None,  # one worker of a group: the parent reserved the port
         )
 
     async def lifecycle(_app: web.Application):  # type: ignore[no-untyped-def]

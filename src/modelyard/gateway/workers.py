@@ -1,6 +1,7 @@
 """`listen.workers` > 1: the gateway as N processes on one port (serving/workers.py runs them), which
 share in-flight counts, the leader's health verdicts and resource scrapes, admin changes and /metrics
-(siblings.py)."""
+(siblings.py). listen.grpc_port is shared the same way: each worker's OIP gRPC server binds the
+port the parent reserved and answers through its own gateway."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -47,16 +49,21 @@ def check_workers(config: GatewayConfig, source: str, count: int) -> None:
         problems.append(
             "listen.workers: placement.scheduler (placed models) works with one worker only for now"
         )
-    if config.listen.grpc_port is not None:
-        problems.append("listen.workers: listen.grpc_port works with one worker only for now")
     if problems:
         raise ConfigError(source, [f"{p} (got {count} workers)" for p in problems])
 
 
 def serve_workers(
-    config: GatewayConfig, source: str, count: int, announce: Callable[[str], None], log_level: str
+    config: GatewayConfig,
+    source: str,
+    count: int,
+    announce: Callable[[str, int | None], None],
+    log_level: str,
 ) -> int:
-    """Run the gateway as `count` worker processes until SIGINT/SIGTERM; returns the exit status."""
+    """Run the gateway as `count` worker processes until SIGINT/SIGTERM; returns the exit status.
+    `announce(url, grpc_port)` runs once every worker serves (grpc_port: None when gRPC is off).
+    The HTTP port and listen.grpc_port are both reserved here, so that port 0 becomes one port that
+    every worker binds (SO_REUSEPORT) and a port in use is refused before any worker starts."""
     check_workers(config, source, count)
     if config.state.backend == "memory":
         strategies = {m.strategy for m in config.models} & set(_PER_PROCESS_STATE)
@@ -67,7 +74,7 @@ def serve_workers(
             )  # fmt: skip
     shm = Path("/dev/shm")  # tmpfs: the shared counters never touch a disk
     run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=shm if shm.is_dir() else None))
-    reserved = None
+    reserved: list[socket.socket] = []
     layout = Layout(config, count)
     shared = None
     try:
@@ -76,14 +83,18 @@ def serve_workers(
         ints = shared.ints
         # Read by prometheus-client when each spawned worker imports it.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / METRICS_DIR)
-        reserved = reserve_port(config.listen.host, config.listen.port)
-        listen = config.listen.model_copy(update={"port": reserved.getsockname()[1]})
+        reserved.append(reserve_port(config.listen.host, config.listen.port))
+        ports: dict[str, int | None] = {"port": reserved[0].getsockname()[1]}
+        if config.listen.grpc_port is not None:
+            reserved.append(_reserve_grpc_port(config.listen.host, config.listen.grpc_port))
+            ports["grpc_port"] = reserved[1].getsockname()[1]
+        listen = config.listen.model_copy(update=ports)
         config = config.model_copy(update={"listen": listen})
         return supervise(
             _worker,
             (config, source, str(run_dir), count, log_level),
             count,
-            lambda urls: announce(urls[0]),
+            lambda urls: announce(urls[0], listen.grpc_port),
             stop_timeout=config.listen.drain_seconds + config.listen.shutdown_timeout + STOP_GRACE,
             on_exit=lambda index: worker_exited(ints, layout, index),
         )
@@ -91,9 +102,16 @@ def serve_workers(
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if shared is not None:
             shared.close()
-        if reserved is not None:
-            reserved.close()
+        for sock in reserved:
+            sock.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _reserve_grpc_port(host: str, port: int) -> socket.socket:
+    try:
+        return reserve_port(host, port)
+    except OSError as error:  # one line that says which of the two ports it is
+        raise OSError(error.errno, f"listen.grpc_port {port} (OIP gRPC): {error.strerror or error}") from None
 
 
 def _worker(

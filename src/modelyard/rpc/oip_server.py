@@ -254,15 +254,24 @@ async def _async(value: T) -> T:
 class OipServer:
     """GRPCInferenceService on `host:port` (port 0: any free port; `port` holds the bound one after
     start). `max_message_bytes` bounds a request message, as limits.max_body_bytes bounds a REST body,
-    and the JSON an infer call becomes."""
+    and the JSON an infer call becomes. `reuse_port`: bind with SO_REUSEPORT, to share the port with
+    the other workers of one group (their parent has checked that nothing else holds it); off, a
+    port in use is refused."""
 
     def __init__(
-        self, handler: OipHandler, host: str = "127.0.0.1", port: int = 0, *, max_message_bytes: int
+        self,
+        handler: OipHandler,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_message_bytes: int,
+        reuse_port: bool = False,
     ) -> None:
         self.host = host
         self.port = port
         self._handler = handler
         self._max_message_bytes = max_message_bytes
+        self._reuse_port = reuse_port
         self._server: aio.Server | None = None
 
     @property
@@ -272,9 +281,10 @@ class OipServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("OipServer already started")
-        # SO_REUSEPORT off: a second gateway on a port in use fails here instead of sharing it.
+        # SO_REUSEPORT off unless asked: a second gateway on a port in use fails here instead of
+        # sharing it.
         options = [
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self._reuse_port else 0),
             ("grpc.max_receive_message_length", self._max_message_bytes),
             ("grpc.max_send_message_length", -1),
         ]
