@@ -397,3 +397,13 @@ async def test_a_long_error_from_the_backend_is_cut(recorder):
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
     message = refused.value.message()
     assert message.startswith("eee") and message.endswith("...") and len(message) <= 1000
+
+
+async def test_the_routing_log_names_a_grpc_calls_request_id(gateway, client, http):
+    x = _input("x", np.ones(2, np.float32), "FP32")
+    await off_loop(client.infer, "echo", [x], headers={"x-request-id": "grpc-req-7"})
+    await off_loop(client.infer, "echo", [x])  # no id sent: the gateway makes one
+    async with http.get(gateway.url + "/admin/log") as response:
+        records = [r for r in (await response.json())["records"] if r["model"] == "echo"]
+    assert records[-2]["request_id"] == "grpc-req-7"
+    assert records[-1]["request_id"] not in ("", "grpc-req-7")

@@ -163,6 +163,7 @@ class Proxy:
             body,
             tokens,
             started,
+            lookup.get(REQUEST_ID_HEADER, ""),  # the routing log's: a gRPC call's, or a graph's caller's
         )
         cluster.budget.request_started()
         try:
