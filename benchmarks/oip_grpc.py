@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
-import statistics
 import struct
 import sys
 import tempfile
@@ -34,7 +33,8 @@ import aiohttp
 import grpc
 import orjson
 
-from common import Child, free_ports, nproc, wait_for_port
+from common import Child, free_ports, median, nproc, wait_for_port
+from modelyard.bench.report import percentile
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2_grpc as pb_grpc
 
@@ -94,11 +94,6 @@ async def load(send: Send, concurrency: int, seconds: float, requests: int) -> t
     return len(latencies) / (time.perf_counter() - began), latencies
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def measure(args: argparse.Namespace, sim_port: int, http_port: int, grpc_port: int) -> dict:
     values = [float(i) for i in range(args.elements)]
     body = orjson.dumps(
@@ -126,7 +121,7 @@ async def measure(args: argparse.Namespace, sim_port: int, http_port: int, grpc_
             for concurrency in args.concurrency:
                 for way, send in senders.items():
                     rps, latencies = await load(send, concurrency, args.seconds, args.requests)
-                    p50, p99 = percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000
+                    p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
                     results.setdefault((way, concurrency), []).append((rps, p50, p99))
                     print(
                         f"[round {round_ + 1}] {way:<13} c={concurrency:<3} {rps:>8.0f} req/s"
@@ -186,12 +181,12 @@ def main() -> int:
     print("| way | concurrency | req/s | p50 ms | p99 ms | added p50 vs rest-direct ms |")
     print("|--|--:|--:|--:|--:|--:|")
     for concurrency in args.concurrency:
-        direct = statistics.median(p50 for _, p50, _ in results[("rest-direct", concurrency)])
+        direct = median([p50 for _, p50, _ in results[("rest-direct", concurrency)]])
         for way in WAYS:
             runs = results[(way, concurrency)]
-            rps = statistics.median(r for r, _, _ in runs)
-            p50 = statistics.median(p for _, p, _ in runs)
-            p99 = statistics.median(p for _, _, p in runs)
+            rps = median([r for r, _, _ in runs])
+            p50 = median([p for _, p, _ in runs])
+            p99 = median([p for _, _, p in runs])
             print(f"| {way} | {concurrency} | {rps:,.0f} | {p50:.3f} | {p99:.3f} | {p50 - direct:+.3f} |")
     print()
     print(f"command: {command}")

@@ -196,8 +196,8 @@ def loaded_event_loop(pid: int) -> str:
 def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
     children: list[Child] = []
     try:
-        backend_ports = free_ports(3)
-        proxy_port, gateway_port = free_ports(2)
+        # One call for every port: a later call could hand out one already given, not yet bound.
+        *backend_ports, proxy_port, gateway_port, router_port = free_ports(6)
         backends = start_nginx(
             "backends (nginx)", tmp / "backends", backends_conf(tmp / "backends", backend_ports)
         )
@@ -207,6 +207,7 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
 
         urls = {"direct": f"http://127.0.0.1:{backend_ports[0]}{CHAT_PATH}"}
         meta: dict[str, Any] = {}
+        proxies: dict[str, int] = {}  # target -> pid whose process tree is the proxy under test
         if "nginx" in args.targets:
             proxy = start_nginx(
                 "proxy (nginx)", tmp / "proxy", proxy_conf(tmp / "proxy", proxy_port, backend_ports)
@@ -214,11 +215,8 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
             children.append(proxy)
             wait_for_port(proxy_port, proxy)
             urls["nginx"] = f"http://127.0.0.1:{proxy_port}{CHAT_PATH}"
-        proxies: dict[str, int] = {}  # target -> pid whose process tree is the proxy under test
-        if "nginx" in args.targets:
             proxies["nginx"] = proxy.proc.pid
         if "vllm-router" in args.targets:
-            router_port = free_ports(1)[0]
             router = Child(
                 "vllm-router",
                 [
@@ -288,7 +286,7 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
                     pid = proxies.get(target)
                     cpu = process_tree_cpu(pid) if pid else None
                     result = run_wrk(target, urls[target], script, conns, args.duration)
-                    if pid and cpu is not None:
+                    if cpu is not None:
                         result.cpu_s = process_tree_cpu(pid) - cpu
                     result.repeat = round_
                     runs.append(result)
@@ -308,6 +306,12 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
             child.stop()
 
 
+def _cpu_ms(runs: list[WrkResult]) -> float | None:
+    """The median proxy CPU milliseconds per request over the runs that measured it; None if none."""
+    per_request = [1000 * r.cpu_s / r.requests for r in runs if r.cpu_s is not None and r.requests]
+    return median(per_request) if per_request else None
+
+
 def summarize(runs: list[WrkResult], targets: list[str], concurrency: list[int]) -> list[dict[str, Any]]:
     rows = []
     for conns in concurrency:
@@ -319,11 +323,7 @@ def summarize(runs: list[WrkResult], targets: list[str], concurrency: list[int])
                 "p99": median([r.p99_ms for r in rs]),
                 "non_2xx": sum(r.non_2xx_3xx for r in rs),
                 "socket": sum(sum(r.socket_errors.values()) for r in rs),
-                "cpu_ms": median(
-                    [1000 * r.cpu_s / r.requests for r in rs if r.cpu_s is not None and r.requests]
-                )
-                if any(r.cpu_s is not None and r.requests for r in rs)
-                else None,
+                "cpu_ms": _cpu_ms(rs),
                 "runs": len(rs),
             }
             for t, rs in group.items()

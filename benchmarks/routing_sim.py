@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from modelyard.balancing import RoutingContext, build_strategy
+from modelyard.balancing import Need, RoutingContext, build_strategy
 from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
 from modelyard.bench import PROFILES, BenchRequest, WorkloadSpec, build_requests
 from modelyard.bench.spawn import gateway_config
@@ -33,6 +33,7 @@ from modelyard.bench.workload import cacheable_share, prompt_tokens
 from modelyard.config import ModelConfig
 from modelyard.protocols.openai import routing_request
 from modelyard.simworker.latency import PrefixCache, block_hashes
+from modelyard.types import RoutingRequest
 
 BLOCK_TOKENS = 16
 OVERHEAD = 0.002  # seconds per request outside the server's prefill and decode (HTTP, parsing)
@@ -59,7 +60,7 @@ class Job:
     prompt: str  # as the gateway sees it
     tokens: int  # as the server counts them
     blocks: list[bytes]
-    body: dict[str, object]
+    request: RoutingRequest  # the body as the gateway parses it, once per job
 
 
 class Cluster:
@@ -112,16 +113,18 @@ class Strategy(Router):
         self.index = PrefixIndex(self.params.chunk_chars, self.params.max_chunks_per_endpoint)
         self.service = ServiceModel()
         self.flights = Flights()
-        self.sent: dict[int, tuple[str, int, float, bool]] = {}  # job -> (worker, uncached, sent, idle)
+        # job -> (worker, its prompt chunks, uncached characters, when sent, whether the worker was idle)
+        self.sent: dict[int, tuple[str, list[int], int, float, bool]] = {}
         self.picked: dict[int, tuple[str, bool | None]] = {}  # job -> (worker, kv_aware's cache hit)
         self.chunk_chars = self.params.chunk_chars
-        self.prefix = "prefix" in {n.value for n in self.strategy.needs}
+        self.prefix = Need.PREFIX in self.strategy.needs
 
     def pick(self, cluster: Cluster, jobs: Sequence[Job], index: int, now: float, rng: random.Random) -> int:
         job = jobs[index]
-        request = routing_request(orjson.dumps(job.body), "chat")
+        request = job.request
         names = [w.name for w in cluster.workers]
         held = waits = line = None
+        chunks: list[int] = []
         if self.prefix:
             chunks = self.index.chunks(request.prompt)
             held = self.index.matches(chunks, names)
@@ -146,7 +149,7 @@ class Strategy(Router):
             assert held is not None
             uncached = max(0, len(request.prompt) - held[name] * self.chunk_chars)
             expected = line[0] * uncached + line[1] if line is not None else 0.0
-            self.sent[index] = (name, uncached, now, self.flights.count(name) < self.params.slots)
+            self.sent[index] = (name, chunks, uncached, now, self.flights.count(name) < self.params.slots)
             self.flights.start(name, index, now, expected)
         return pick.index
 
@@ -155,9 +158,9 @@ class Strategy(Router):
         if not cache_hit:  # proxy._remember: a miss (a new prefix, or the guard's detour) remembers
             self.affinity[job.prompt[: self.prefix_chars]] = name
         if index in self.sent:
-            name, uncached, sent, idle = self.sent.pop(index)
+            name, chunks, uncached, sent, idle = self.sent.pop(index)
             self.flights.end(name, index)
-            self.index.record(self.index.chunks(job.prompt), name)  # after the 2xx answer
+            self.index.record(chunks, name)  # after the 2xx answer
             if idle:
                 self.service.observe(uncached, now - sent)
 
@@ -194,16 +197,9 @@ def simulate(
     shape = PROFILES[args.profile].sims
     jobs = []
     for r in requests:
-        body = r.body("m", spec)
+        request = routing_request(orjson.dumps(r.body("m", spec)), "chat")
         tokens = prompt_tokens(r)
-        jobs.append(
-            Job(
-                routing_request(orjson.dumps(body), "chat").prompt,
-                len(tokens),
-                block_hashes(tokens, BLOCK_TOKENS),
-                body,
-            )
-        )
+        jobs.append(Job(request.prompt, len(tokens), block_hashes(tokens, BLOCK_TOKENS), request))
     workers = [Worker(f"w{i}", PrefixCache(shape.cache_blocks), args.slots) for i in range(args.workers)]
     cluster = Cluster(
         workers, shape.prefill_ms_per_token / 1000, shape.decode_ms_per_token / 1000, spec.output_tokens

@@ -34,6 +34,7 @@ StrategyName = Literal[
 STRATEGY_NAMES: tuple[str, ...] = StrategyName.__args__  # type: ignore[attr-defined]
 
 ENV_PREFIX = "MODELYARD_"
+MAX_WORKERS = 512  # listen.workers, "auto" included
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -94,11 +95,11 @@ class ListenConfig(_Strict):
     shutdown_timeout: Seconds = Field(
         20.0, description="after the drain: how long requests in flight may take before they are cancelled"
     )
-    workers: Annotated[int, Field(ge=1, le=512)] | Literal["auto"] = Field(
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"] = Field(
         1,
         description="gateway processes serving this port (SO_REUSEPORT), sharing in-flight counts, "
         "health verdicts, admin changes and /metrics; auto = one per CPU the process may run on "
-        "(its CPU affinity), at most 512",
+        f"(its CPU affinity), at most {MAX_WORKERS}",
     )
 
 

@@ -19,6 +19,8 @@
     ├── RequestTimeout                  408 (the request head took longer than listen.header_timeout)
     ├── PayloadTooLarge                 413 request_too_large
     ├── Overloaded                      429 rate_limit_error (with Retry-After)
+    ├── ChangeNotShared                 503 (an admin change the other workers could not be given:
+    │                                        not applied anywhere)
     ├── UpstreamError                   502 upstream_error
     │   ├── UpstreamUnreachable         502 (connect failed: nothing was sent, safe to try elsewhere)
     │   ├── UpstreamClosed              502 (the server closed the connection before any answer byte)
@@ -27,6 +29,8 @@
     │   ├── ModelServerRefused          502 (an inference server's repository API answered an error;
     │   │                                    the message carries its status and error text)
     │   └── UpstreamTimeout             504 upstream_timeout
+    ├── ModelServerAnswered             (the server's status: a model server's error answer to an
+    │                                    OIP gRPC call, carried to its gRPC code)
     ├── NoHealthyEndpoint               503 service_unavailable
     ├── ModelNotPlaced                  503 (applied to the scheduler, not yet Available; Retry-After)
     ├── SchedulerUnavailable            503 (the scheduler or an agent stream could not be reached)
@@ -224,6 +228,15 @@ class ModelServerRefused(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+class ModelServerAnswered(ModelyardError):
+    """A model server answered an OIP call (made for a gRPC client) with an error: `status` is the
+    server's, so the gRPC code is the one its answer stands for."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class NoHealthyEndpoint(ModelyardError):

@@ -71,10 +71,6 @@ class PrefixIndex:
         while len(held) > self.capacity:  # bounded: one removal per round
             held.popitem(last=False)
 
-    def forget(self, endpoint: str) -> None:
-        """The endpoint went away (or restarted): nothing of it is known."""
-        self._held.pop(endpoint, None)
-
     def keep_only(self, endpoints: Iterable[str]) -> None:
         keep = set(endpoints)
         for endpoint in [e for e in self._held if e not in keep]:
@@ -132,7 +128,11 @@ class Flights:
         self._flights: dict[str, dict[int, tuple[float, float]]] = {}
 
     def start(self, endpoint: str, key: int, now: float, expected: float) -> None:
-        self._flights.setdefault(endpoint, {})[key] = (now, expected)
+        """Callers pass a non-decreasing `now` (monotonic time), so each endpoint's flights stay in
+        the order they were sent; a key started again moves to the end."""
+        flights = self._flights.setdefault(endpoint, {})
+        flights.pop(key, None)
+        flights[key] = (now, expected)
 
     def end(self, endpoint: str, key: int) -> None:
         flights = self._flights.get(endpoint)
@@ -144,11 +144,12 @@ class Flights:
 
     def wait(self, endpoint: str, now: float, slots: int = 1) -> float:
         """Seconds until the endpoint has a free slot, as expected: the flights, in the order they
-        were sent, each take the slot that frees first."""
+        were sent, each take the slot that frees first. That order is insertion order, since
+        `start` is called with a non-decreasing `now`: no sort here, on the routing path."""
         flights = self._flights.get(endpoint)
         if not flights or len(flights) < slots:
             return 0.0
         lanes = [float("-inf")] * slots
-        for sent, expected in sorted(flights.values()):
+        for sent, expected in flights.values():
             heapq.heapreplace(lanes, max(lanes[0], sent) + expected)
         return max(0.0, lanes[0] - now)

@@ -182,16 +182,17 @@ class PrefixAware:
         matched = [held.get(e.name, 0) for e in endpoints]
         # Until the servers' speed is learnt, a busier endpoint's queue cannot be weighed against
         # the prefill it saves: the cache decides among the least loaded only.
-        learnt = ctx.service is not None and ctx.waits is not None
+        service, waits = ctx.service, ctx.waits
+        learnt = (service, waits) if service is not None and waits is not None else None
         ceiling = min(loads) + (self.margin if learnt else 0)
         eligible = [i for i, load in enumerate(loads) if load <= ceiling]
-        if ctx.service is not None and ctx.waits is not None and len(eligible) > 1:
+        if learnt and len(eligible) > 1:
             # The endpoint where this request would finish first: its queue, then the prefill of
             # what it does not hold (the base cost is the same everywhere).
-            per_char, _base = ctx.service
+            (per_char, _base), queued = learnt
             chars = len(ctx.request.prompt)
             finish = {
-                i: ctx.waits.get(endpoints[i].name, 0.0)
+                i: queued.get(endpoints[i].name, 0.0)
                 + per_char * max(0, chars - matched[i] * self.chunk_chars)
                 for i in eligible
             }

@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 
 from modelyard.bench.workload import SimShape
+from modelyard.config import PrefixAwareConfig
 from modelyard.errors import ModelyardError
 
 MODEL = "bench"
@@ -55,7 +56,9 @@ def gateway_config(
     prefix_aware told what the workers are: its index sized like their prefix caches, its queue
     model given their request slots."""
     cache_chars = sims.cache_blocks * sims.block_tokens * _CHARS_PER_TOKEN
-    chunk_chars = 64
+    chunk = (prefix_aware or {}).get("chunk_chars")
+    # Size the index with the chunk size the gateway will use (a bad override: the gateway says so).
+    chunk_chars = chunk if isinstance(chunk, int) and chunk >= 1 else PrefixAwareConfig().chunk_chars
     sized: dict[str, object] = {
         "chunk_chars": chunk_chars,
         "max_chunks_per_endpoint": max(1, cache_chars // chunk_chars),

@@ -155,13 +155,13 @@ def bench(
             else "options"
         )
         _fail(f"{flag}: {problem['msg']}")
-    sims = SimShape(
-        max_concurrency=slots if slots is not None else sims.max_concurrency,
-        prefill_ms_per_token=prefill_ms if prefill_ms is not None else sims.prefill_ms_per_token,
-        decode_ms_per_token=decode_ms if decode_ms is not None else sims.decode_ms_per_token,
-        cache_blocks=cache_blocks if cache_blocks is not None else sims.cache_blocks,
-        block_tokens=sims.block_tokens,
-    )
+    shape: dict[str, Any] = {
+        "max_concurrency": slots,
+        "prefill_ms_per_token": prefill_ms,
+        "decode_ms_per_token": decode_ms,
+        "cache_blocks": cache_blocks,
+    }
+    sims = replace(sims, **{k: v for k, v in shape.items() if v is not None})
     if runs < 1:
         _fail("--runs: must be at least 1")
     if gateway_workers < 1:

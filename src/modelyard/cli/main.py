@@ -122,13 +122,13 @@ def serve(
             run(_serve_demo(base))
             return
         loaded = load_config(config, overrides=overrides)
-        graphs = load_config_graphs(loaded, str(config) if config is not None else "<defaults>")
+        source = str(config) if config is not None else "<defaults>"
+        graphs = load_config_graphs(loaded, source)
         if print_config:
             typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False))
             return
         count = worker_count(loaded)
         if count > 1:
-            source = str(config) if config is not None else "<defaults>"
             announce = _announce(loaded, graphs, count)
             code = serve_workers(loaded, source, count, announce, log_level)
             if code:
@@ -145,7 +145,7 @@ def serve(
 def _announce(
     config: GatewayConfig, graphs: dict[str, Graph], count: int
 ) -> Callable[[str, int | None], None]:
-    counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
+    counts = _counts(config, graphs)
 
     def announce(url: str, grpc_port: int | None) -> None:
         typer.echo(f"modelyard gateway listening on {url} ({counts}, {count} workers)")
@@ -156,13 +156,18 @@ def _announce(
 
 async def _serve(config: GatewayConfig, graphs: dict[str, Graph]) -> None:
     gateway = await start_gateway(config, graphs=graphs)
-    counts = f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
+    counts = _counts(config, graphs)
     if config.placement.scheduler:
         placed = len(gateway.app[GATEWAY].placed.models)
         counts += f", following {config.placement.scheduler}: {_count(placed, 'placed model')}"
     typer.echo(f"modelyard gateway listening on {gateway.url} ({counts})")
     _echo_grpc(gateway.host, gateway.grpc_port)
     await serve_until_signal([gateway.server], gateway.stop)
+
+
+def _counts(config: GatewayConfig, graphs: dict[str, Graph]) -> str:
+    """What a gateway serves, for the line that says it listens: "2 models, 1 graph"."""
+    return f"{_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')}"
 
 
 def _echo_grpc(host: str, grpc_port: int | None) -> None:

@@ -35,6 +35,11 @@ def observe(state: HealthState, ok: bool, limits: HealthThresholds, error: str =
     return HealthState(healthy, failures, 0, error, True)
 
 
+def passed() -> HealthState:
+    """The state a passing check gives an endpoint it brings in (or keeps in): healthy, no error."""
+    return HealthState(True, 0, 1, "", True)
+
+
 def ejected(error: str) -> HealthState:
     """A passive failure (the connection was refused mid-request): out until a probe succeeds."""
     return HealthState(False, 1, 0, error, True)

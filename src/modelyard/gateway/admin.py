@@ -23,7 +23,7 @@ from modelyard.config import STRATEGY_NAMES
 from modelyard.documents import DocumentError, parse_document, parse_documents
 from modelyard.errors import BadRequest, GraphInvalid, Unauthorized
 from modelyard.gateway.cluster import Cluster
-from modelyard.gateway.gateway import GATEWAY, Gateway, routes_document
+from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.inference import json_response, read_body
 from modelyard.gateway.overview import overview
 from modelyard.gateway.routing_log import RoutingRecord
@@ -110,7 +110,8 @@ async def put_strategy(request: web.Request) -> web.Response:
 
 
 def _routes_view(cluster: Cluster) -> dict[str, object]:
-    return {"model": cluster.name, "routes": routes_document(cluster), "subsets": cluster.subset_names}
+    routes = [r.model_dump(mode="json", exclude_defaults=True) for r in cluster.config.routes]
+    return {"model": cluster.name, "routes": routes, "subsets": cluster.subset_names}
 
 
 async def get_routes(request: web.Request) -> web.Response:

@@ -29,10 +29,10 @@ from modelyard.balancing.routes import (
     select_route,
     validate_routes,
 )
-from modelyard.cluster import Abortable, BackendLoad, Endpoint, HealthState, HealthThresholds, Load, observe
+from modelyard.cluster import Abortable, BackendLoad, Endpoint, HealthThresholds, Load, observe
 from modelyard.cluster.budget import RetryBudget
 from modelyard.cluster.canary import CanaryStats
-from modelyard.cluster.health import ejected
+from modelyard.cluster.health import ejected, passed
 from modelyard.cluster.outlier import OutlierState, decide, routable
 from modelyard.cluster.outlier import observe as observe_outcome
 from modelyard.config import EndpointConfig, ModelConfig, RouteConfig
@@ -127,10 +127,8 @@ class Cluster:
         }
         # Tries still running on a removed endpoint finish as they are; nobody aborts them now.
         self._awaiting = {e: f for e, f in self._awaiting.items() if e in endpoints}
-        self.prefixes.keep_only(e.name for e in endpoints)
-        for endpoint in endpoints:
-            if endpoint.name not in stayed:  # new, or the same name at another URL: nothing cached
-                self.prefixes.forget(endpoint.name)
+        # A new endpoint, or the same name at another URL, starts with nothing cached.
+        self.prefixes.keep_only(stayed)
         self.endpoints = tuple(endpoints)
         self._vanished = (self._vanished | set(self._subsets)) - set(subsets)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}
@@ -310,7 +308,7 @@ class Cluster:
         before = endpoint.health.healthy
         if healthy == before and endpoint.health.checked:
             return
-        endpoint.health = HealthState(healthy, 0 if healthy else 1, 1 if healthy else 0, error, True)
+        endpoint.health = passed() if healthy else ejected(error)
         if before and not healthy:
             self._abort_awaiting(endpoint, error or "unhealthy")
 
@@ -363,7 +361,7 @@ class Cluster:
             "routes": [route.name for route in self.config.routes],
             "panic_subsets": sorted(self.panicking),
             "queued": len(self.capacity),
-            "max_pending_requests": self.config.circuit_breakers.max_pending_requests,
+            "max_pending_requests": self.capacity.config.max_pending_requests,
             "active_requests": self.budget.active,
             "retries_in_flight": self.budget.retrying,
             "endpoints": [self._describe_endpoint(e, now) for e in self.endpoints],
@@ -373,8 +371,6 @@ class Cluster:
         health = endpoint.health
         outlier = self.outliers.get(endpoint.name, _NEVER_EJECTED)
         until = outlier.ejected_until
-        limit = self.config.circuit_breakers.max_requests
-        full = limit > 0 and endpoint.in_flight >= limit
         return {
             "name": endpoint.name,
             "url": endpoint.url,
@@ -388,12 +384,15 @@ class Cluster:
             "in_flight": endpoint.in_flight,
             "outstanding_tokens": endpoint.outstanding_tokens,
             "ejection": {
-                "ejected": until is not None,
+                "ejected": outlier.ejected,
                 "seconds_left": None if until is None else round(max(0.0, until - now), 3),
                 "ejections": outlier.ejections,
                 "consecutive_failures": outlier.consecutive_failures,
             },
             # Envoy's circuit breaker: open while the endpoint has max_requests in flight (0: no limit).
-            "circuit": {"state": "open" if full else "closed", "max_requests": limit},
-            "routable": health.healthy and until is None,
+            "circuit": {
+                "state": "closed" if self.capacity.has_room(endpoint) else "open",
+                "max_requests": self.capacity.config.max_requests,
+            },
+            "routable": health.healthy and not outlier.ejected,
         }

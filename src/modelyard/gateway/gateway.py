@@ -15,7 +15,7 @@ from aiohttp import web
 from modelyard.balancing import Need
 from modelyard.cluster import Load
 from modelyard.config import GatewayConfig, ModelConfig
-from modelyard.errors import ModelNotFound, ModelyardError
+from modelyard.errors import ModelNotFound, ModelyardError, Overloaded
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
@@ -23,7 +23,7 @@ from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import Proxy
-from modelyard.gateway.siblings import Siblings
+from modelyard.gateway.siblings import Siblings, find_endpoint
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.serving import ListenerStats
 from modelyard.state import SharedState, open_state
@@ -31,6 +31,12 @@ from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 from modelyard.upstream.scrape import ResourceScraper
+
+FOLLOW_SECONDS = 0.05
+VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
+_NOTHING = object()
+T = TypeVar("T")
+log = logging.getLogger("modelyard.gateway")
 
 
 class Gateway:
@@ -77,13 +83,13 @@ class Gateway:
             random.Random(seed),
             share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
         )
-        leader = siblings is None or siblings.leader
+        # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
+        self._leader = siblings is None or siblings.leader
         self.health = HealthChecker(
             self.clusters.values(),
             self.pool,
-            on_probe=siblings.publish_probe if siblings is not None and leader else None,
+            on_probe=siblings.publish_probe if siblings is not None and self._leader else None,
         )
-        self._probes = leader  # the other workers adopt the leader's verdicts instead
         self._applied: dict[tuple[str, str], object] = {}  # (section, key) -> the admin change applied
         self._following: asyncio.Task[None] | None = None
         self._listener: ListenerStats | None = None
@@ -151,6 +157,19 @@ class Gateway:
             raise ModelNotFound(name, {*self.clusters, *self.placed.models})
         return cluster
 
+    def admit(self, name: str | None) -> Cluster:
+        """The model's cluster, if a request for it could be taken now: ModelNotFound (or the
+        placement error) for an unknown model, Overloaded (counted) when every endpoint is full.
+        Lets a server refuse before reading (or converting) a body."""
+
+        cluster = self.cluster(name)
+        try:
+            cluster.capacity.refuse_if_full(cluster.endpoints)
+        except Overloaded:
+            self.metrics.overloaded.labels(cluster.name).inc()
+            raise
+        return cluster
+
     def set_strategy(self, cluster: Cluster, name: object) -> None:
         """Switch a model's strategy at runtime, starting what the new one needs."""
         cluster.set_strategy(name)
@@ -177,11 +196,11 @@ class Gateway:
         return result
 
     async def start(self) -> None:
-        if self._probes:
+        if self._leader:
             await self.health.check_once()  # serve with real health from the first request
             self.health.start()
         if self.siblings is not None:
-            if not self._probes:
+            if not self._leader:
                 await self._await_verdicts(self.siblings)
             self._follow_once(self.siblings)  # what the others decided so far, before serving
             self._following = asyncio.create_task(self._follow(self.siblings), name="siblings")
@@ -221,9 +240,9 @@ class Gateway:
         leader alone scrapes and publishes each snapshot; the others adopt them (`_follow_once`)."""
         if Need.RESOURCES not in cluster.strategy.needs or cluster.name in self.scrapers:
             return
-        siblings = self.siblings
-        if siblings is not None and not siblings.leader:
+        if not self._leader:
             return  # the leader scrapes for every worker; this one adopts its snapshots (_follow)
+        siblings = self.siblings
         client = Http1Client(max_connections=2, connect_timeout=self.config.upstream.connect_timeout)
         scraper = ResourceScraper(
             lambda: cluster.endpoints, client, cluster.config.resource_aware,
@@ -257,13 +276,13 @@ class Gateway:
             await asyncio.sleep(FOLLOW_SECONDS)
 
     def _follow_once(self, siblings: Siblings) -> None:
-        if not self._probes:
+        if not self._leader:
             siblings.adopt_probes(self.clusters)
             siblings.adopt_resources(self.clusters)
         else:  # a connection another worker saw refused: out here and published, probed soon
             for model, name in siblings.suspected():
                 cluster = self.clusters.get(model)
-                endpoint = next((e for e in cluster.endpoints if e.name == name), None) if cluster else None
+                endpoint = find_endpoint(cluster, name)
                 if cluster is not None and endpoint is not None:
                     cluster.record_connection_failure(endpoint, "connection refused (seen by another worker)")
         changes = siblings.admin_changes()
@@ -300,14 +319,4 @@ class Gateway:
             log.warning("could not apply another worker's change to the %s: %s", what, exc)
 
 
-def routes_document(cluster: Cluster) -> list[dict[str, Any]]:
-    """A model's routes as admin shows and the workers of a gateway share them."""
-    return [r.model_dump(mode="json", exclude_defaults=True) for r in cluster.config.routes]
-
-
-FOLLOW_SECONDS = 0.05
-VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
-_NOTHING = object()
-T = TypeVar("T")
-log = logging.getLogger("modelyard.gateway")
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
-from modelyard.errors import BadRequest, Overloaded, PayloadTooLarge
+from modelyard.errors import BadRequest, PayloadTooLarge
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
 from modelyard.protocols import oip, openai
@@ -88,12 +88,7 @@ def refuse_unsafe_path(request: web.Request) -> None:
 async def oip_infer(request: web.Request) -> web.StreamResponse:
     refuse_unsafe_path(request)
     gateway = request.app[GATEWAY]
-    cluster = gateway.cluster(request.match_info["name"])
-    try:
-        cluster.capacity.refuse_if_full(cluster.endpoints)  # the model is in the path: before the body
-    except Overloaded:
-        gateway.metrics.overloaded.labels(cluster.name).inc()
-        raise
+    cluster = gateway.admit(request.match_info["name"])  # the model is in the path: before the body
     body = await read_body(request)
     routing = oip.routing_request(
         cluster.name, body, request.headers, affinity_chars=cluster.config.kv_aware.prefix_chars

@@ -4,16 +4,14 @@ capacity and metrics), by making the REST call (`Proxy.call`) a backend would ge
 
 Every backend is reached over REST: the gRPC request arrives here as OIP's JSON body (rpc/
 translates it) and the JSON answer goes back to rpc/ to become a gRPC message. A backend's error
-answer becomes a modelyard error carrying its status and message (cut to `MAX_ERROR_CHARS`: gRPC
-carries it in a header), which rpc/ maps to a gRPC code. The call's metadata goes to the backend as
+answer becomes `ModelServerAnswered`, carrying its status and message, which rpc/ maps to a gRPC code
+(and cuts to fit the header gRPC carries it in). The call's metadata goes to the backend as
 the REST path's headers do (`forwarded_request_headers`: no hop-by-hop or framing headers), with an
 X-Request-Id: the caller's `x-request-id` metadata, else one made here.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -21,7 +19,7 @@ from urllib.parse import quote
 import orjson
 
 from modelyard import __version__
-from modelyard.errors import BadRequest, ModelyardError, NoHealthyEndpoint, Overloaded, UpstreamError
+from modelyard.errors import BadRequest, ModelServerAnswered, NoHealthyEndpoint, UpstreamError
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.proxy import REQUEST_ID_HEADER
@@ -29,7 +27,6 @@ from modelyard.upstream import forwarded_request_headers
 
 _JSON = ("Content-Type", "application/json")
 _REQUEST_ID = REQUEST_ID_HEADER.lower()
-MAX_ERROR_CHARS = 1000
 
 
 class GatewayOip:
@@ -38,9 +35,6 @@ class GatewayOip:
     def __init__(self, gateway: Gateway, draining: Callable[[], bool]) -> None:
         self._gateway = gateway
         self._draining = draining
-        # Request ids as the proxy makes them: a random per-handler prefix and a counter.
-        self._id_prefix = os.urandom(8).hex()
-        self._id_counter = itertools.count(1)
 
     def ready(self) -> bool:
         return not self._draining() and all(c.ready for c in self._gateway.clusters.values())
@@ -64,13 +58,7 @@ class GatewayOip:
     def admit(self, model: str) -> None:
         """ModelNotFound (or the placement error) for an unknown model, Overloaded when every
         endpoint is full: checked before rpc/ converts the call's tensors."""
-        gateway = self._gateway
-        cluster = gateway.cluster(model)
-        try:
-            cluster.capacity.refuse_if_full(cluster.endpoints)
-        except Overloaded:
-            gateway.metrics.overloaded.labels(cluster.name).inc()
-            raise
+        self._gateway.admit(model)
 
     async def infer(
         self, model: str, version: str, body: dict[str, Any], headers: Sequence[tuple[str, str]]
@@ -85,12 +73,12 @@ class GatewayOip:
     async def _call(
         self, cluster: Cluster, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
     ) -> tuple[int, bytes]:
-        request_id = next((v for k, v in headers if k.lower() == _REQUEST_ID), "") or self._new_request_id()
+        request_id = (
+            next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
+            or self._gateway.proxy.new_request_id()
+        )
         sent = forwarded_request_headers(headers, request_id)
         return await self._gateway.proxy.call(cluster, method, path, sent, body)
-
-    def _new_request_id(self) -> str:
-        return f"{self._id_prefix}{next(self._id_counter):016x}"
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:
@@ -115,8 +103,4 @@ def _answer(status: int, data: bytes) -> object:
     message = body.get("error") if isinstance(body, dict) else None
     if not isinstance(message, str) or not message:
         message = data.decode(errors="replace")[:500] or f"the model server answered {status}"
-    if len(message) > MAX_ERROR_CHARS:
-        message = message[: MAX_ERROR_CHARS - 3] + "..."
-    error = ModelyardError(message)
-    error.status = status  # the server's status decides the gRPC code
-    raise error
+    raise ModelServerAnswered(status, message)  # the server's status decides the gRPC code

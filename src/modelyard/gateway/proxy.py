@@ -77,6 +77,7 @@ class Proxy:
         if Need.AFFINITY in cluster.strategy.needs:
             key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
             remembered = await self._state.get(key)
+        now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
         chunks: list[int] | None = None
         held: dict[str, int] | None = None
         waits: dict[str, float] | None = None
@@ -86,10 +87,9 @@ class Proxy:
             held = cluster.prefixes.matches(chunks, (e.name for e in cluster.endpoints))
             line = cluster.service.line()
             if line is not None:
-                now = time.monotonic()
                 slots = cluster.config.prefix_aware.slots
                 waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
-        request_id = request.headers.get(REQUEST_ID_HEADER) or self._new_request_id()
+        request_id = request.headers.get(REQUEST_ID_HEADER) or self.new_request_id()
         request[REQUEST_ID] = request_id
         ex = Exchange(
             cluster,
@@ -99,7 +99,7 @@ class Proxy:
                 routing,
                 cluster.next_seq(),
                 remembered,
-                now=time.monotonic(),
+                now=now,
                 prefix=held,
                 waits=waits,
                 service=line,
@@ -195,7 +195,8 @@ class Proxy:
             self._attempts.finish(ex, attempt, CLIENT_CLOSED)
             raise
 
-    def _new_request_id(self) -> str:
+    def new_request_id(self) -> str:
+        """A fresh request id, for a request that came without one (HTTP here, gRPC in oip_grpc)."""
         return f"{self._id_prefix}{next(self._id_counter):016x}"
 
 

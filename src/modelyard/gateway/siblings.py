@@ -146,14 +146,19 @@ class Layout:
 def worker_exited(ints: memoryview, layout: Layout, index: int) -> None:
     """The supervising process reaped worker `index`: what it had in flight has ended, and its
     listener counters move to the base (the one writer of the base; the worker is gone)."""
-    for slot in range(len(layout.urls)):
-        at = layout.load_row(slot, index)
-        ints[at] = ints[at + 1] = 0
+    _clear_loads(ints, layout, index)
     row = layout.listener_at + index * _LISTENER_FIELDS
     ints[row] = 0  # open connections: closed with the process
     for field in range(1, _LISTENER_FIELDS):
         ints[layout.listener_base_at + field] += ints[row + field]
         ints[row + field] = 0
+
+
+def _clear_loads(ints: memoryview, layout: Layout, index: int) -> None:
+    """Worker `index`'s in-flight count and tokens on every server, back to zero."""
+    for slot in range(len(layout.urls)):
+        at = layout.load_row(slot, index)
+        ints[at] = ints[at + 1] = 0
 
 
 class SharedLoad:
@@ -186,6 +191,11 @@ class SharedLoad:
         ints[mine + 1] -= tokens
 
 
+def find_endpoint(cluster: Cluster | None, name: str) -> Endpoint | None:
+    """The endpoint of `cluster` named `name`; None without either."""
+    return next((e for e in cluster.endpoints if e.name == name), None) if cluster is not None else None
+
+
 class Siblings:
     def __init__(self, config: GatewayConfig, index: int, count: int, run_dir: Path) -> None:
         self.index, self.count = index, count
@@ -200,17 +210,8 @@ class Siblings:
         # Refusals reported before this worker started (a restarted leader) were dealt with then.
         self._suspects_seen = {slot: self._suspicions(slot) for slot in self.layout.probes.values()}
         self._admin_seen = 0
-        self._clear_own_row()
-
-    def _clear_own_row(self) -> None:
-        """A worker started again after a crash: what its predecessor had in flight has ended."""
-        for slot in range(len(self.layout.urls)):
-            start = self.layout.load_row(slot, self.index)
-            self._ints[start] = self._ints[start + 1] = 0
-
-    def close(self) -> None:
-        """Nothing to release: the loads handed out use the shared map until the process exits
-        (which unmaps it), requests still finishing included."""
+        # A worker started again after a crash: what its predecessor had in flight has ended.
+        _clear_loads(self._ints, self.layout, index)
 
     # --- loads ----------------------------------------------------------------------------------
 
@@ -275,7 +276,7 @@ class Siblings:
                 continue
             seen[slot] = seq
             cluster = clusters.get(model)
-            endpoint = next((e for e in cluster.endpoints if e.name == name), None) if cluster else None
+            endpoint = find_endpoint(cluster, name)
             if cluster is not None and endpoint is not None:
                 cluster.adopt_health(endpoint, bool(ints[at + 1]), "failed the health check")
 
@@ -302,8 +303,7 @@ class Siblings:
             if read is None:  # unpublished, or being written: next round
                 continue
             seen[slot], snapshot = read
-            cluster = clusters.get(model)
-            endpoint = next((e for e in cluster.endpoints if e.name == name), None) if cluster else None
+            endpoint = find_endpoint(clusters.get(model), name)
             if endpoint is not None:
                 endpoint.resources = snapshot
 

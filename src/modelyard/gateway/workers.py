@@ -15,7 +15,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from modelyard.config import GatewayConfig
+from modelyard.config import MAX_WORKERS, GatewayConfig
 from modelyard.errors import ConfigError
 from modelyard.gateway.server import start_gateway
 from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
@@ -27,13 +27,11 @@ log = logging.getLogger("modelyard.gateway")
 
 _PER_PROCESS_STATE = ("kv_aware", "prefix_aware")
 
-
-MAX_WORKERS = 512  # as listen.workers allows
 STOP_GRACE = 5.0  # seconds past drain_seconds + shutdown_timeout before workers still running are killed
 
 
 def worker_count(config: GatewayConfig) -> int:
-    """listen.workers; auto: one per CPU this process may run on (its affinity), at most 512."""
+    """listen.workers; auto: one per CPU this process may run on (its affinity), at most MAX_WORKERS."""
     workers = config.listen.workers
     if workers != "auto":
         return workers
@@ -44,13 +42,9 @@ def worker_count(config: GatewayConfig) -> int:
 
 def check_workers(config: GatewayConfig, source: str, count: int) -> None:
     """What the workers cannot share yet: refused with a config error, before anything starts."""
-    problems = []
     if config.placement.scheduler:
-        problems.append(
-            "listen.workers: placement.scheduler (placed models) works with one worker only for now"
-        )
-    if problems:
-        raise ConfigError(source, [f"{p} (got {count} workers)" for p in problems])
+        problem = "listen.workers: placement.scheduler (placed models) works with one worker only for now"
+        raise ConfigError(source, [f"{problem} (got {count} workers)"])
 
 
 def serve_workers(

@@ -44,8 +44,10 @@ _STRUCT_CODES = {
     "FP32": "f",
     "FP64": "d",
 }
-_ITEM_SIZES = {name: struct.calcsize("<" + code) for name, code in _STRUCT_CODES.items()} | {"BF16": 2}
-BINARY_DATATYPES = frozenset(_ITEM_SIZES) | {"BYTES"}
+# datatype -> bytes per element (BYTES is length-prefixed, apart).
+ITEM_SIZES = {name: struct.calcsize("<" + code) for name, code in _STRUCT_CODES.items()} | {"BF16": 2}
+BINARY_DATATYPES = frozenset(ITEM_SIZES) | {"BYTES"}
+MAX_DATA_DEPTH = 32
 _FLOAT_CODES = frozenset("efd")
 
 
@@ -53,12 +55,9 @@ def routing_request(
     model: str, body: bytes, headers: Mapping[str, str], *, affinity_chars: int
 ) -> RoutingRequest:
     length = binary_header_length(headers)
-    if length is None:
-        json_part = body
-        fields = parse_json_object(json_part)
-    else:
-        json_part, tail = split_binary(body, length)
-        fields = parse_json_object(json_part)
+    json_part, tail = (body, None) if length is None else split_binary(body, length)
+    fields = parse_json_object(json_part)
+    if tail is not None:  # a plain JSON body's inputs are not walked: they are the server's
         binary_input_spans(fields, len(tail))  # the sizes must add up; the tensors are the server's
     # Tensors have no prompt; the leading bytes of the request stand in for one so that
     # identical inputs share affinity under kv_aware.
@@ -217,12 +216,30 @@ def _text(element: object) -> object:
 # Tensors ---------------------------------------------------------------------------------------
 
 
+def flatten(data: object) -> list[object]:
+    """A tensor's `data` (nested lists, row-major) flat; ValueError when it is nested deeper than
+    `MAX_DATA_DEPTH` levels."""
+    out: list[object] = []
+    _flatten_into(data, out, 0)
+    return out
+
+
+def _flatten_into(data: object, out: list[object], depth: int) -> None:
+    if depth > MAX_DATA_DEPTH:
+        raise ValueError(f"data nested deeper than {MAX_DATA_DEPTH} levels")
+    if isinstance(data, list):
+        for item in data:
+            _flatten_into(item, out, depth + 1)
+    else:
+        out.append(data)
+
+
 def tensor_from_bytes(raw: bytes | memoryview, datatype: str, count: int) -> list[Any]:
     """The `count` elements of a `datatype` tensor, flat; ValueError when the bytes do not hold
     exactly that many."""
     if datatype == "BYTES":
         return _bytes_elements(raw, count)
-    size = _ITEM_SIZES.get(datatype)
+    size = ITEM_SIZES.get(datatype)
     if size is None:
         raise ValueError(f"unknown datatype {datatype!r}")
     if len(raw) != count * size:

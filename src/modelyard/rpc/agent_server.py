@@ -17,6 +17,7 @@ import grpc
 from grpc import aio
 
 from modelyard.errors import BadRequest, Conflict, ModelyardError, NotFound
+from modelyard.rpc._server import grpc_address, start_server
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("modelyard.rpc")
@@ -106,24 +107,18 @@ class AgentServer:
 
     @property
     def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return grpc_address(self.host, self.port)
 
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("AgentServer already started")
-        # gRPC sets SO_REUSEPORT by default: a second scheduler on a port in use would share it and
-        # take half the agents, silently. Off, a port in use fails here like any other listener.
-        server = aio.server(options=[("grpc.so_reuseport", 0)])
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(_Servicer(self._handler), server)
-        try:
-            bound = server.add_insecure_port(self.address)
-        except RuntimeError:  # grpc's "Failed to bind to address"
-            bound = 0
-        if bound == 0:
-            raise OSError(f"{self.address} (agents): address in use or not available")
-        self.port = bound
-        await server.start()
-        self._server = server
+        servicer = _Servicer(self._handler)
+        self._server, self.port = await start_server(
+            self.host,
+            self.port,
+            lambda server: agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server),
+            what="agents",
+        )
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting calls; calls in flight get `grace` seconds, then are cancelled. Safe twice."""

@@ -33,6 +33,7 @@ import grpc
 from grpc import aio
 
 from modelyard.errors import BadRequest, ModelyardError
+from modelyard.rpc._server import grpc_address, start_server
 from modelyard.rpc.oip_tensors import infer_request_json, infer_response, model_metadata
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -228,7 +229,10 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         """Each request of the stream is a ModelInfer, answered in order. A request that fails is
         answered with its error (`error_message`) and the stream goes on, as Triton's does; the
         REST backends have no streaming infer, so one request gets one answer."""
-        headers = await _answer(context, lambda: _async(_headers(context)))
+        try:
+            headers = _headers(context)
+        except ModelyardError as error:
+            await context.abort(oip_status(error), _details(error.message))
         async for request in request_iterator:
             try:
                 yield pb.ModelStreamInferResponse(infer_response=await self._infer(request, headers))
@@ -245,10 +249,6 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
                     error_message="internal gateway error; see the gateway log",
                     infer_response=pb.ModelInferResponse(id=request.id),
                 )
-
-
-async def _async(value: T) -> T:
-    return value
 
 
 class OipServer:
@@ -276,31 +276,25 @@ class OipServer:
 
     @property
     def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return grpc_address(self.host, self.port)
 
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("OipServer already started")
+        servicer = _Servicer(self._handler, self._max_message_bytes)
         # SO_REUSEPORT off unless asked: a second gateway on a port in use fails here instead of
         # sharing it.
-        options = [
-            ("grpc.so_reuseport", 1 if self._reuse_port else 0),
-            ("grpc.max_receive_message_length", self._max_message_bytes),
-            ("grpc.max_send_message_length", -1),
-        ]
-        server = aio.server(options=options)
-        servicer = _Servicer(self._handler, self._max_message_bytes)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-        try:
-            bound = server.add_insecure_port(self.address)
-        except RuntimeError:  # grpc's "Failed to bind to address"
-            bound = 0
-        if bound == 0:
-            await server.stop(None)  # it holds a completion queue and threads until stopped
-            raise OSError(f"{self.address} (OIP gRPC): address in use or not available")
-        self.port = bound
-        await server.start()
-        self._server = server
+        self._server, self.port = await start_server(
+            self.host,
+            self.port,
+            lambda server: pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server),
+            what="OIP gRPC",
+            reuse_port=self._reuse_port,
+            options=[
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+            ],
+        )
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting calls; calls in flight get `grace` seconds, then are cancelled. Safe twice."""

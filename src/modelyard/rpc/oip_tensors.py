@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from modelyard.errors import BadRequest, PayloadTooLarge, UpstreamError
-from modelyard.protocols.oip import tensor_from_bytes, tensor_to_bytes
+from modelyard.protocols.oip import BINARY_DATATYPES, ITEM_SIZES, flatten, tensor_from_bytes, tensor_to_bytes
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 
 # datatype -> the InferTensorContents field that carries it (FP16 and BF16 travel raw only).
@@ -37,22 +37,6 @@ _CONTENTS = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
-}
-# datatype -> bytes per element in raw_input_contents (BYTES is length-prefixed, apart).
-_ITEM_SIZES = {
-    "BOOL": 1,
-    "INT8": 1,
-    "INT16": 2,
-    "INT32": 4,
-    "INT64": 8,
-    "UINT8": 1,
-    "UINT16": 2,
-    "UINT32": 4,
-    "UINT64": 8,
-    "FP16": 2,
-    "BF16": 2,
-    "FP32": 4,
-    "FP64": 8,
 }
 # datatype -> the widest JSON text of one element and its comma: "false,", "-128,",
 # "-9223372036854775808,", and a float as orjson writes a double ("-2.2250738585072014e-308,").
@@ -152,8 +136,10 @@ def infer_response(body: object, model: str, version: str) -> pb.ModelInferRespo
                 f"model {model!r}: outputs[{i}] of the server's response needs a name, a datatype and "
                 "a shape of non-negative 64-bit integers"
             )
-        flat: list[object] = []
-        _flatten(output.get("data", []), flat)
+        try:
+            flat = flatten(output.get("data", []))
+        except ValueError as exc:
+            raise UpstreamError(f"model {model!r}: output {name!r}: {exc}") from None
         if len(flat) != math.prod(shape):
             raise UpstreamError(
                 f"model {model!r}: output {name!r} has {len(flat)} elements for shape {shape} "
@@ -205,15 +191,15 @@ def _sized(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> 
     if any(d < 0 for d in shape):
         raise BadRequest(f"input {name!r}: shape {shape} has a negative dimension")
     count = math.prod(shape)
-    if datatype != "BYTES" and datatype not in _ITEM_SIZES:
+    if datatype not in BINARY_DATATYPES:
         raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}")
     if raw is not None:
         if datatype == "BYTES":
             return count, _BYTES_ELEMENT_JSON * count + _BYTES_BYTE_JSON * len(raw)
-        if len(raw) != _ITEM_SIZES[datatype] * count:
+        if len(raw) != ITEM_SIZES[datatype] * count:
             raise BadRequest(
                 f"input {name!r}: {len(raw)} raw bytes do not hold {count} {datatype} elements "
-                f"({_ITEM_SIZES[datatype]} bytes each)"
+                f"({ITEM_SIZES[datatype]} bytes each)"
             )
         return count, _JSON_WIDTHS[datatype] * count
     field = _CONTENTS.get(datatype)
@@ -256,16 +242,6 @@ def _text(name: str, value: bytes) -> str:
             f"input {name!r}: a BYTES element is not UTF-8 text, which the JSON the gateway sends "
             "to the model server cannot carry"
         ) from None
-
-
-def _flatten(data: object, out: list[object], depth: int = 0) -> None:
-    if depth > 32:
-        raise UpstreamError("output data nested deeper than 32 levels")
-    if isinstance(data, list):
-        for item in data:
-            _flatten(item, out, depth + 1)
-    else:
-        out.append(data)
 
 
 def _is_shape(shape: object) -> TypeGuard[list[int]]:

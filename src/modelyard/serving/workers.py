@@ -106,8 +106,7 @@ def supervise(
     workers: dict[int, BaseProcess] = {}
     sentinels: dict[int, int] = {}  # sentinel -> worker index
     pipes: dict[Connection, int] = {}  # the pipe a worker sends its URL on -> worker index
-    urls: dict[int, str] = {}
-    ever_ready: set[int] = set()
+    urls: dict[int, str] = {}  # worker index -> its URL, once it served (kept across restarts)
     restarts: list[float] = []
     failed = announced = stopping = False
     failure: str | None = None
@@ -142,7 +141,6 @@ def supervise(
         try:
             if pipe.poll():
                 urls[index] = pipe.recv()
-                ever_ready.add(index)
         except (EOFError, OSError):
             pass  # it exited without serving: its sentinel says so
         pipe.close()
@@ -190,7 +188,7 @@ def supervise(
                     continue
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < _RESTART_WINDOW] + [now]
-                if index not in ever_ready:
+                if index not in urls:
                     failure = f"worker {index} exited with {process.exitcode} before it served"
                     failed = True
                     stop()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import cast
 
+from modelyard.protocols.oip import flatten
+
 _INT_TYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 _FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64", "BF16"})
 _ECHO_TYPES = frozenset({"BOOL", "BYTES"})
@@ -20,16 +22,6 @@ _MAX_DEPTH = 32
 
 def _is_number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _flatten(data: object, out: list[object], depth: int = 0) -> None:
-    if depth > _MAX_DEPTH:
-        raise ValueError(f"data nested deeper than {_MAX_DEPTH} levels")
-    if isinstance(data, list):
-        for item in data:
-            _flatten(item, out, depth + 1)
-    else:
-        out.append(data)
 
 
 def _scale_flat(data: list[object], datatype: str, scale: float) -> tuple[list[object], str]:
@@ -69,8 +61,7 @@ def oip_outputs(body: dict[str, object], scale: float) -> list[dict[str, object]
             raise ValueError(f"input {name!r}: unknown datatype {datatype!r}")
         if "data" not in tensor:
             raise ValueError(f"input {name!r}: missing 'data' (or, binary, parameters.binary_data_size)")
-        flat: list[object] = []
-        _flatten(tensor["data"], flat)
+        flat = flatten(tensor["data"])
         if len(flat) != math.prod(shape):
             raise ValueError(f"input {name!r}: {len(flat)} elements do not fill shape {shape}")
         data, out_type = _scale_flat(flat, datatype, scale)

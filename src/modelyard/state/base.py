@@ -6,6 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple, Protocol
 
+# Seconds before the remote store is tried again after a failure (a subscription: subscribing again
+# after its connection was lost), doubling up to MAX_BACKOFF.
+MIN_BACKOFF = 0.5
+MAX_BACKOFF = 30.0
+
 
 class Entry(NamedTuple):
     """One key with its value and the seconds it has left to live."""

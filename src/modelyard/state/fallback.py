@@ -30,13 +30,11 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
 from modelyard.errors import StateUnavailable
-from modelyard.state.base import RemoteState
+from modelyard.state.base import MAX_BACKOFF, MIN_BACKOFF, RemoteState
 from modelyard.state.memory import MemoryState
 
 log = logging.getLogger("modelyard.state")
 
-_MIN_BACKOFF = 0.5
-_MAX_BACKOFF = 30.0
 _WRITEBACK_BATCH = 256  # SETs per pipelined round trip
 
 
@@ -56,9 +54,9 @@ class FallbackState:
         self._on_writeback = on_writeback
         self._clock = clock
         self._retry_at = 0.0
-        self._backoff = _MIN_BACKOFF
+        self._backoff = MIN_BACKOFF
         self._publish_retry_at = 0.0  # channels: their own backoff
-        self._publish_backoff = _MIN_BACKOFF
+        self._publish_backoff = MIN_BACKOFF
         self._epoch: str | None = None
         self._unsynced: OrderedDict[str, None] = OrderedDict()  # keys the remote may lack, oldest first
         self._writeback: asyncio.Task[None] | None = None
@@ -119,11 +117,11 @@ class FallbackState:
                     exc,
                 )
                 self._publish_retry_at = self._clock() + self._publish_backoff
-                self._publish_backoff = min(self._publish_backoff * 2, _MAX_BACKOFF)
+                self._publish_backoff = min(self._publish_backoff * 2, MAX_BACKOFF)
             return False
-        if self._publish_backoff != _MIN_BACKOFF:
+        if self._publish_backoff != MIN_BACKOFF:
             log.info("shared state channels reachable again")
-            self._publish_backoff = _MIN_BACKOFF
+            self._publish_backoff = MIN_BACKOFF
         return True
 
     def subscribe(self, channel: str) -> AsyncIterator[bytes]:
@@ -144,7 +142,7 @@ class FallbackState:
             self._on_fallback(exc)
         log.warning("shared state unavailable, routing on local state for %.1fs: %s", self._backoff, exc)
         self._retry_at = self._clock() + self._backoff
-        self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF)
 
     def _succeeded(self) -> None:
         epoch = self._remote.epoch
@@ -157,9 +155,9 @@ class FallbackState:
                 self._bound_unsynced()
                 self._start_writeback()
             self._epoch = epoch
-        if self._backoff != _MIN_BACKOFF:
+        if self._backoff != MIN_BACKOFF:
             log.info("shared state reachable again")
-            self._backoff = _MIN_BACKOFF
+            self._backoff = MIN_BACKOFF
             self._start_writeback()
 
     def _note_unsynced(self, key: str) -> None:

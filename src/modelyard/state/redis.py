@@ -16,12 +16,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
 from modelyard.errors import StateUnavailable
-from modelyard.state.base import Entry
+from modelyard.state.base import MAX_BACKOFF, MIN_BACKOFF, Entry
 
 log = logging.getLogger("modelyard.state")
 
-_MIN_BACKOFF = 0.5  # before subscribing again after the connection was lost, doubling
-_MAX_BACKOFF = 30.0
 _MIN_READ = 0.01  # a subscription's shortest read
 
 
@@ -103,7 +101,7 @@ class RedisState:
 
     async def subscribe(self, channel: str) -> AsyncIterator[bytes]:
         name = self._prefix + channel
-        backoff = _MIN_BACKOFF
+        backoff = MIN_BACKOFF
         lost = False  # since the last subscription that worked: one loss, one warning
         while True:
             pubsub = self._subscriber_client().pubsub()
@@ -114,7 +112,7 @@ class RedisState:
                         if lost:
                             log.info("subscribed to %s again", name)
                             lost = False
-                        backoff = _MIN_BACKOFF
+                        backoff = MIN_BACKOFF
                         if data is not None:
                             yield data
             except (RedisError, OSError, TimeoutError) as exc:
@@ -127,7 +125,7 @@ class RedisState:
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # closes its connection
             await asyncio.sleep(backoff)  # Redis is away: retry later, not in a tight loop
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+            backoff = min(backoff * 2, MAX_BACKOFF)
 
     async def _arrivals(self, pubsub: PubSub) -> AsyncGenerator[bytes | None, None]:
         """What arrives on a connection that was just sent SUBSCRIBE: the data of each message,
@@ -163,7 +161,7 @@ class RedisState:
     def _subscriber_client(self) -> aioredis.Redis:
         """A client of bytes for subscriptions; its connections fail fast and are not retried
         inside redis-py, `subscribe` retries with its own backoff and watches them with its own
-        PINGs (`_messages`)."""
+        PINGs (`_arrivals`)."""
         if self._subscriber is None:
             self._subscriber = aioredis.Redis.from_url(
                 self._url,

@@ -13,7 +13,6 @@ closed, a malformed answer) closes the connection rather than guessing.
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
@@ -28,9 +27,6 @@ _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
 _RESUME_BELOW = 64 * 1024
 _HEADER_ENCODING = ("utf-8", "surrogateescape")  # as aiohttp decodes them, so values round-trip
-# CR and LF would end a header line early (a header injected, a request smuggled), NUL ends it for
-# some servers: no header name or value may hold one, wherever it came from.
-_LINE_BREAKING = re.compile(r"[\r\n\0]")
 
 
 class _StaleConnection(Exception):
@@ -418,7 +414,9 @@ def encode_request(
     lines = [f"{method} {path} HTTP/1.1\r\n".encode(*_HEADER_ENCODING), b"Host: " + host + b"\r\n"]
     for name, value in headers:
         field = f"{name}: {value}"
-        if _LINE_BREAKING.search(field) is not None:
+        # CR and LF would end a header line early (a header injected, a request smuggled), NUL ends
+        # it for some servers: no header name or value may hold one, wherever it came from.
+        if "\r" in field or "\n" in field or "\0" in field:
             raise BadRequest(f"header {name[:100]!r}: a header name or value may not hold CR, LF or NUL")
         lines.append(field.encode(*_HEADER_ENCODING) + b"\r\n")
     if body is not None:

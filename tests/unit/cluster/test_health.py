@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import pytest
 
 from modelyard.cluster import HealthState, HealthThresholds, observe
-from modelyard.cluster.health import ejected
+from modelyard.cluster.health import ejected, passed
 
 
 def run(outcomes: Iterable[bool], limits: HealthThresholds, state: HealthState | None = None) -> list[bool]:
@@ -87,3 +87,8 @@ def test_ejected_is_unhealthy_until_probes_succeed() -> None:
     assert run([True], HealthThresholds(healthy_threshold=1), state) == [True]
     assert run([True, True], HealthThresholds(healthy_threshold=2), state) == [False, True]
     assert run([False], HealthThresholds(), state) == [False]
+
+
+def test_passed_is_what_a_passing_check_gives() -> None:
+    assert passed() == observe(HealthState(), True, HealthThresholds())
+    assert passed().last_error == ""

@@ -165,6 +165,15 @@ def test_a_connection_failure_takes_the_endpoint_out_only_with_active_checks() -
     assert unchecked.routable("default", 0.0) == list(unchecked.endpoints)  # nothing would bring it back
 
 
+def test_an_adopted_verdict_keeps_the_error_only_when_it_failed() -> None:
+    c = cluster("a")
+    endpoint = c.endpoints[0]
+    c.adopt_health(endpoint, False, "failed the health check")
+    assert not endpoint.health.healthy and endpoint.health.last_error == "failed the health check"
+    c.adopt_health(endpoint, True, "failed the health check")  # the siblings pass one error for both
+    assert endpoint.health.healthy and endpoint.health.checked and endpoint.health.last_error == ""
+
+
 def test_panic_mode_routes_over_the_whole_subset_below_the_threshold() -> None:
     recorder = Recorder()
     c = cluster("a", "b", "c", recorder=recorder, healthy_panic_threshold=50)
