@@ -127,6 +127,10 @@ class Flights:
     def __init__(self) -> None:
         self._flights: dict[str, dict[int, tuple[float, float]]] = {}
 
+    def __bool__(self) -> bool:
+        """Whether any flight is kept (a strategy other than prefix_aware keeps none)."""
+        return bool(self._flights)
+
     def start(self, endpoint: str, key: int, now: float, expected: float) -> None:
         """Callers pass a non-decreasing `now` (monotonic time), so each endpoint's flights stay in
         the order they were sent; a key started again moves to the end."""

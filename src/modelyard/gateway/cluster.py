@@ -211,7 +211,8 @@ class Cluster:
 
     def release(self, endpoint: Endpoint, tokens: int, key: int = 0) -> None:
         endpoint.load.release(tokens)
-        self.flights.end(endpoint.name, key)  # a no-op for a try started before prefix_aware
+        if self.flights:  # prefix_aware's (kept also past a switch away, until they end)
+            self.flights.end(endpoint.name, key)
         if len(self.capacity):
             self.capacity.wake(endpoint.subset)
 
