@@ -24,7 +24,7 @@ from modelyard.documents import DocumentError, parse_document, parse_documents
 from modelyard.errors import BadRequest, GraphInvalid, Unauthorized
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import GATEWAY, Gateway
-from modelyard.gateway.inference import json_response, read_body
+from modelyard.gateway.inference import json_response, read_limited_body
 from modelyard.gateway.overview import overview
 from modelyard.gateway.routing_log import RoutingRecord
 from modelyard.graph import Graph
@@ -59,7 +59,7 @@ async def _read_document(request: web.Request, *, many: bool = False) -> Any:
     """The body as JSON or YAML: bounded in size and depth, parsed in a thread so that a large
     YAML body cannot stall the requests the event loop is serving."""
     limit = request.app[GATEWAY].config.limits.max_admin_body_bytes
-    body = await read_body(request, limit, "limits.max_admin_body_bytes")
+    body = await read_limited_body(request, limit, "limits.max_admin_body_bytes")
     try:
         return await asyncio.to_thread(parse_documents if many else parse_document, body)
     except DocumentError as exc:
@@ -91,7 +91,7 @@ async def put_strategy(request: web.Request) -> web.Response:
     check_admin(request)
     gateway = request.app[GATEWAY]
     limit = gateway.config.limits.max_admin_body_bytes
-    data = parse_json_object(await read_body(request, limit, "limits.max_admin_body_bytes"))
+    data = parse_json_object(await read_limited_body(request, limit, "limits.max_admin_body_bytes"))
     target = data.get("model")
     if target is not None and not isinstance(target, str):
         raise BadRequest("'model' must be a string naming one model")

@@ -15,9 +15,16 @@ from modelyard.gateway.ui import dashboard_handlers
 from modelyard.graph import Graph
 from modelyard.rpc import OipServer
 from modelyard.serving.drain import install_drain
+from modelyard.serving.h1 import Handler, Router
 from modelyard.state import SharedState
 
 OIP_GRPC = web.AppKey("oip_grpc", OipServer)
+
+OPENAI_ROUTES = {
+    "/v1/chat/completions": inference.openai_route("chat"),
+    "/v1/completions": inference.openai_route("completions"),
+    "/v1/embeddings": inference.openai_route("embeddings"),
+}
 
 
 def create_app(
@@ -64,19 +71,19 @@ def create_app(
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(end_log_streams)
     add = app.router.add_route
-    add("POST", "/v1/chat/completions", inference.openai_handler("chat"))
-    add("POST", "/v1/completions", inference.openai_handler("completions"))
-    add("POST", "/v1/embeddings", inference.openai_handler("embeddings"))
+    view = inference.aiohttp_view
+    for path, route in OPENAI_ROUTES.items():
+        add("POST", path, view(route))
     add("GET", "/v1/models", inference.list_models)
-    add("POST", "/v1/models/{name}:predict", inference.oip_infer)
-    add("GET", "/v1/models/{name:[^/]+(?<!:predict)}", inference.model_get)  # :predict: POST only
+    add("POST", "/v1/models/{name}:predict", view(inference.oip_infer))
+    add("GET", "/v1/models/{name:[^/]+(?<!:predict)}", view(inference.model_get))  # :predict: POST only
     add("GET", "/v2", inference.oip_server_metadata)
     add("GET", "/v2/health/live", inference.oip_live)
     add("GET", "/v2/health/ready", inference.oip_ready)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        add("GET", prefix, inference.model_get)
-        add("GET", prefix + "/ready", inference.model_get)
-        add("POST", prefix + "/infer", inference.oip_infer)
+        add("GET", prefix, view(inference.model_get))
+        add("GET", prefix + "/ready", view(inference.model_get))
+        add("POST", prefix + "/infer", view(inference.oip_infer))
     add("GET", "/healthz", inference.healthz)
     add("GET", "/readyz", inference.readyz)
     add("GET", "/metrics", inference.metrics)
@@ -100,3 +107,43 @@ def create_app(
     add("GET", "/dashboard/", to_page)  # the address as people type it
     add("GET", "/dashboard/{asset}", asset)
     return app
+
+
+def lean_router(gateway: Gateway) -> Router:
+    """The proxied routes, for the lean HTTP/1.1 connection (serving/h1.py): the same handlers as
+    the aiohttp routes above, matched the same way; anything else is aiohttp's."""
+    handle = inference.lean_handler
+    openai_paths = {path: handle(gateway, route) for path, route in OPENAI_ROUTES.items()}
+    oip_infer = handle(gateway, inference.oip_infer)
+    model_get = handle(gateway, inference.model_get)
+    none: dict[str, str] = {}
+
+    def route(method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
+        if method == "POST":
+            handler = openai_paths.get(path)
+            if handler is not None:
+                return handler, none
+        elif method != "GET":
+            return None
+        parts = path.split("/")  # "", "v2", "models", name, ... or "", "v1", "models", name
+        if len(parts) < 4 or parts[2] != "models" or not parts[3]:
+            return None
+        name = parts[3]
+        if parts[1] == "v1" and len(parts) == 4:
+            if method == "POST" and name.endswith(":predict") and len(name) > len(":predict"):
+                return oip_infer, {"name": name[: -len(":predict")]}
+            if method == "GET" and not name.endswith(":predict"):
+                return model_get, {"name": name}
+            return None
+        if parts[1] != "v2":
+            return None
+        rest = parts[4:]
+        match = {"name": name}
+        if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
+            match["version"] = rest[1]
+            rest = rest[2:]
+        if method == "POST":
+            return (oip_infer, match) if rest == ["infer"] else None
+        return (model_get, match) if rest in ([], ["ready"]) else None
+
+    return route

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from modelyard.errors import MethodNotAllowed, ModelyardError, NotFound, PayloadTooLarge
 from modelyard.protocols import error_body, protocol_for_path
@@ -34,17 +35,19 @@ def _from_aiohttp(exc: web.HTTPException, request: web.Request) -> ModelyardErro
     return error
 
 
-def render(request: web.Request, error: ModelyardError) -> web.Response:
-    headers = dict(error.headers)
-    request_id = request.get(REQUEST_ID) or request.headers.get("X-Request-Id")
+def error_answer(path: str, error: ModelyardError, request_id: str | None) -> tuple[CIMultiDict[str], bytes]:
+    """The headers and body answering `error` to a request for `path`, in its protocol's envelope."""
+    headers = CIMultiDict(error.headers)
+    headers["Content-Type"] = "application/json"
     if request_id:
         headers["X-Request-Id"] = request_id
-    return web.Response(
-        status=error.status,
-        body=error_body(protocol_for_path(request.path), error),
-        content_type="application/json",
-        headers=headers,
-    )
+    return headers, error_body(protocol_for_path(path), error)
+
+
+def render(request: web.Request, error: ModelyardError) -> web.Response:
+    request_id = request.get(REQUEST_ID) or request.headers.get("X-Request-Id")
+    headers, body = error_answer(request.path, error, request_id)
+    return web.Response(status=error.status, body=body, headers=headers)
 
 
 @web.middleware
@@ -60,5 +63,10 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client went away: nothing to answer
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return render(request, ModelyardError("internal gateway error; see the gateway log"))
+        return render(request, internal_error(request.method, request.path))
+
+
+def internal_error(method: str, path: str) -> ModelyardError:
+    """A bug: logged with its traceback, answered without it."""
+    log.exception("unhandled error on %s %s", method, path)
+    return ModelyardError("internal gateway error; see the gateway log")

@@ -3,7 +3,9 @@ gateway's own health and metrics endpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
 import orjson
@@ -11,11 +13,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
-from modelyard.errors import BadRequest, PayloadTooLarge
-from modelyard.gateway.gateway import GATEWAY
+from modelyard.errors import BadRequest, ModelyardError, PayloadTooLarge
+from modelyard.gateway.errors import REQUEST_ID, error_answer, internal_error
+from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
 from modelyard.protocols import oip, openai
 from modelyard.serving import draining
+from modelyard.serving.h1 import H1Request, Handler
+from modelyard.serving.reply import AiohttpReply, Inbound, Reply
 from modelyard.types import RoutingRequest
 
 
@@ -23,16 +28,19 @@ def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-async def read_body(
-    request: web.Request, limit: int | None = None, setting: str = "limits.max_body_bytes"
-) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to be over `limit` (default:
-    `limits.max_body_bytes`, which aiohttp itself enforces while reading a chunked body)."""
-    if limit is None or limit >= request.client_max_size:
-        limit = request.client_max_size
-        if request.content_length is not None and request.content_length > limit:
-            raise _too_large(setting, limit)
-        return await request.read()
+async def read_body(request: Inbound) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to be over `limits.max_body_bytes`
+    (which the server itself enforces while reading a chunked body)."""
+    limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large("limits.max_body_bytes", limit)
+    return await request.read()
+
+
+async def read_limited_body(request: web.Request, limit: int, setting: str) -> bytes:
+    """The whole body, refused with 413 as soon as it is over `limit` (named by `setting`)."""
+    if limit >= request.client_max_size:
+        return await read_body(request)
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(setting, limit)
     parts, size = [], 0
@@ -48,32 +56,21 @@ def _too_large(setting: str, limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body is larger than {setting} ({limit} bytes)")
 
 
-# --- OpenAI ---------------------------------------------------------------------------------
+# --- the proxied routes: served by aiohttp or by the lean HTTP/1.1 connection -----------------
+
+ProxiedRoute = Callable[[Gateway, Inbound, Reply], Awaitable[None]]
 
 
-def openai_handler(kind: str):  # type: ignore[no-untyped-def]
-    async def handle(request: web.Request) -> web.StreamResponse:
-        gateway = request.app[GATEWAY]
+def openai_route(kind: str) -> ProxiedRoute:
+    async def handle(gateway: Gateway, request: Inbound, reply: Reply) -> None:
         body = await read_body(request)
         routing = openai.routing_request(body, kind)
-        return await gateway.proxy.forward(request, gateway.cluster(routing.model), routing, body)
+        await gateway.proxy.forward(request, reply, gateway.cluster(routing.model), routing, body)
 
     return handle
 
 
-async def list_models(request: web.Request) -> web.Response:
-    gateway = request.app[GATEWAY]
-    data = [
-        {"id": name, "object": "model", "created": gateway.created, "owned_by": "modelyard"}
-        for name in gateway.clusters
-    ]
-    return json_response({"object": "list", "data": data})
-
-
-# --- Open Inference Protocol v2 and KServe v1 ------------------------------------------------
-
-
-def refuse_unsafe_path(request: web.Request) -> None:
+def refuse_unsafe_path(request: Inbound) -> None:
     """The client's path is forwarded upstream as it came (its encoding and query intact), so a
     segment that decodes to `.`, `..` or holds a slash (`..%2F..%2Fsim%2Fstats`) would reach
     another resource on the server than the one it was routed as: refuse it."""
@@ -85,23 +82,73 @@ def refuse_unsafe_path(request: web.Request) -> None:
                 raise BadRequest(f"path segment {segment!r} is not allowed: it decodes to {decoded!r}")
 
 
-async def oip_infer(request: web.Request) -> web.StreamResponse:
+async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     refuse_unsafe_path(request)
-    gateway = request.app[GATEWAY]
     cluster = gateway.admit(request.match_info["name"])  # the model is in the path: before the body
     body = await read_body(request)
     routing = oip.routing_request(
         cluster.name, body, request.headers, affinity_chars=cluster.config.kv_aware.prefix_chars
     )
-    return await gateway.proxy.forward(request, cluster, routing, body)
+    await gateway.proxy.forward(request, reply, cluster, routing, body)
 
 
-async def model_get(request: web.Request) -> web.StreamResponse:
+async def model_get(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
     refuse_unsafe_path(request)
-    gateway = request.app[GATEWAY]
     cluster = gateway.cluster(request.match_info["name"])
-    return await gateway.proxy.forward(request, cluster, RoutingRequest(model=cluster.name), None)
+    await gateway.proxy.forward(request, reply, cluster, RoutingRequest(model=cluster.name), None)
+
+
+def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A proxied route as an aiohttp handler (errors go on to the error middleware)."""
+
+    async def view(request: web.Request) -> web.StreamResponse:
+        reply = AiohttpReply(request)
+        try:
+            await route(request.app[GATEWAY], request, reply)
+        except ModelyardError:
+            if reply.request_id:
+                request[REQUEST_ID] = reply.request_id
+            raise
+        assert reply.response is not None
+        return reply.response
+
+    return view
+
+
+def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
+    """A proxied route for the lean connection, which has no middleware: errors are answered
+    here as the error middleware answers them."""
+
+    async def handle(request: H1Request, reply: Reply) -> None:
+        try:
+            await route(gateway, request, reply)
+        except ModelyardError as exc:
+            if reply.started:
+                raise
+            error = exc
+        except (asyncio.CancelledError, ConnectionError):
+            raise  # the client went away: nothing to answer
+        except Exception:
+            if reply.started:
+                raise
+            error = internal_error(request.method, request.path)
+        else:
+            return
+        request_id = reply.request_id or request.headers.get("X-Request-Id")
+        headers, body = error_answer(request.path, error, request_id)
+        reply.whole(error.status, headers, body)
+
+    return handle
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    data = [
+        {"id": name, "object": "model", "created": gateway.created, "owned_by": "modelyard"}
+        for name in gateway.clusters
+    ]
+    return json_response({"object": "list", "data": data})
 
 
 async def oip_server_metadata(request: web.Request) -> web.Response:

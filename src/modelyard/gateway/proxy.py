@@ -5,7 +5,7 @@ listener (app.py) -> route (the cluster's first matching route, a subset by weig
 (attempts.py) -> relay (relay.py); a share of a route's requests is mirrored (shadow.py).
 
 The body arrives parsed once (for routing) and leaves as the original bytes. A client that goes
-away cancels the upstream request (aiohttp handler cancellation; a failed write closes the
+away cancels the upstream request (the server cancels the handler; a failed write closes the
 upstream response).
 """
 
@@ -17,7 +17,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 from modelyard.balancing import Need, RoutingContext, affinity_key
@@ -25,12 +24,12 @@ from modelyard.balancing.routes import pick_subset
 from modelyard.errors import UpstreamError
 from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
 from modelyard.gateway.cluster import Cluster
-from modelyard.gateway.errors import REQUEST_ID
 from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.relay import Relay
 from modelyard.gateway.shadow import ShadowTraffic
 from modelyard.protocols.tokens import tokens_in_bytes
+from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool, forwarded_request_headers, relayed_response_headers
@@ -68,8 +67,8 @@ class Proxy:
         self._id_counter = itertools.count(1)
 
     async def forward(
-        self, request: web.Request, cluster: Cluster, routing: RoutingRequest, body: bytes | None
-    ) -> web.StreamResponse:
+        self, request: Inbound, reply: Reply, cluster: Cluster, routing: RoutingRequest, body: bytes | None
+    ) -> None:
         started = time.perf_counter()
         route = cluster.route_for(request.headers, routing.fields)
         subset = pick_subset(route, request.headers, self._rng)
@@ -90,7 +89,7 @@ class Proxy:
                 slots = cluster.config.prefix_aware.slots
                 waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
         request_id = request.headers.get(REQUEST_ID_HEADER) or self.new_request_id()
-        request[REQUEST_ID] = request_id
+        reply.request_id = request_id
         ex = Exchange(
             cluster,
             route,
@@ -129,11 +128,10 @@ class Proxy:
             headers[REQUEST_ID_HEADER] = request_id
             if attempt.pick.cache_hit is not None:
                 headers[CACHE_HIT_HEADER] = "true" if attempt.pick.cache_hit else "false"
-            response = await self._relay.respond(request, ex, attempt, headers, capture)
+            await self._relay.respond(reply, ex, attempt, headers, capture)
             sample = ex.service_sample
-            if sample is not None and sample[2] and response.status == 200:
+            if sample is not None and sample[2] and attempt.response.status == 200:
                 cluster.service.observe(sample[0], time.monotonic() - sample[1])  # a clean sample
-            return response
         finally:
             cluster.budget.request_ended()
             if capture is not None:

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 from modelyard.errors import UpstreamError, UpstreamTimeout
@@ -22,6 +21,7 @@ from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.shadow import Capture
 from modelyard.protocols import error_body, protocol_for_path
+from modelyard.serving.reply import Reply, ReplyStream
 from modelyard.upstream import UpstreamResponse
 
 log = logging.getLogger("modelyard.gateway")
@@ -34,27 +34,26 @@ class Relay:
 
     async def respond(
         self,
-        request: web.Request,
+        reply: Reply,
         ex: Exchange,
         attempt: Attempt,
         headers: CIMultiDict[str],
         capture: Capture | None,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Relay the answer and end the exchange, counted with the status it really ended with."""
         upstream = attempt.response
         code = CLIENT_CLOSED
         try:
             if upstream.content_type == "text/event-stream":
-                response, code = await self._stream(request, ex, upstream, headers, capture)
+                code = await self._stream(reply, ex, upstream, headers, capture)
             else:
                 data = await upstream.read()
                 if capture is not None:
                     capture.add(data)
-                response = web.Response(body=data, status=upstream.status, headers=headers)
+                reply.whole(upstream.status, headers, data)
                 code = upstream.status
             if capture is not None:
                 capture.finish(code, upstream.header("Content-Type"))
-            return response
         except UpstreamError as exc:
             code = exc.status
             raise
@@ -63,17 +62,16 @@ class Relay:
 
     async def _stream(
         self,
-        request: web.Request,
+        reply: Reply,
         ex: Exchange,
         upstream: UpstreamResponse,
         headers: CIMultiDict[str],
         capture: Capture | None,
-    ) -> tuple[web.StreamResponse, int]:
-        """Returns the response and the status the exchange ended with: the upstream's, or 502/504
-        when the stream broke off or went idle after its status was sent."""
+    ) -> int:
+        """Returns the status the exchange ended with: the upstream's, or 502/504 when the stream
+        broke off or went idle after its status was sent."""
         model = ex.cluster.name
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
+        response = await reply.stream(upstream.status, headers)
         idle = ex.route.stream_idle_timeout
         chunks = upstream.iter_chunks()
         first = True
@@ -85,8 +83,8 @@ class Relay:
                     async with asyncio.timeout(idle or None):
                         chunk = await anext(chunks)
                 except StopAsyncIteration:
-                    await response.write_eof()
-                    return response, upstream.status
+                    await response.end()
+                    return upstream.status
                 except TimeoutError:
                     self._metrics.stream_idle_timeouts.labels(model).inc()
                     log.warning("model %s: stream idle for %gs, ending it with an error event", model, idle)
@@ -98,31 +96,26 @@ class Relay:
                 try:
                     await response.write(chunk)
                 except ConnectionError:  # the client went away: nothing more to relay
-                    return response, CLIENT_CLOSED
+                    return CLIENT_CLOSED
                 tail = (tail + chunk)[-2:]
                 if capture is not None:
                     capture.add(chunk)
         except UpstreamError as exc:
             log.warning("model %s: upstream stream broke off: %s", model, exc.message)
             error = exc
-        await self._end_with_error(request, response, model, error, tail)
-        return response, error.status
+        await self._end_with_error(ex.path, response, model, error, tail)
+        return error.status
 
     async def _end_with_error(
-        self,
-        request: web.Request,
-        response: web.StreamResponse,
-        model: str,
-        error: UpstreamError,
-        tail: bytes,
+        self, path: str, response: ReplyStream, model: str, error: UpstreamError, tail: bytes
     ) -> None:
         self._metrics.stream_errors.labels(model, error.code or error.error_type).inc()
         # An event ends at a blank line. A server that died mid-event leaves one open: close it, so
         # the error arrives as an event of its own (the torn one was broken anyway).
         separator = b"" if tail.endswith(b"\n\n") else b"\n" if tail.endswith(b"\n") else b"\n\n"
-        event = separator + b"data: " + error_body(protocol_for_path(request.path), error) + b"\n\n"
+        event = separator + b"data: " + error_body(protocol_for_path(path), error) + b"\n\n"
         try:
             await response.write(event)
-            await response.write_eof()
+            await response.end()
         except ConnectionError:
             pass  # the client left too

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from modelyard.config import GatewayConfig
-from modelyard.gateway.app import OIP_GRPC, create_app
+from modelyard.gateway.app import OIP_GRPC, create_app, lean_router
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.gateway.siblings import Siblings
 from modelyard.graph import Graph
@@ -44,7 +44,13 @@ async def start_gateway(
 ) -> RunningGateway:
     """`siblings`: this process is one worker of a gateway (gateway/workers.py)."""
     app = create_app(config, state=state, seed=seed, graphs=graphs, siblings=siblings)
-    server = HttpServer(app, config.listen, reuse_port=siblings is not None)
+    server = HttpServer(
+        app,
+        config.listen,
+        reuse_port=siblings is not None,
+        lean=lean_router(app[GATEWAY]) if config.listen.lean else None,
+        max_body_bytes=config.limits.max_body_bytes,
+    )
     app[GATEWAY].watch_listener(server.stats)
     await server.start()
     return RunningGateway(server)

@@ -10,6 +10,7 @@ from aiohttp import web
 from modelyard.config import ListenConfig
 from modelyard.serving.connection import MAX_REFUSALS, GuardedConnection, ListenerStats, Refusal
 from modelyard.serving.drain import closing_while_draining, install_drain
+from modelyard.serving.h1 import H1Connection, H1Settings, Router
 
 # aiohttp's defaults for the request parser, kept for every server but the graph router.
 MAX_LINE_SIZE = 8190
@@ -26,6 +27,10 @@ class HttpServer:
     Connections are aiohttp's own request handler (`runner.server` keeps dispatching to the app and
     tracking connections for shutdown), made by this server's protocol factory instead of TCPSite's
     so that each one gets the header deadline and the connection limit applies at accept time.
+
+    With a `lean` router, connections start as the lean HTTP/1.1 connection (h1.py), which answers
+    the routes the router knows and hands the connection to aiohttp's handler at the first request
+    it does not.
     """
 
     def __init__(
@@ -39,6 +44,8 @@ class HttpServer:
         max_headers: int = MAX_HEADERS,
         backlog: int = 1024,
         reuse_port: bool = False,
+        lean: Router | None = None,
+        max_body_bytes: int = 1024**2,
     ) -> None:
         self.app = app
         self.listen = listen
@@ -54,6 +61,10 @@ class HttpServer:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._refusals: set[Refusal] = set()
+        self._lean_router = lean
+        self._max_body_bytes = max_body_bytes  # the lean connection's; aiohttp's is the app's
+        self._lean_settings: H1Settings | None = None
+        self._lean: set[H1Connection] = set()
 
     @property
     def draining(self) -> bool:
@@ -76,6 +87,21 @@ class HttpServer:
         # web.Server hands its request factory to each connection it makes, ours included.
         runner.server.request_factory = closing_while_draining(self._drain, runner.server.request_factory)
         self._runner = runner  # before listening: the first connection may be accepted at once
+        if self._lean_router is not None:
+            max_line_size, max_field_size, max_headers = self._parser_limits
+            self._lean_settings = H1Settings(
+                router=self._lean_router,
+                hand_off=self._hand_off,
+                drain=self._drain,
+                stats=self.stats,
+                on_lost=self._lean_closed,
+                max_body=self._max_body_bytes,
+                header_timeout=self.listen.header_timeout,
+                keepalive_timeout=self.listen.keepalive_timeout,
+                max_line_size=max_line_size,
+                max_field_size=max_field_size,
+                max_headers=max_headers,
+            )
         try:
             self._listener = await asyncio.get_running_loop().create_server(
                 self._accept,
@@ -110,20 +136,35 @@ class HttpServer:
             )
             self._refusals.add(refusal)
             return refusal
+        self.stats.open_connections += 1
+        if self._lean_settings is not None:
+            connection = H1Connection(self._lean_settings, loop)
+            self._lean.add(connection)
+            return connection
+        return self._aiohttp_connection(self.listen.header_timeout)
+
+    def _aiohttp_connection(self, header_timeout: float) -> GuardedConnection:
         assert self._runner is not None and self._runner.server is not None
         max_line_size, max_field_size, max_headers = self._parser_limits
-        self.stats.open_connections += 1
         return GuardedConnection(
             self._runner.server,
-            loop=loop,
+            loop=asyncio.get_running_loop(),
             stats=self.stats,
             on_lost=self._connection_closed,
-            header_timeout=self.listen.header_timeout,
+            header_timeout=header_timeout,
             keepalive_timeout=self.listen.keepalive_timeout,
             max_line_size=max_line_size,
             max_field_size=max_field_size,
             max_headers=max_headers,
         )
+
+    def _hand_off(self, connection: H1Connection, header_timeout: float) -> GuardedConnection:
+        self._lean.discard(connection)  # counted open until aiohttp's connection closes
+        return self._aiohttp_connection(header_timeout)
+
+    def _lean_closed(self, connection: H1Connection) -> None:
+        self._lean.discard(connection)
+        self.stats.open_connections -= 1
 
     def _connection_closed(self) -> None:
         self.stats.open_connections -= 1
@@ -139,4 +180,19 @@ class HttpServer:
             self._listener.close()
         for refusal in list(self._refusals):
             refusal.close()
+        await self._stop_lean()
         await runner.cleanup()
+
+    async def _stop_lean(self) -> None:
+        """Close idle lean connections; give requests in flight on the others the shutdown timeout
+        (aiohttp's connections get theirs in `runner.cleanup`), then cancel them."""
+        for connection in list(self._lean):
+            connection.close_if_idle()
+        tasks = [t for c in self._lean if (t := c.answering) is not None]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=self.listen.shutdown_timeout or None)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for connection in list(self._lean):
+            connection.abort()

@@ -1,0 +1,522 @@
+"""A lean HTTP/1.1 connection for the routes that carry a server's traffic: an asyncio protocol
+over httptools, without aiohttp's request, response and dispatch objects (about a third of the
+gateway's CPU per proxied request went to them).
+
+It serves plain requests only: HTTP/1.1, a method and path its router knows, no body or one framed
+by Content-Length within the body limit, and no Expect, Upgrade, Transfer-Encoding or
+Content-Encoding. Anything else (another path, a malformed or oversized head, a chunked or
+compressed body) is handed, with every byte read of it, to aiohttp's connection
+(`GuardedConnection`), which answers it and keeps the connection from then on. So each error
+envelope, limit and behaviour of the aiohttp server stays one implementation, and a connection
+that only ever proxies never leaves this one.
+
+The parser is fed one message at a time: the head up to its blank line, then exactly its body. A
+request pipelined behind another is still raw bytes when it is its turn, so it can be handed off
+whole. Requests on one connection are answered in order, one at a time; bytes that arrive while
+one is answered wait (reading pauses past a bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import cast
+
+import httptools
+from multidict import CIMultiDict
+
+from modelyard.errors import ModelyardError, RequestTimeout
+from modelyard.serving.connection import ListenerStats
+from modelyard.serving.drain import Drain
+from modelyard.serving.reply import Reply, ReplyStream
+from modelyard.serving.responses import raw_error_response, request_path
+
+log = logging.getLogger("modelyard.serving")
+
+Handler = Callable[["H1Request", Reply], Awaitable[None]]
+# (method, path) -> the handler and the path's parameters, or None: aiohttp's to answer.
+Router = Callable[[str, str], "tuple[Handler, dict[str, str]] | None"]
+# aiohttp's connection to take over from this one, given the time left to read the current head.
+HandOff = Callable[["H1Connection", float], asyncio.Protocol]
+
+# A head not complete within this many bytes goes to aiohttp, which enforces its own limits.
+MAX_HEAD_BYTES = 64 * 1024
+# Pipelined bytes kept while a request is answered before reading pauses.
+MAX_WAITING_BYTES = 256 * 1024
+_TEXT = ("utf-8", "surrogateescape")  # as aiohttp decodes header fields
+_REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
+
+
+class H1Request:
+    """One plain request, read whole. Has what `serving.reply.Inbound` asks for."""
+
+    __slots__ = (
+        "_body",
+        "client_max_size",
+        "content_length",
+        "headers",
+        "match_info",
+        "method",
+        "path",
+        "raw_path",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        raw_path: str,
+        path: str,
+        headers: CIMultiDict[str],
+        match_info: dict[str, str],
+        body: bytes,
+        client_max_size: int,
+    ) -> None:
+        self.method = method
+        self.raw_path = raw_path
+        self.path = path
+        self.headers = headers
+        self.match_info = match_info
+        self._body = body
+        self.content_length: int | None = len(body)
+        self.client_max_size = client_max_size
+
+    async def read(self) -> bytes:
+        return self._body
+
+
+class H1Settings:
+    """What every lean connection of one server shares."""
+
+    __slots__ = (
+        "drain",
+        "hand_off",
+        "header_timeout",
+        "keepalive_timeout",
+        "max_body",
+        "max_field_size",
+        "max_headers",
+        "max_line_size",
+        "on_lost",
+        "router",
+        "stats",
+    )
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        hand_off: HandOff,
+        drain: Drain,
+        stats: ListenerStats,
+        on_lost: Callable[[H1Connection], None],
+        max_body: int,
+        header_timeout: float,
+        keepalive_timeout: float,
+        max_line_size: int,
+        max_field_size: int,
+        max_headers: int,
+    ) -> None:
+        self.router = router
+        self.hand_off = hand_off
+        self.drain = drain
+        self.stats = stats
+        self.on_lost = on_lost
+        self.max_body = max_body
+        self.header_timeout = header_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self.max_line_size = max_line_size
+        self.max_field_size = max_field_size
+        self.max_headers = max_headers
+
+
+class _HandOff(Exception):
+    """Raised from a parser callback: this request is aiohttp's (the parser stops there)."""
+
+
+class H1Connection(asyncio.Protocol):
+    def __init__(self, settings: H1Settings, loop: asyncio.AbstractEventLoop) -> None:
+        self._s = settings
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._raw = bytearray()  # the current request's bytes from its first, and any after it
+        self._scanned = 0  # how far _raw was searched for the end of the head
+        self._head_end = 0  # the head's length once complete, else 0
+        self._body_end = 0  # the request's length once its head is read
+        # What the parser callbacks collect for the current head:
+        self._url = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._handler: Handler | None = None
+        self._match: dict[str, str] = {}
+        self._complete = False
+        self._keep_alive = True
+        self._task: asyncio.Task[None] | None = None  # the request being answered
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_deadline = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_since = 0.0  # when the last answer ended
+        self._reading_paused = False
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._handed_off = False
+        self._lost = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport
+        if self._s.header_timeout > 0:  # the first head is timed from the connection's start
+            self._start_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self._handed_off:
+            return
+        self._raw += data
+        if self._task is not None:  # pipelined behind the request being answered: its turn comes
+            if len(self._raw) > MAX_WAITING_BYTES and not self._reading_paused:
+                self._reading_paused = True
+                assert self._transport is not None
+                self._transport.pause_reading()
+            return
+        self._read()
+
+    def eof_received(self) -> bool | None:
+        return False  # the client is done sending: close once this is seen
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        self._stop_timers()
+        if self._task is not None:
+            self._task.cancel()  # the client went away: stop the request (and its upstream call)
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._s.on_lost(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # --- for the server ------------------------------------------------------------------
+
+    @property
+    def answering(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    def close_if_idle(self) -> None:
+        if self._task is None and self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    # --- reading -------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        """Read requests from `_raw` until one is being answered, more bytes are needed, or the
+        connection went to aiohttp."""
+        while self._raw and self._task is None and not self._handed_off:
+            if not self._head_end and not self._read_head():
+                return
+            if len(self._raw) < self._body_end:
+                return  # the rest of the body is still coming
+            if self._body_end > self._head_end:
+                try:
+                    self._parser.feed_data(bytes(self._raw[self._head_end : self._body_end]))
+                except httptools.HttpParserError:
+                    self._hand_off()  # not expected after a good head; aiohttp says what is wrong
+                    return
+            self._answer()
+
+    def _read_head(self) -> bool:
+        """Feed the parser the head once it is all here; False while it is not (or handed off)."""
+        raw = self._raw
+        if self._scanned == 0:
+            while raw[:2] == b"\r\n":  # empty lines before a request are allowed (RFC 9112 2.2)
+                del raw[:2]
+            if not raw:
+                return False
+        end = raw.find(b"\r\n\r\n", max(0, self._scanned - 3))
+        if end < 0:
+            if self._head_timer is None and self._s.header_timeout > 0:
+                self._start_head_timer()  # timed from its first byte; most heads come in one read
+            self._scanned = len(raw)
+            if len(raw) > MAX_HEAD_BYTES or b"\n\n" in raw:
+                self._hand_off()  # too long for this server, or bare line ends: aiohttp decides
+            return False
+        self._head_end = end + 4
+        self._stop_head_timer()
+        try:
+            self._parser.feed_data(bytes(raw[: self._head_end]))
+        except (httptools.HttpParserError, _HandOff):
+            self._hand_off()
+            return False
+        return not self._handed_off
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > self._s.max_line_size:
+            raise _HandOff
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if (
+            len(self._fields) >= self._s.max_headers
+            or len(name) + len(value) > self._s.max_field_size
+            or name.lower() in _REFUSED_HEADERS
+        ):
+            raise _HandOff
+        self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        if parser.get_http_version() != "1.1" or parser.should_upgrade():
+            raise _HandOff
+        url = self._url.decode("latin-1")
+        path = url.partition("?")[0]
+        if not path.startswith("/") or "%" in path or "/." in path or "//" in path:
+            raise _HandOff  # absolute form, or a path aiohttp decodes or normalises
+        routed = self._s.router(parser.get_method().decode("latin-1"), path)
+        if routed is None:
+            raise _HandOff
+        length = 0
+        for name, value in self._fields:
+            if name.lower() == b"content-length":
+                length = int(value)  # the parser has checked it is digits, and one value
+        if length > self._s.max_body:
+            raise _HandOff  # aiohttp answers 413
+        self._handler, self._match = routed
+        self._body_end = self._head_end + length
+        self._keep_alive = parser.should_keep_alive()  # read here: the parser resets it later
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    # --- answering -----------------------------------------------------------------------
+
+    def _answer(self) -> None:
+        assert self._handler is not None and self._complete
+        raw = self._raw
+        url = self._url.decode("latin-1")
+        request = H1Request(
+            self._parser.get_method().decode("latin-1"),
+            url,
+            url.partition("?")[0],
+            CIMultiDict((n.decode(*_TEXT), v.decode(*_TEXT)) for n, v in self._fields),
+            self._match,
+            bytes(raw[self._head_end : self._body_end]),
+            self._s.max_body,
+        )
+        keep_alive = self._keep_alive
+        del raw[: self._body_end]
+        handler = self._handler
+        self._url = b""
+        self._fields = []
+        self._handler = None
+        self._complete = False
+        self._scanned = self._head_end = self._body_end = 0
+        reply = _H1Reply(self, keep_alive and not self._s.drain.active)
+        self._task = self._loop.create_task(self._run(handler, request, reply))
+
+    async def _run(self, handler: Handler, request: H1Request, reply: _H1Reply) -> None:
+        try:
+            await handler(request, reply)
+            if not reply.started:
+                raise RuntimeError(f"{request.method} {request.path}: the handler sent no answer")
+            if not reply.finished:
+                reply.keep_alive = False  # a stream left unfinished (the client went away)
+        except (asyncio.CancelledError, ConnectionError):
+            reply.keep_alive = False  # the client went away
+        except Exception:
+            log.exception("unanswered error on %s %s", request.method, request.path)
+            reply.keep_alive = False
+            if not reply.started and self._transport is not None:
+                error = ModelyardError("internal server error; see the server log")
+                self._transport.write(raw_error_response(error, request.path))
+        finally:
+            self._task = None
+        await self._answered(reply.keep_alive)
+
+    async def _answered(self, keep_alive: bool) -> None:
+        transport = self._transport
+        if transport is None or self._lost:
+            return
+        if not keep_alive:
+            transport.close()
+            return
+        if self._write_paused:
+            await self.drain()  # let the client read before answering the next request
+            if self._lost:
+                return
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        if self._raw:
+            self._read()
+        self._idle_since = self._loop.time()
+        if self._idle_timer is None and self._s.keepalive_timeout > 0:
+            # One timer that looks again when it fires, not one per request.
+            due = self._idle_since + self._s.keepalive_timeout
+            self._idle_timer = self._loop.call_at(due, self._idle_check)
+
+    def write(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or self._lost or transport.is_closing():
+            raise ConnectionResetError("the client has closed the connection")
+        transport.write(data)
+
+    async def drain(self) -> None:
+        if not self._write_paused or self._lost:
+            return
+        self._drained = self._loop.create_future()
+        try:
+            await self._drained
+        finally:
+            self._drained = None
+        if self._lost:
+            raise ConnectionResetError("the client has closed the connection")
+
+    # --- handing off, timers -------------------------------------------------------------
+
+    def _hand_off(self) -> None:
+        """aiohttp's connection takes this one over, from the first byte of the current request."""
+        self._handed_off = True
+        timed = self._head_timer is not None
+        left = self._head_deadline - self._loop.time() if timed else self._s.header_timeout
+        self._stop_timers()
+        transport = self._transport
+        assert transport is not None
+        successor = self._s.hand_off(self, max(left, 0.001) if self._s.header_timeout > 0 else 0.0)
+        transport.set_protocol(successor)
+        successor.connection_made(transport)
+        raw, self._raw = bytes(self._raw), bytearray()
+        if raw:
+            successor.data_received(raw)
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _start_head_timer(self) -> None:
+        self._head_deadline = self._loop.time() + self._s.header_timeout
+        self._head_timer = self._loop.call_at(self._head_deadline, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _stop_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _stop_timers(self) -> None:
+        self._stop_head_timer()
+        self._stop_idle_timer()
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        transport = self._transport
+        if transport is None or self._handed_off or self._task is not None:
+            return
+        self._s.stats.header_timeouts += 1
+        if self._raw:
+            limit = self._s.header_timeout
+            error = RequestTimeout(
+                f"the request head was not complete within listen.header_timeout ({limit:g}s)"
+            )
+            line_end = self._raw.find(b"\n")
+            path = request_path(bytes(self._raw[: line_end + 1])) if line_end >= 0 else None
+            transport.write(raw_error_response(error, path))
+        transport.close()
+
+    def _idle_check(self) -> None:
+        """Close the connection if it has been idle (nothing being read or answered) for
+        listen.keepalive_timeout; else look again when it could have been."""
+        self._idle_timer = None
+        if self._transport is None or self._handed_off or self._lost:
+            return
+        due = self._idle_since + self._s.keepalive_timeout
+        if self._task is None and not self._raw and due <= self._loop.time():
+            self._transport.close()
+            return
+        if self._task is not None or self._raw:
+            due = self._loop.time() + self._s.keepalive_timeout
+        self._idle_timer = self._loop.call_at(due, self._idle_check)
+
+
+# --- writing -------------------------------------------------------------------------------
+
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+_date_second = 0
+_date_line = b""
+
+
+def _date() -> bytes:
+    """The Date header, formatted once a second."""
+    global _date_second, _date_line
+    now = int(time.time())
+    if now != _date_second:
+        _date_second = now
+        _date_line = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+    return _date_line
+
+
+def _head(status: int, headers: CIMultiDict[str], framing: bytes, keep_alive: bool) -> bytes:
+    line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode()
+    fields = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    close = b"" if keep_alive else b"Connection: close\r\n"
+    return line + fields.encode(*_TEXT) + framing + close + _date() + b"\r\n"
+
+
+class _H1Reply:
+    __slots__ = ("_connection", "finished", "keep_alive", "request_id", "started")
+
+    def __init__(self, connection: H1Connection, keep_alive: bool) -> None:
+        self._connection = connection
+        self.keep_alive = keep_alive
+        self.request_id: str | None = None
+        self.started = False
+        self.finished = False
+
+    def whole(self, status: int, headers: CIMultiDict[str], body: bytes) -> None:
+        if self.started:
+            raise RuntimeError("this request has been answered")
+        self.started = True
+        framing = b"Content-Length: %d\r\n" % len(body)
+        self._connection.write(_head(status, headers, framing, self.keep_alive) + body)
+        self.finished = True
+
+    async def stream(self, status: int, headers: CIMultiDict[str]) -> ReplyStream:
+        if self.started:
+            raise RuntimeError("this request has been answered")
+        self.started = True
+        self._connection.write(_head(status, headers, b"Transfer-Encoding: chunked\r\n", self.keep_alive))
+        return _H1Stream(self)
+
+
+class _H1Stream:
+    __slots__ = ("_reply",)
+
+    def __init__(self, reply: _H1Reply) -> None:
+        self._reply = reply
+
+    async def write(self, chunk: bytes) -> None:
+        if not chunk:
+            return  # an empty chunk would end the body
+        connection = self._reply._connection
+        connection.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        await connection.drain()
+
+    async def end(self) -> None:
+        connection = self._reply._connection
+        connection.write(b"0\r\n\r\n")
+        self._reply.finished = True
+        await connection.drain()
