@@ -101,6 +101,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(appended as `-c PATH` when absent). Default: .venv/bin/modelyard serve -c {config} "
         "--log-level warning (uvloop is used when installed in that environment)",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=CMD",
+        help="one more gateway as a target named NAME, started by CMD as --gateway-cmd says "
+        "(repeatable): before/after or setting against setting in one run, e.g. "
+        "--variant 'aiohttp=env MODELYARD_LISTEN__LEAN=false .venv/bin/modelyard serve -c {config}'",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write raw results (every run) here")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (configs, logs)")
     args = parser.parse_args(argv)
@@ -109,6 +118,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.targets is None:
         found = shutil.which(args.vllm_router) is not None
         args.targets = [t for t in TARGETS if t != "vllm-router" or found]
+    variants: dict[str, str] = {}
+    for text in args.variant:
+        name, sep, command = text.partition("=")
+        if not sep or not name or not command.strip() or name in TARGETS or name in variants:
+            taken = ", ".join(TARGETS)
+            parser.error(f"--variant {text!r}: expected NAME=CMD with a new name (not one of {taken})")
+        variants[name] = command
+    args.variants = variants
+    args.targets = [*args.targets, *variants]
     return args
 
 
@@ -197,7 +215,8 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
     children: list[Child] = []
     try:
         # One call for every port: a later call could hand out one already given, not yet bound.
-        *backend_ports, proxy_port, gateway_port, router_port = free_ports(6)
+        ports = free_ports(5 + 1 + len(args.variants))
+        backend_ports, proxy_port, router_port, gateway_ports = ports[:3], ports[3], ports[4], ports[5:]
         backends = start_nginx(
             "backends (nginx)", tmp / "backends", backends_conf(tmp / "backends", backend_ports)
         )
@@ -238,21 +257,28 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
             urls["vllm-router"] = f"http://127.0.0.1:{router_port}{CHAT_PATH}"
             wait_for_chat(urls["vllm-router"], router)
             proxies["vllm-router"] = router.proc.pid
-        gateway: Child | None = None
-        if "modelyard" in args.targets:
-            config = tmp / "gateway.yaml"
-            config.write_text(gateway_yaml(gateway_port, backend_ports))
-            argv = gateway_argv(args.gateway_cmd, config)
-            meta["gateway_argv"] = argv
-            meta["gateway_versions"] = gateway_versions(argv)
-            gateway = Child("modelyard gateway", argv, tmp / "gateway.log")
+        gateways: dict[str, Child] = {}
+        commands = {"modelyard": args.gateway_cmd, **args.variants}
+        for (name, command), port in zip(commands.items(), gateway_ports, strict=True):
+            if name not in args.targets:
+                continue
+            config = tmp / f"gateway-{name}.yaml"
+            config.write_text(gateway_yaml(port, backend_ports))
+            argv = gateway_argv(command, config)
+            gateway = Child(f"gateway {name}", argv, tmp / f"gateway-{name}.log")
             children.append(gateway)
-            urls["modelyard"] = f"http://127.0.0.1:{gateway_port}{CHAT_PATH}"
-            status, body = wait_for_chat(urls["modelyard"], gateway)
-            meta["gateway_event_loop"] = loaded_event_loop(gateway.proc.pid)
-            proxies["modelyard"] = gateway.proc.pid
+            gateways[name] = gateway
+            urls[name] = f"http://127.0.0.1:{port}{CHAT_PATH}"
+            status, body = wait_for_chat(urls[name], gateway)
+            proxies[name] = gateway.proc.pid
+            if name == "modelyard":
+                meta["gateway_argv"] = argv
+                meta["gateway_versions"] = gateway_versions(argv)
+                meta["gateway_event_loop"] = loaded_event_loop(gateway.proc.pid)
+            else:
+                meta.setdefault("variant_argv", {})[name] = argv
             if not 200 <= status < 300:
-                say(f"[red]modelyard: first request answered {status}:[/red] {escape(repr(body[:300]))}")
+                say(f"[red]{name}: first request answered {status}:[/red] {escape(repr(body[:300]))}")
                 say(f"gateway log tail:\n{escape(gateway.log_tail())}")
 
         # One request per target before loading it: the answer must be the backend's chat.completion.
@@ -291,15 +317,16 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
                     result.repeat = round_
                     runs.append(result)
                     say(
-                        f"[{len(runs)}/{total}] {target:<9} c={conns:<3} {result.requests_per_s:>9.0f} req/s"
+                        f"[{len(runs)}/{total}] {target:<11} c={conns:<3} {result.requests_per_s:>9.0f} req/s"
                         f"  p50 {result.p50_ms:.3f} ms  p99 {result.p99_ms:.3f} ms  errors {result.errors}"
                         + (f"  (wrk exit {result.returncode})" if result.returncode else "")
                     )
-        if gateway is not None and not gateway.alive():
-            code = gateway.proc.returncode
-            say(f"[red]the gateway exited during the run ({code}):[/red]\n{escape(gateway.log_tail())}")
-        if gateway is not None:
-            meta["gateway_log_tail"] = gateway.log_tail(50)
+        for name, gateway in gateways.items():
+            if not gateway.alive():
+                code = gateway.proc.returncode
+                say(f"[red]{name} exited during the run ({code}):[/red]\n{escape(gateway.log_tail())}")
+        if "modelyard" in gateways:
+            meta["gateway_log_tail"] = gateways["modelyard"].log_tail(50)
         return {"urls": urls, "runs": runs, **meta}
     finally:
         for child in reversed(children):
@@ -407,6 +434,8 @@ def footer(info: dict[str, Any]) -> list[str]:
             f"gateway: {info['gateway_versions']}; event loop: {info.get('gateway_event_loop', '?')}"
         )
         lines.append(f"gateway command: {shlex.join(info['gateway_argv'])}")
+    for name, argv in info.get("variant_argv", {}).items():
+        lines.append(f"{name} command: {shlex.join(argv)}")
     lines.append(
         f"load: wrk 1 thread, {info['duration_s']:g}s per run, "
         f"{WARMUP_S:g}s warm-up per target (not reported); backends: 3 zero-latency nginx servers (1 worker)"

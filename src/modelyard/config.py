@@ -268,7 +268,12 @@ class OutlierDetectionConfig(_Strict):
     max_ejection_time: Seconds = 300.0
     max_ejection_percent: float = Field(10.0, ge=0, le=100)
     latency_factor: float = Field(3.0, gt=1, description="eject above this many times the pool median")
-    latency_min_requests: int = Field(10, ge=1, description="recent requests an endpoint needs to be judged")
+    latency_min_requests: int = Field(
+        10,
+        ge=1,
+        description="recent latency samples an endpoint needs to be judged (one per answer, at most "
+        "256 per latency_window: one per window/256 seconds)",
+    )
     latency_window: Seconds = Field(30.0, description="how far back 'recent' latency reaches")
     enabled: bool = True
 

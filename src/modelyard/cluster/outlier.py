@@ -20,8 +20,8 @@ T = TypeVar("T")
 
 Reason = Literal["consecutive_5xx", "latency"]
 
-# Enough for a stable median at the request rates one gateway sees per endpoint in a window, and a
-# bound on the tuple `observe` copies per answer.
+# Latency samples kept per endpoint and window: enough for a stable median, and a bound on the
+# tuple `observe` copies when it takes one.
 MAX_SAMPLES = 256
 
 
@@ -69,14 +69,19 @@ def observe(
 ) -> OutlierState:
     """The state after one answer. `ok=False` is whatever the caller counts as a failure (a 5xx, a
     refused or reset connection); pass `latency` only when it says something about the endpoint's
-    speed (a fast 500 would drag the median down)."""
+    speed (a fast 500 would drag the median down). A latency is sampled when the endpoint's last
+    sample is at least `latency_window / MAX_SAMPLES` old."""
     failures = 0 if ok else state.consecutive_failures + 1
     samples = state.samples
-    if latency is not None:
-        # Samples are in time order: cut the old ones by bisection and slicing, which run at C
-        # speed (this is on the request path, once per answer).
+    # At most MAX_SAMPLES per window, evenly: under load the samples span the whole window instead
+    # of its last few hundred answers, and most answers change nothing (this runs once per answer).
+    if latency is not None and (not samples or now - samples[-1][0] >= config.latency_window / MAX_SAMPLES):
+        # Samples are in time order: cut the old ones by bisection and slicing, at C speed.
         start = bisect.bisect_left(samples, (now - config.latency_window,))
-        samples = (*samples[max(start, len(samples) - (MAX_SAMPLES - 1)) :], (now, latency))
+        kept = samples[max(start, len(samples) - (MAX_SAMPLES - 1)) :]
+        samples = kept + ((now, latency),)  # noqa: RUF005 (one copy; unpacking makes two)
+    elif failures == state.consecutive_failures:
+        return state
     return OutlierState(failures, state.ejections, state.ejected_until, state.healthy_since, samples)
 
 

@@ -40,8 +40,10 @@ def fail(state: OutlierState, times: int = 1, now: float = 0.0) -> OutlierState:
 def timed(
     state: OutlierState, latencies: list[float], now: float, cfg: OutlierDetectionConfig = CONFIG
 ) -> OutlierState:
-    for latency in latencies:
-        state = observe(state, ok=True, latency=latency, now=now, config=cfg)
+    """Answers with these latencies, the last at `now`, each a sampling interval after the one before."""
+    gap = cfg.latency_window / MAX_SAMPLES
+    for i, latency in enumerate(latencies):
+        state = observe(state, ok=True, latency=latency, now=now - (len(latencies) - 1 - i) * gap, config=cfg)
     return state
 
 
@@ -68,10 +70,29 @@ def test_failures_count_and_a_success_resets() -> None:
 
 
 def test_latency_samples_are_recorded_bounded_and_aged_out() -> None:
-    state = timed(OutlierState(), [0.1] * (MAX_SAMPLES + 10), now=0.0)
-    assert len(state.samples) == MAX_SAMPLES
-    state = timed(state, [0.2], now=31.0)  # everything before now - latency_window is dropped
-    assert state.samples == ((31.0, 0.2),)
+    gap = CONFIG.latency_window / MAX_SAMPLES
+    state = OutlierState()
+    for i in range(2 * MAX_SAMPLES):  # a sample per interval: the window holds MAX_SAMPLES
+        state = observe(state, ok=True, latency=0.1, now=i * gap, config=CONFIG)
+    assert MAX_SAMPLES - 1 <= len(state.samples) <= MAX_SAMPLES
+    state = timed(state, [0.2], now=200.0)  # everything before now - latency_window is dropped
+    assert state.samples == ((200.0, 0.2),)
+
+
+def test_answers_closer_than_the_sampling_interval_are_sampled_once() -> None:
+    gap = CONFIG.latency_window / MAX_SAMPLES
+    state = OutlierState()
+    for i in range(100):  # 100 answers within one interval
+        state = observe(state, ok=True, latency=0.1 + i, now=i * gap / 100, config=CONFIG)
+    assert state.samples == ((0.0, 0.1),)
+    state = observe(state, ok=True, latency=0.5, now=gap, config=CONFIG)
+    assert state.samples == ((0.0, 0.1), (gap, 0.5))
+
+
+def test_an_answer_that_changes_nothing_keeps_the_state() -> None:
+    state = timed(OutlierState(), [0.1], now=0.0)
+    assert observe(state, ok=True, latency=0.1, now=0.001, config=CONFIG) is state
+    assert observe(state, ok=True, latency=None, now=0.001, config=CONFIG) is state
 
 
 def test_no_latency_no_sample() -> None:
