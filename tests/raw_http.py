@@ -4,6 +4,7 @@ pipelining, heads split across writes, keep-alive and `Connection: close`."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import orjson
@@ -71,9 +72,18 @@ class Client:
         self.writer = writer
 
     @classmethod
-    async def connect(cls, url: str) -> Client:
+    async def connect(cls, url: str, *, receive_buffer: int | None = None) -> Client:
+        """`receive_buffer`: a small kernel receive buffer, so that what the client leaves unread
+        stays with the server."""
         host, port = url.removeprefix("http://").rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        if receive_buffer is None:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            return cls(reader, writer)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**16)
         return cls(reader, writer)
 
     async def send(self, data: bytes) -> None:

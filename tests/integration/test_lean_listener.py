@@ -6,14 +6,16 @@ move to aiohttp in the middle of a connection, and answers equal to aiohttp's ow
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 
-from raw_http import Client, Reply, closed_by_server, read_reply, request
-from support import model_config
+from raw_http import TIMEOUT, Client, Reply, closed_by_server, read_reply, request
+from support import model_config, wait_until
 
 CHAT = "/v1/chat/completions"
 CHAT_BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}]})
@@ -120,6 +122,16 @@ async def test_a_body_over_the_limit_is_413_before_it_is_sent(sim_workers, gatew
     assert "limits.max_body_bytes (1000 bytes)" in reply.json()["error"]["message"]
 
 
+def chat_body(max_tokens: int) -> bytes:
+    return orjson.dumps(
+        {"model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+    )
+
+
+async def _true(value: bool) -> bool:  # wait_until takes a coroutine
+    return value
+
+
 def _comparable(reply: Reply) -> tuple[int, dict[str, str], Any]:
     headers = {k: v for k, v in reply.headers.items() if k not in VARYING}
     if reply.headers.get("content-type", "").startswith("text/event-stream"):
@@ -187,3 +199,147 @@ async def test_keepalive_timeout_closes_idle_connections_not_busy_ones(sim_worke
     idle_from = time.monotonic()
     assert await closed_by_server(client.reader)
     assert 0.25 < time.monotonic() - idle_from < 5
+
+
+# --- found in review: each of these once broke the lean connection --------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\n\r\n\r\nGET /v2/models/m/ready HTTP/1.1\r\nHost: t\r\n\r\n",  # blank lines, bare LFs too
+        b"GET /v2/models/m HTTP/1.1\r\nHost: x\n\r\n",  # a bare LF ends the last header
+        b"GET /v2/models/m HTTP/1.1\n\r\n",
+        b"GET /v2/models/m#frag HTTP/1.1\r\nHost: t\r\n\r\n",  # a fragment is not part of the path
+        b"GET /v1/models/m#x HTTP/1.1\r\nHost: t\r\n\r\n",
+    ],
+)
+async def test_odd_heads_are_answered_as_aiohttp_answers_them(pair, clients, raw):
+    replies = []
+    for gateway in pair:
+        client = await clients(gateway.url)
+        await client.send(raw)
+        replies.append(await read_reply(client.reader))
+    assert _comparable(replies[0]) == _comparable(replies[1])
+
+
+async def test_blank_lines_split_across_reads_before_a_request(pair, clients):
+    lean, _ = pair
+    client = await clients(lean.url)
+    assert (await client.exchange(request("GET", "/v2/models/m/ready"))).status == 200
+    for part in (b"\r", b"\n\r\n", request("GET", "/v2/models/m/ready")):
+        await client.send(part)
+        await asyncio.sleep(0)
+    assert (await read_reply(client.reader)).status == 200
+
+
+async def test_a_client_that_does_not_read_stops_the_requests_behind_it(sim_workers, gateways, clients):
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])])
+    body = chat_body(max_tokens=100_000)  # about 600 KB of answer each
+    client = await clients(gateway.url)
+    for _ in range(30):  # one request every 20 ms on one connection, none of the answers read yet
+        await client.send(request("POST", CHAT, body))
+        await asyncio.sleep(0.02)
+        assert worker.stats.requests_total <= 10  # the unread answers hold back the rest
+    replies = [await read_reply(client.reader) for _ in range(30)]  # then all come, in order
+    assert [r.status for r in replies] == [200] * 30
+    assert worker.stats.requests_total == 30
+
+
+async def test_a_request_pipelined_behind_one_answered_at_stop_is_not_served(sim_workers, gateways, clients):
+    workers = await sim_workers(1, decode_ms_per_token=40.0)
+    gateway = await gateways([model_config("m", workers)], listen={"host": "127.0.0.1", "port": 0})
+    slow = chat_body(max_tokens=8)
+    client = await clients(gateway.url)
+    await client.send(request("POST", CHAT, slow) + request("GET", "/v1/models"))
+    await wait_until(lambda: _true(workers[0].stats.running == 1))
+    await gateway.stop()  # the answer in flight completes; the request behind it meets a closed door
+    reply = await read_reply(client.reader)
+    assert reply.status == 200 and reply.closes
+    assert await closed_by_server(client.reader)
+
+
+async def test_an_answer_in_flight_at_stop_is_sent_whole(sim_workers, gateways):
+    (worker,) = await sim_workers(1)
+    listen = {"host": "127.0.0.1", "port": 0, "shutdown_timeout": 0.3}
+    limits = {"max_body_bytes": 32 * 1024 * 1024}
+    gateway = await gateways([model_config("m", [worker])], listen=listen, limits=limits)
+    count = 1_500_000  # the sim worker echoes the input: about 15 MB each way
+    tensor = {"name": "x", "shape": [count], "datatype": "FP32", "data": [1.2345678] * count}
+    client = await Client.connect(gateway.url, receive_buffer=4096)  # what it leaves unread stays put
+    try:
+        await client.send(request("POST", "/v2/models/m/infer", orjson.dumps({"inputs": [tensor]})))
+        async with asyncio.timeout(TIMEOUT):
+            first = await client.reader.readexactly(12)  # the answer has begun: most of it is unsent
+            await gateway.stop()
+            rest = await client.reader.read()  # read only now, after the stop, to the close
+    finally:
+        client.close()
+    head, _, body = (first + rest).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+    assert len(body) == length > 10_000_000
+    assert len(orjson.loads(body)["outputs"][0]["data"]) == count
+
+
+async def test_a_head_handed_off_late_does_not_shorten_the_next_heads_deadline(
+    sim_workers, gateways, clients
+):
+    workers = await sim_workers(1)
+    listen = {"host": "127.0.0.1", "port": 0, "header_timeout": 1.0}
+    gateway = await gateways([model_config("m", workers)], listen=listen)
+    client = await clients(gateway.url)
+    pads = {f"X-Pad-{i}": "p" * 7000 for i in range(11)}  # each under 8 KiB, 77 KB in all
+    head = request("GET", "/v2/models/m", **pads)
+    await client.send(head[:40_000])
+    await asyncio.sleep(0.6)  # a slow client: part of the head's second is spent before the hand-off
+    await client.send(head[40_000:70_000])  # past what the lean connection reads of a head: aiohttp's
+    await asyncio.sleep(0.05)  # (not in the same read as the rest)
+    await client.send(head[70_000:])
+    reply = await read_reply(client.reader)
+    assert reply.status == 200 and "aiohttp" in reply.headers["server"]  # aiohttp answered it
+    second = request("GET", "/v2/models/m")
+    await client.send(second[:10])
+    await asyncio.sleep(0.6)  # within the next head's own second
+    await client.send(second[10:])
+    assert (await read_reply(client.reader)).status == 200
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_keepalive_timeout_0_keeps_connections_open(sim_workers, gateways, clients, lean):
+    workers = await sim_workers(1)
+    listen = {"host": "127.0.0.1", "port": 0, "keepalive_timeout": 0, "lean": lean}
+    gateway = await gateways([model_config("m", workers)], listen=listen)
+    client = await clients(gateway.url)
+    for path in ("/v2/models/m/ready", "/v1/models", "/v1/models"):
+        reply = await client.exchange(request("GET", path))
+        assert reply.status == 200 and not reply.closes
+
+
+async def test_a_204_answer_has_no_content_length(gateways, clients):
+    async def no_content(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=204)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"healthy": True})
+
+    app = web.Application()
+    app.router.add_post(CHAT, no_content)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        models = [{"name": "m", "endpoints": [{"url": f"http://{host}:{port}"}]}]
+        replies = []
+        for lean in (True, False):
+            gateway = await gateways(models, listen={"host": "127.0.0.1", "port": 0, "lean": lean})
+            client = await clients(gateway.url)
+            replies.append(await client.exchange(request("POST", CHAT, CHAT_BODY)))
+        assert [r.status for r in replies] == [204, 204]
+        assert ["content-length" in r.headers for r in replies] == [False, False]  # RFC 9110 8.6
+    finally:
+        await runner.cleanup()

@@ -111,7 +111,8 @@ def create_app(
 
 def lean_router(gateway: Gateway) -> Router:
     """The proxied routes, for the lean HTTP/1.1 connection (serving/h1.py): the same handlers as
-    the aiohttp routes above, matched the same way; anything else is aiohttp's."""
+    the aiohttp routes above, for the same paths (the connection leaves paths with a fragment,
+    percent-escapes or dot segments to aiohttp, which decodes them); anything else is aiohttp's."""
     handle = inference.lean_handler
     openai_paths = {path: handle(gateway, route) for path, route in OPENAI_ROUTES.items()}
     oip_infer = handle(gateway, inference.oip_infer)

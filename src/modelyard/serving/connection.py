@@ -33,6 +33,9 @@ from modelyard.serving.responses import envelope, raw_error_response, request_pa
 
 log = logging.getLogger("modelyard.serving")
 
+# keepalive_timeout 0 ("none"): a year, as aiohttp takes 0 for "close after each answer".
+NO_KEEPALIVE_LIMIT = 365 * 24 * 3600.0
+
 # aiohttp's parsers raise a plain BadHttpMessage with this text for more than max_headers headers.
 TOO_MANY_HEADERS = "Too many headers received"
 
@@ -76,6 +79,7 @@ class GuardedConnection(RequestHandler):
         "_answered",
         "_body",
         "_error_line",
+        "_first_head_timeout",
         "_guard_heads",
         "_head_line",
         "_head_started",
@@ -101,11 +105,13 @@ class GuardedConnection(RequestHandler):
         max_line_size: int,
         max_field_size: int,
         max_headers: int,
+        first_head_timeout: float | None = None,
     ) -> None:
         super().__init__(
             manager,
             loop=loop,
-            keepalive_timeout=keepalive_timeout,
+            # aiohttp closes at once after each answer with 0; ours means no limit
+            keepalive_timeout=keepalive_timeout or NO_KEEPALIVE_LIMIT,
             access_log=None,  # type: ignore[arg-type]  # aiohttp takes None for "no access log"
             max_line_size=max_line_size,
             max_field_size=max_field_size,
@@ -115,6 +121,9 @@ class GuardedConnection(RequestHandler):
         self._stats = stats
         self._on_lost: Callable[[], None] | None = on_lost
         self._header_timeout = header_timeout
+        # The first head's deadline, when part of its time went by before this connection took over
+        # (a lean connection's hand-off): the heads after it get header_timeout.
+        self._first_head_timeout = header_timeout if first_head_timeout is None else first_head_timeout
         self._line_limit = max_line_size + 2  # the request line and its CRLF
         self._guard_heads = header_timeout > 0
         self._head_timer: asyncio.TimerHandle | None = None
@@ -129,7 +138,7 @@ class GuardedConnection(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if self._guard_heads:  # the first head is timed from the connection's start
-            self._head_timer = self._timer_loop.call_later(self._header_timeout, self._head_timed_out)
+            self._head_timer = self._timer_loop.call_later(self._first_head_timeout, self._head_timed_out)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_head_timer()

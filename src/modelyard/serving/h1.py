@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 connection for the routes that carry a server's traffic: an asyncio protocol
-over httptools, without aiohttp's request, response and dispatch objects (about a third of the
-gateway's CPU per proxied request went to them).
+over httptools, without aiohttp's request, response and dispatch objects (a fifth to a third of
+the gateway's CPU per proxied request went to them; benchmarks/README.md).
 
 It serves plain requests only: HTTP/1.1, a method and path its router knows, no body or one framed
 by Content-Length within the body limit, and no Expect, Upgrade, Transfer-Encoding or
@@ -12,8 +12,9 @@ that only ever proxies never leaves this one.
 
 The parser is fed one message at a time: the head up to its blank line, then exactly its body. A
 request pipelined behind another is still raw bytes when it is its turn, so it can be handed off
-whole. Requests on one connection are answered in order, one at a time; bytes that arrive while
-one is answered wait (reading pauses past a bound).
+whole. Requests on one connection are answered in order, one at a time: bytes that arrive while
+one is answered, until the client has taken its answer (the transport below its high-water mark),
+wait, and reading pauses past a bound.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ Handler = Callable[["H1Request", Reply], Awaitable[None]]
 # (method, path) -> the handler and the path's parameters, or None: aiohttp's to answer.
 Router = Callable[[str, str], "tuple[Handler, dict[str, str]] | None"]
 # aiohttp's connection to take over from this one, given the time left to read the current head.
-HandOff = Callable[["H1Connection", float], asyncio.Protocol]
+Successor = Callable[["H1Connection", float], asyncio.Protocol]
 
 # A head not complete within this many bytes goes to aiohttp, which enforces its own limits.
 MAX_HEAD_BYTES = 64 * 1024
@@ -73,6 +74,7 @@ class H1Request:
         headers: CIMultiDict[str],
         match_info: dict[str, str],
         body: bytes,
+        content_length: int | None,
         client_max_size: int,
     ) -> None:
         self.method = method
@@ -81,7 +83,7 @@ class H1Request:
         self.headers = headers
         self.match_info = match_info
         self._body = body
-        self.content_length: int | None = len(body)
+        self.content_length = content_length
         self.client_max_size = client_max_size
 
     async def read(self) -> bytes:
@@ -93,7 +95,6 @@ class H1Settings:
 
     __slots__ = (
         "drain",
-        "hand_off",
         "header_timeout",
         "keepalive_timeout",
         "max_body",
@@ -103,13 +104,15 @@ class H1Settings:
         "on_lost",
         "router",
         "stats",
+        "stopping",
+        "successor",
     )
 
     def __init__(
         self,
         *,
         router: Router,
-        hand_off: HandOff,
+        successor: Successor,
         drain: Drain,
         stats: ListenerStats,
         on_lost: Callable[[H1Connection], None],
@@ -121,7 +124,8 @@ class H1Settings:
         max_headers: int,
     ) -> None:
         self.router = router
-        self.hand_off = hand_off
+        self.successor = successor
+        self.stopping = False  # set by the server's stop: answers close, nothing is handed off
         self.drain = drain
         self.stats = stats
         self.on_lost = on_lost
@@ -133,13 +137,13 @@ class H1Settings:
         self.max_headers = max_headers
 
 
-class _HandOff(Exception):
+class _NotLean(Exception):
     """Raised from a parser callback: this request is aiohttp's (the parser stops there)."""
 
 
 class H1Connection(asyncio.Protocol):
     def __init__(self, settings: H1Settings, loop: asyncio.AbstractEventLoop) -> None:
-        self._s = settings
+        self._settings = settings
         self._loop = loop
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -152,9 +156,11 @@ class H1Connection(asyncio.Protocol):
         self._fields: list[tuple[bytes, bytes]] = []
         self._handler: Handler | None = None
         self._match: dict[str, str] = {}
+        self._length: int | None = None
         self._complete = False
         self._keep_alive = True
-        self._task: asyncio.Task[None] | None = None  # the request being answered
+        # The request being answered, from its head until its answer is written out (drained).
+        self._task: asyncio.Task[None] | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_deadline = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -169,7 +175,7 @@ class H1Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport
-        if self._s.header_timeout > 0:  # the first head is timed from the connection's start
+        if self._settings.header_timeout > 0:  # the first head is timed from the connection's start
             self._start_head_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -185,24 +191,24 @@ class H1Connection(asyncio.Protocol):
         self._read()
 
     def eof_received(self) -> bool | None:
-        return False  # the client is done sending: close once this is seen
+        # The client is done sending: close, which cancels a request still being answered (as
+        # aiohttp's server does; a half-closing client gets no answer from either).
+        return False
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
         self._stop_timers()
         if self._task is not None:
             self._task.cancel()  # the client went away: stop the request (and its upstream call)
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-        self._s.on_lost(self)
+        self._wake_drain()
+        self._settings.on_lost(self)
 
     def pause_writing(self) -> None:
         self._write_paused = True
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+        self._wake_drain()
 
     # --- for the server ------------------------------------------------------------------
 
@@ -210,13 +216,15 @@ class H1Connection(asyncio.Protocol):
     def answering(self) -> asyncio.Task[None] | None:
         return self._task
 
-    def close_if_idle(self) -> None:
-        if self._task is None and self._transport is not None:
-            self._transport.close()
+    @property
+    def draining(self) -> bool:
+        return self._settings.drain.active
 
-    def abort(self) -> None:
+    def close(self) -> None:
+        """Close once what is written has been sent (a request being answered is the server's to
+        wait for or cancel first)."""
         if self._transport is not None:
-            self._transport.abort()
+            self._transport.close()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -240,60 +248,79 @@ class H1Connection(asyncio.Protocol):
         """Feed the parser the head once it is all here; False while it is not (or handed off)."""
         raw = self._raw
         if self._scanned == 0:
-            while raw[:2] == b"\r\n":  # empty lines before a request are allowed (RFC 9112 2.2)
-                del raw[:2]
+            # Empty lines before a request are allowed (RFC 9112 2.2), bare LFs too.
+            blank = len(raw) - len(raw.lstrip(b"\r\n"))
+            if blank:
+                del raw[:blank]
             if not raw:
                 return False
+        since = self._scanned
+        if since and raw[since - 1] == 13:  # a CR at the end of the last read: its LF may be next
+            since -= 1
         end = raw.find(b"\r\n\r\n", max(0, self._scanned - 3))
+        stop = len(raw) if end < 0 else end + 4
+        if raw.count(b"\n", since, stop) != raw.count(b"\r\n", since, stop):
+            self._hand_off()  # a line ended by a bare LF: aiohttp's parser says what it makes of it
+            return False
         if end < 0:
-            if self._head_timer is None and self._s.header_timeout > 0:
+            if self._head_timer is None and self._settings.header_timeout > 0:
                 self._start_head_timer()  # timed from its first byte; most heads come in one read
             self._scanned = len(raw)
-            if len(raw) > MAX_HEAD_BYTES or b"\n\n" in raw:
-                self._hand_off()  # too long for this server, or bare line ends: aiohttp decides
+            if len(raw) > MAX_HEAD_BYTES:
+                self._hand_off()  # too long for this server: aiohttp enforces its own limits
             return False
-        self._head_end = end + 4
+        self._head_end = stop
         self._stop_head_timer()
         try:
-            self._parser.feed_data(bytes(raw[: self._head_end]))
-        except (httptools.HttpParserError, _HandOff):
+            self._parser.feed_data(bytes(raw[:stop]))
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _NotLean):
+                log.error("lean connection: a parser callback failed; aiohttp takes over", exc_info=exc)
             self._hand_off()
             return False
-        return not self._handed_off
+        except httptools.HttpParserError:
+            self._hand_off()  # malformed: aiohttp answers it in the protocol's envelope
+            return False
+        if self._handler is None:
+            self._hand_off()  # no request in those bytes; aiohttp's parser decides
+            return False
+        return True
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        if len(self._url) > self._s.max_line_size:
-            raise _HandOff
+        if len(self._url) > self._settings.max_line_size:
+            raise _NotLean
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        settings = self._settings
         if (
-            len(self._fields) >= self._s.max_headers
-            or len(name) + len(value) > self._s.max_field_size
+            len(self._fields) >= settings.max_headers
+            or len(name) + len(value) > settings.max_field_size
             or name.lower() in _REFUSED_HEADERS
         ):
-            raise _HandOff
+            raise _NotLean
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         parser = self._parser
         if parser.get_http_version() != "1.1" or parser.should_upgrade():
-            raise _HandOff
+            raise _NotLean
         url = self._url.decode("latin-1")
         path = url.partition("?")[0]
-        if not path.startswith("/") or "%" in path or "/." in path or "//" in path:
-            raise _HandOff  # absolute form, or a path aiohttp decodes or normalises
-        routed = self._s.router(parser.get_method().decode("latin-1"), path)
+        if not path.startswith("/") or "#" in url or "%" in path or "/." in path or "//" in path:
+            raise _NotLean  # absolute form, a fragment, or a path aiohttp decodes or normalises
+        routed = self._settings.router(parser.get_method().decode("latin-1"), path)
         if routed is None:
-            raise _HandOff
-        length = 0
+            raise _NotLean
+        length = None
         for name, value in self._fields:
             if name.lower() == b"content-length":
                 length = int(value)  # the parser has checked it is digits, and one value
-        if length > self._s.max_body:
-            raise _HandOff  # aiohttp answers 413
+        if length is not None and length > self._settings.max_body:
+            raise _NotLean  # aiohttp answers 413
         self._handler, self._match = routed
-        self._body_end = self._head_end + length
+        self._length = length
+        self._body_end = self._head_end + (length or 0)
         self._keep_alive = parser.should_keep_alive()  # read here: the parser resets it later
 
     def on_message_complete(self) -> None:
@@ -312,7 +339,8 @@ class H1Connection(asyncio.Protocol):
             CIMultiDict((n.decode(*_TEXT), v.decode(*_TEXT)) for n, v in self._fields),
             self._match,
             bytes(raw[self._head_end : self._body_end]),
-            self._s.max_body,
+            self._length,
+            self._settings.max_body,
         )
         keep_alive = self._keep_alive
         del raw[: self._body_end]
@@ -320,9 +348,10 @@ class H1Connection(asyncio.Protocol):
         self._url = b""
         self._fields = []
         self._handler = None
+        self._length = None
         self._complete = False
         self._scanned = self._head_end = self._body_end = 0
-        reply = _H1Reply(self, keep_alive and not self._s.drain.active)
+        reply = _H1Reply(self, keep_alive)
         self._task = self._loop.create_task(self._run(handler, request, reply))
 
     async def _run(self, handler: Handler, request: H1Request, reply: _H1Reply) -> None:
@@ -332,6 +361,8 @@ class H1Connection(asyncio.Protocol):
                 raise RuntimeError(f"{request.method} {request.path}: the handler sent no answer")
             if not reply.finished:
                 reply.keep_alive = False  # a stream left unfinished (the client went away)
+            elif reply.keep_alive:
+                await self.drain()  # the next request waits until the client has read this answer
         except (asyncio.CancelledError, ConnectionError):
             reply.keep_alive = False  # the client went away
         except Exception:
@@ -342,28 +373,24 @@ class H1Connection(asyncio.Protocol):
                 self._transport.write(raw_error_response(error, request.path))
         finally:
             self._task = None
-        await self._answered(reply.keep_alive)
+        self._after_answer(reply.keep_alive)
 
-    async def _answered(self, keep_alive: bool) -> None:
+    def _after_answer(self, keep_alive: bool) -> None:
         transport = self._transport
         if transport is None or self._lost:
             return
-        if not keep_alive:
+        if not keep_alive or self._settings.stopping:
             transport.close()
             return
-        if self._write_paused:
-            await self.drain()  # let the client read before answering the next request
-            if self._lost:
-                return
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
         if self._raw:
             self._read()
         self._idle_since = self._loop.time()
-        if self._idle_timer is None and self._s.keepalive_timeout > 0:
+        if self._idle_timer is None and self._settings.keepalive_timeout > 0:
             # One timer that looks again when it fires, not one per request.
-            due = self._idle_since + self._s.keepalive_timeout
+            due = self._idle_since + self._settings.keepalive_timeout
             self._idle_timer = self._loop.call_at(due, self._idle_check)
 
     def write(self, data: bytes) -> None:
@@ -373,27 +400,36 @@ class H1Connection(asyncio.Protocol):
         transport.write(data)
 
     async def drain(self) -> None:
-        if not self._write_paused or self._lost:
-            return
-        self._drained = self._loop.create_future()
-        try:
-            await self._drained
-        finally:
-            self._drained = None
+        """Wait while the transport's buffer is over its high-water mark."""
+        while self._write_paused and not self._lost:
+            waiter = self._drained
+            if waiter is None or waiter.done():
+                waiter = self._drained = self._loop.create_future()
+            await asyncio.shield(waiter)  # one waiter cancelled leaves the others waiting
         if self._lost:
             raise ConnectionResetError("the client has closed the connection")
+
+    def _wake_drain(self) -> None:
+        waiter, self._drained = self._drained, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     # --- handing off, timers -------------------------------------------------------------
 
     def _hand_off(self) -> None:
-        """aiohttp's connection takes this one over, from the first byte of the current request."""
+        """aiohttp's connection takes this one over, from the first byte of the current request
+        (while the server stops, the connection closes instead)."""
         self._handed_off = True
+        settings = self._settings
         timed = self._head_timer is not None
-        left = self._head_deadline - self._loop.time() if timed else self._s.header_timeout
+        left = self._head_deadline - self._loop.time() if timed else settings.header_timeout
         self._stop_timers()
         transport = self._transport
         assert transport is not None
-        successor = self._s.hand_off(self, max(left, 0.001) if self._s.header_timeout > 0 else 0.0)
+        if settings.stopping:
+            transport.close()
+            return
+        successor = settings.successor(self, max(left, 0.001) if settings.header_timeout > 0 else 0.0)
         transport.set_protocol(successor)
         successor.connection_made(transport)
         raw, self._raw = bytes(self._raw), bytearray()
@@ -404,7 +440,7 @@ class H1Connection(asyncio.Protocol):
             transport.resume_reading()
 
     def _start_head_timer(self) -> None:
-        self._head_deadline = self._loop.time() + self._s.header_timeout
+        self._head_deadline = self._loop.time() + self._settings.header_timeout
         self._head_timer = self._loop.call_at(self._head_deadline, self._head_timed_out)
 
     def _stop_head_timer(self) -> None:
@@ -412,23 +448,20 @@ class H1Connection(asyncio.Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _stop_idle_timer(self) -> None:
+    def _stop_timers(self) -> None:
+        self._stop_head_timer()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-
-    def _stop_timers(self) -> None:
-        self._stop_head_timer()
-        self._stop_idle_timer()
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
         transport = self._transport
         if transport is None or self._handed_off or self._task is not None:
             return
-        self._s.stats.header_timeouts += 1
+        self._settings.stats.header_timeouts += 1
         if self._raw:
-            limit = self._s.header_timeout
+            limit = self._settings.header_timeout
             error = RequestTimeout(
                 f"the request head was not complete within listen.header_timeout ({limit:g}s)"
             )
@@ -443,12 +476,13 @@ class H1Connection(asyncio.Protocol):
         self._idle_timer = None
         if self._transport is None or self._handed_off or self._lost:
             return
-        due = self._idle_since + self._s.keepalive_timeout
+        timeout = self._settings.keepalive_timeout
+        due = self._idle_since + timeout
         if self._task is None and not self._raw and due <= self._loop.time():
             self._transport.close()
             return
         if self._task is not None or self._raw:
-            due = self._loop.time() + self._s.keepalive_timeout
+            due = self._loop.time() + timeout
         self._idle_timer = self._loop.call_at(due, self._idle_check)
 
 
@@ -470,7 +504,7 @@ def _date() -> bytes:
 
 
 def _head(status: int, headers: CIMultiDict[str], framing: bytes, keep_alive: bool) -> bytes:
-    line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode()
+    line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode()
     fields = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
     close = b"" if keep_alive else b"Connection: close\r\n"
     return line + fields.encode(*_TEXT) + framing + close + _date() + b"\r\n"
@@ -486,11 +520,19 @@ class _H1Reply:
         self.started = False
         self.finished = False
 
+    def _close_if_draining(self) -> None:
+        """A drain or stop that began while the request ran closes the connection too, and the
+        client hears of it in this answer."""
+        if self._connection.draining:
+            self.keep_alive = False
+
     def whole(self, status: int, headers: CIMultiDict[str], body: bytes) -> None:
         if self.started:
             raise RuntimeError("this request has been answered")
         self.started = True
-        framing = b"Content-Length: %d\r\n" % len(body)
+        self._close_if_draining()
+        # 1xx, 204 and 304 have no body and may not say Content-Length (RFC 9110 8.6)
+        framing = b"" if status < 200 or status in (204, 304) else b"Content-Length: %d\r\n" % len(body)
         self._connection.write(_head(status, headers, framing, self.keep_alive) + body)
         self.finished = True
 
@@ -498,6 +540,7 @@ class _H1Reply:
         if self.started:
             raise RuntimeError("this request has been answered")
         self.started = True
+        self._close_if_draining()
         self._connection.write(_head(status, headers, b"Transfer-Encoding: chunked\r\n", self.keep_alive))
         return _H1Stream(self)
 

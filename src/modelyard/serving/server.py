@@ -91,7 +91,7 @@ class HttpServer:
             max_line_size, max_field_size, max_headers = self._parser_limits
             self._lean_settings = H1Settings(
                 router=self._lean_router,
-                hand_off=self._hand_off,
+                successor=self._successor,
                 drain=self._drain,
                 stats=self.stats,
                 on_lost=self._lean_closed,
@@ -141,9 +141,9 @@ class HttpServer:
             connection = H1Connection(self._lean_settings, loop)
             self._lean.add(connection)
             return connection
-        return self._aiohttp_connection(self.listen.header_timeout)
+        return self._aiohttp_connection()
 
-    def _aiohttp_connection(self, header_timeout: float) -> GuardedConnection:
+    def _aiohttp_connection(self, first_head_timeout: float | None = None) -> GuardedConnection:
         assert self._runner is not None and self._runner.server is not None
         max_line_size, max_field_size, max_headers = self._parser_limits
         return GuardedConnection(
@@ -151,16 +151,18 @@ class HttpServer:
             loop=asyncio.get_running_loop(),
             stats=self.stats,
             on_lost=self._connection_closed,
-            header_timeout=header_timeout,
+            header_timeout=self.listen.header_timeout,
+            first_head_timeout=first_head_timeout,
             keepalive_timeout=self.listen.keepalive_timeout,
             max_line_size=max_line_size,
             max_field_size=max_field_size,
             max_headers=max_headers,
         )
 
-    def _hand_off(self, connection: H1Connection, header_timeout: float) -> GuardedConnection:
+    def _successor(self, connection: H1Connection, head_time_left: float) -> GuardedConnection:
+        """aiohttp's connection, taking over a lean one whose current head has this long left."""
         self._lean.discard(connection)  # counted open until aiohttp's connection closes
-        return self._aiohttp_connection(header_timeout)
+        return self._aiohttp_connection(head_time_left)
 
     def _lean_closed(self, connection: H1Connection) -> None:
         self._lean.discard(connection)
@@ -185,14 +187,19 @@ class HttpServer:
 
     async def _stop_lean(self) -> None:
         """Close idle lean connections; give requests in flight on the others the shutdown timeout
-        (aiohttp's connections get theirs in `runner.cleanup`), then cancel them."""
-        for connection in list(self._lean):
-            connection.close_if_idle()
+        (aiohttp's connections get theirs in `runner.cleanup`), then cancel them. A connection
+        closes once what it has written is sent, as aiohttp's do."""
+        if self._lean_settings is None:
+            return
+        self._lean_settings.stopping = True  # an answer that ends now closes its connection
         tasks = [t for c in self._lean if (t := c.answering) is not None]
+        for connection in list(self._lean):
+            if connection.answering is None:
+                connection.close()
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=self.listen.shutdown_timeout or None)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         for connection in list(self._lean):
-            connection.abort()
+            connection.close()
