@@ -490,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     runs: list[WrkResult] = result.pop("runs")
-    info.update({k: v for k, v in result.items() if k.startswith("gateway_") and k != "gateway_log_tail"})
+    shown = ("gateway_", "variant_")  # what the footer names: versions, commands
+    info.update({k: v for k, v in result.items() if k.startswith(shown) and k != "gateway_log_tail"})
     rows = summarize(runs, args.targets, args.concurrency)
     print()
     print("\n".join(report_lines(rows, args, info)), flush=True)
