@@ -14,6 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from modelyard.serving.h1 import MAX_WAITING_BYTES
 from raw_http import TIMEOUT, Client, Reply, closed_by_server, read_reply, request
 from support import model_config, wait_until
 
@@ -212,6 +213,10 @@ async def test_keepalive_timeout_closes_idle_connections_not_busy_ones(sim_worke
         b"GET /v2/models/m HTTP/1.1\n\r\n",
         b"GET /v2/models/m#frag HTTP/1.1\r\nHost: t\r\n\r\n",  # a fragment is not part of the path
         b"GET /v1/models/m#x HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET /v2/models/m/ready HTTP/1.1\r\n\r\n",  # no Host: 400 (RFC 9112 3.2)
+        b"GET /v2/models/m/ready HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: a\r\nContent-Type: a/b\r\nContent-Type: c/d\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
     ],
 )
 async def test_odd_heads_are_answered_as_aiohttp_answers_them(pair, clients, raw):
@@ -343,3 +348,61 @@ async def test_a_204_answer_has_no_content_length(gateways, clients):
         assert ["content-length" in r.headers for r in replies] == [False, False]  # RFC 9110 8.6
     finally:
         await runner.cleanup()
+
+
+async def test_pipelined_bytes_waiting_behind_an_answer_are_bounded(sim_workers, gateways):
+    workers = await sim_workers(1)
+    gateway = await gateways([model_config("m", workers)])
+    client = await Client.connect(gateway.url, receive_buffer=4096)
+    try:
+        data = request("GET", "/v2/models/m/ready") * 400_000  # about 19 MB, none of the answers read
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(2):
+                await client.send(data)  # stalls once the server stops reading
+        waiting = [c.waiting_bytes for c in gateway.server.lean_connections]
+        assert waiting and max(waiting) <= 2 * MAX_WAITING_BYTES
+    finally:
+        client.close()
+
+
+async def test_a_head_timeout_on_an_unreadable_target_is_answered_and_closed(sim_workers, gateways, clients):
+    workers = await sim_workers(1)
+    listen = {"host": "127.0.0.1", "port": 0, "header_timeout": 0.2}
+    gateway = await gateways([model_config("m", workers)], listen=listen)
+    client = await clients(gateway.url)
+    await client.send(b"GET http://[x/ HTTP/1.1\r\nHost: a\r\n")  # and the head never ends
+    reply = await read_reply(client.reader)
+    assert reply.status == 408 and reply.json()["error"]["code"] == "header_timeout"  # the plain envelope
+    assert await closed_by_server(client.reader)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+async def test_without_a_header_timeout_the_keepalive_timeout_closes_silent_connections(
+    sim_workers, gateways, clients, lean
+):
+    workers = await sim_workers(1)
+    listen = {"host": "127.0.0.1", "port": 0, "header_timeout": 0, "keepalive_timeout": 0.3, "lean": lean}
+    gateway = await gateways([model_config("m", workers)], listen=listen)
+    silent = await clients(gateway.url)
+    started = time.monotonic()
+    assert await closed_by_server(silent.reader)
+    assert time.monotonic() - started < 5
+
+
+async def test_stop_closes_idle_aiohttp_connections_at_once_while_lean_answers_finish(
+    sim_workers, gateways, clients
+):
+    workers = await sim_workers(1, decode_ms_per_token=40.0)
+    listen = {"host": "127.0.0.1", "port": 0, "shutdown_timeout": 10}
+    gateway = await gateways([model_config("m", workers)], listen=listen)
+    idle = await clients(gateway.url)
+    assert (await idle.exchange(request("GET", "/v1/models"))).status == 200  # now aiohttp's, idle
+    busy = await clients(gateway.url)
+    await busy.send(request("POST", CHAT, chat_body(max_tokens=16)))  # about 0.64 s of answer
+    await wait_until(lambda: _true(workers[0].stats.running == 1))
+    stopping = asyncio.create_task(gateway.stop())
+    assert await closed_by_server(idle.reader)
+    assert workers[0].stats.running == 1  # closed while the lean answer is still being made
+    reply = await read_reply(busy.reader)
+    assert reply.status == 200 and reply.closes
+    await stopping

@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 connection for the routes that carry a server's traffic: an asyncio protocol
-over httptools, without aiohttp's request, response and dispatch objects (a fifth to a third of
-the gateway's CPU per proxied request went to them; benchmarks/README.md).
+over httptools, without aiohttp's request, response and dispatch objects (20-36% of the gateway's
+CPU per proxied request went to them; benchmarks/README.md).
 
 It serves plain requests only: HTTP/1.1, a method and path its router knows, no body or one framed
 by Content-Length within the body limit, and no Expect, Upgrade, Transfer-Encoding or
@@ -28,6 +28,7 @@ from http import HTTPStatus
 from typing import cast
 
 import httptools
+from aiohttp.http_parser import SINGLETON_HEADERS
 from multidict import CIMultiDict
 
 from modelyard.errors import ModelyardError, RequestTimeout
@@ -49,6 +50,8 @@ MAX_HEAD_BYTES = 64 * 1024
 # Pipelined bytes kept while a request is answered before reading pauses.
 MAX_WAITING_BYTES = 256 * 1024
 _TEXT = ("utf-8", "surrogateescape")  # as aiohttp decodes header fields
+# Fields that may appear once (aiohttp's list, plus Host): a repeat goes to aiohttp, which says 400.
+_SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS) | {b"host"}
 _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
 
 
@@ -175,20 +178,33 @@ class H1Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport
-        if self._settings.header_timeout > 0:  # the first head is timed from the connection's start
+        settings = self._settings
+        if settings.stopping:  # accepted as the server began to stop
+            self._transport.close()
+        elif settings.header_timeout > 0:  # the first head is timed from the connection's start
             self._start_head_timer()
+        elif settings.keepalive_timeout > 0:  # no head deadline: the idle one applies from the start
+            self._idle_since = self._loop.time()
+            due = self._idle_since + settings.keepalive_timeout
+            self._idle_timer = self._loop.call_at(due, self._idle_check)
 
     def data_received(self, data: bytes) -> None:
         if self._handed_off:
             return
         self._raw += data
-        if self._task is not None:  # pipelined behind the request being answered: its turn comes
-            if len(self._raw) > MAX_WAITING_BYTES and not self._reading_paused:
-                self._reading_paused = True
-                assert self._transport is not None
+        if self._task is None:  # else pipelined behind the request being answered: its turn comes
+            self._read()
+        self._bound_reading()
+
+    def _bound_reading(self) -> None:
+        """Pause reading while a request is answered and more than MAX_WAITING_BYTES wait behind it."""
+        over = self._task is not None and len(self._raw) > MAX_WAITING_BYTES
+        if over != self._reading_paused and self._transport is not None and not self._handed_off:
+            self._reading_paused = over
+            if over:
                 self._transport.pause_reading()
-            return
-        self._read()
+            else:
+                self._transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         # The client is done sending: close, which cancels a request still being answered (as
@@ -215,6 +231,11 @@ class H1Connection(asyncio.Protocol):
     @property
     def answering(self) -> asyncio.Task[None] | None:
         return self._task
+
+    @property
+    def waiting_bytes(self) -> int:
+        """Bytes read from the client and not yet taken as a request (pipelined ones)."""
+        return len(self._raw)
 
     @property
     def draining(self) -> bool:
@@ -313,9 +334,19 @@ class H1Connection(asyncio.Protocol):
         if routed is None:
             raise _NotLean
         length = None
+        hosts = 0
+        seen: set[bytes] = set()
         for name, value in self._fields:
-            if name.lower() == b"content-length":
-                length = int(value)  # the parser has checked it is digits, and one value
+            low = name.lower()
+            if low in _SINGLETONS:
+                if low in seen:
+                    raise _NotLean  # aiohttp refuses a repeated singleton field with 400
+                seen.add(low)
+                if low == b"content-length":
+                    length = int(value)  # the parser has checked it is digits
+            hosts += low == b"host"
+        if hosts != 1:
+            raise _NotLean  # RFC 9112 3.2: exactly one Host, else 400 (aiohttp's)
         if length is not None and length > self._settings.max_body:
             raise _NotLean  # aiohttp answers 413
         self._handler, self._match = routed
@@ -382,11 +413,11 @@ class H1Connection(asyncio.Protocol):
         if not keep_alive or self._settings.stopping:
             transport.close()
             return
-        if self._reading_paused:
-            self._reading_paused = False
-            transport.resume_reading()
         if self._raw:
             self._read()
+        if self._handed_off:
+            return
+        self._bound_reading()
         self._idle_since = self._loop.time()
         if self._idle_timer is None and self._settings.keepalive_timeout > 0:
             # One timer that looks again when it fires, not one per request.
@@ -405,7 +436,7 @@ class H1Connection(asyncio.Protocol):
             waiter = self._drained
             if waiter is None or waiter.done():
                 waiter = self._drained = self._loop.create_future()
-            await asyncio.shield(waiter)  # one waiter cancelled leaves the others waiting
+            await waiter  # one waiter: the connection's one task
         if self._lost:
             raise ConnectionResetError("the client has closed the connection")
 
@@ -432,12 +463,12 @@ class H1Connection(asyncio.Protocol):
         successor = settings.successor(self, max(left, 0.001) if settings.header_timeout > 0 else 0.0)
         transport.set_protocol(successor)
         successor.connection_made(transport)
+        if self._reading_paused:  # before the bytes: aiohttp may pause again as it takes them
+            self._reading_paused = False
+            transport.resume_reading()
         raw, self._raw = bytes(self._raw), bytearray()
         if raw:
             successor.data_received(raw)
-        if self._reading_paused:
-            self._reading_paused = False
-            transport.resume_reading()
 
     def _start_head_timer(self) -> None:
         self._head_deadline = self._loop.time() + self._settings.header_timeout
@@ -460,15 +491,17 @@ class H1Connection(asyncio.Protocol):
         if transport is None or self._handed_off or self._task is not None:
             return
         self._settings.stats.header_timeouts += 1
-        if self._raw:
-            limit = self._settings.header_timeout
-            error = RequestTimeout(
-                f"the request head was not complete within listen.header_timeout ({limit:g}s)"
-            )
-            line_end = self._raw.find(b"\n")
-            path = request_path(bytes(self._raw[: line_end + 1])) if line_end >= 0 else None
-            transport.write(raw_error_response(error, path))
-        transport.close()
+        try:
+            if self._raw:
+                limit = self._settings.header_timeout
+                error = RequestTimeout(
+                    f"the request head was not complete within listen.header_timeout ({limit:g}s)"
+                )
+                line_end = self._raw.find(b"\n")
+                path = request_path(bytes(self._raw[: line_end + 1])) if line_end >= 0 else None
+                transport.write(raw_error_response(error, path))
+        finally:
+            transport.close()
 
     def _idle_check(self) -> None:
         """Close the connection if it has been idle (nothing being read or answered) for
@@ -478,10 +511,11 @@ class H1Connection(asyncio.Protocol):
             return
         timeout = self._settings.keepalive_timeout
         due = self._idle_since + timeout
-        if self._task is None and not self._raw and due <= self._loop.time():
-            self._transport.close()
+        busy = self._task is not None or self._head_end > 0  # answering, or reading a body
+        if not busy and due <= self._loop.time():
+            self._transport.close()  # (a head in progress is the header timeout's, when there is one)
             return
-        if self._task is not None or self._raw:
+        if busy:
             due = self._loop.time() + timeout
         self._idle_timer = self._loop.call_at(due, self._idle_check)
 

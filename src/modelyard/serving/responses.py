@@ -36,7 +36,10 @@ def request_path(line: bytes) -> str | None:
     if target.startswith("/"):
         return target.partition("?")[0]
     if "://" in target:
-        return urlsplit(target).path or "/"
+        try:
+            return urlsplit(target).path or "/"
+        except ValueError:  # a malformed authority (`http://[x/`)
+            return None
     return None  # authority form (CONNECT) or `*` (OPTIONS)
 
 

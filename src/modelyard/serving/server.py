@@ -62,6 +62,9 @@ class HttpServer:
         self._listener: asyncio.Server | None = None
         self._refusals: set[Refusal] = set()
         self._lean_router = lean
+        self._lean_stopping: asyncio.Future[None] | None = None
+        if lean is not None:  # before the app's own cleanup (the gateway's stop) runs
+            app.on_cleanup.insert(0, self._lean_stopped)
         self._max_body_bytes = max_body_bytes  # the lean connection's; aiohttp's is the app's
         self._lean_settings: H1Settings | None = None
         self._lean: set[H1Connection] = set()
@@ -69,6 +72,11 @@ class HttpServer:
     @property
     def draining(self) -> bool:
         return self._drain.active
+
+    @property
+    def lean_connections(self) -> tuple[H1Connection, ...]:
+        """The open connections still on the lean HTTP/1.1 server (not handed to aiohttp's)."""
+        return tuple(self._lean)
 
     def begin_drain(self) -> None:
         self._drain.active = True
@@ -182,8 +190,17 @@ class HttpServer:
             self._listener.close()
         for refusal in list(self._refusals):
             refusal.close()
-        await self._stop_lean()
-        await runner.cleanup()
+        # The lean connections stop alongside aiohttp's (runner.cleanup closes its idle ones at
+        # once and waits for its requests); the app's own cleanup waits for both (_lean_stopped).
+        self._lean_stopping = asyncio.ensure_future(self._stop_lean())
+        try:
+            await runner.cleanup()
+        finally:
+            await self._lean_stopping
+
+    async def _lean_stopped(self, _app: web.Application) -> None:
+        if self._lean_stopping is not None:
+            await asyncio.shield(self._lean_stopping)
 
     async def _stop_lean(self) -> None:
         """Close idle lean connections; give requests in flight on the others the shutdown timeout
@@ -200,6 +217,7 @@ class HttpServer:
             _done, pending = await asyncio.wait(tasks, timeout=self.listen.shutdown_timeout or None)
             for task in pending:
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)  # cancelled: they end at their next await
         for connection in list(self._lean):
             connection.close()
