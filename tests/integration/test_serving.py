@@ -19,6 +19,7 @@ import orjson
 import pytest
 import yaml
 from aiohttp import web
+from multidict import CIMultiDict
 
 from modelyard.config import ListenConfig
 from modelyard.graph import GraphDocument, parse_graph
@@ -354,3 +355,30 @@ async def test_the_graph_router_drains_the_same_way(sim_workers, clients):
         assert (await again.exchange(request("POST", "/", b"{}"))).closes
     finally:
         await router.stop()
+
+
+async def test_a_hand_off_due_as_the_stop_begins_closes_the_connection(clients):
+    """A lean answer that ends just after stop() began, with a request for aiohttp pipelined behind
+    it: nothing may be handed to aiohttp's server, which is going; the connection closes."""
+    resume = asyncio.get_running_loop().create_future()
+
+    async def answered_then_waits(_request: Any, reply: Any) -> None:
+        reply.whole(200, CIMultiDict(), b"ok")
+        await resume  # as a stream's end waits for the client to take it
+
+    async def other(_request: web.Request) -> web.Response:
+        return web.Response(text="aiohttp")
+
+    app = web.Application()
+    app.router.add_get("/other", other)
+    lean = {"/lean": (answered_then_waits, {})}
+    server = HttpServer(app, ListenConfig(**listen(shutdown_timeout=2)), lean=lambda _m, path: lean.get(path))
+    await server.start()
+    client = await clients(server.url)
+    await client.send(request("GET", "/lean") + request("GET", "/other"))
+    assert (await read_reply(client.reader)).status == 200
+    stopping = asyncio.create_task(server.stop())
+    resume.set_result(None)  # the lean request ends right after stop's first step; /other comes due
+    await stopping
+    assert await closed_by_server(client.reader)
+    assert server.stats.open_connections == 0

@@ -4,6 +4,7 @@ timeout, keep-alive, open connections), a drain, and a bounded shutdown."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from aiohttp import web
 
@@ -11,6 +12,8 @@ from modelyard.config import ListenConfig
 from modelyard.serving.connection import MAX_REFUSALS, GuardedConnection, ListenerStats, Refusal
 from modelyard.serving.drain import closing_while_draining, install_drain
 from modelyard.serving.h1 import H1Connection, H1Settings, Router
+
+log = logging.getLogger("modelyard.serving")
 
 # aiohttp's defaults for the request parser, kept for every server but the graph router.
 MAX_LINE_SIZE = 8190
@@ -63,8 +66,6 @@ class HttpServer:
         self._refusals: set[Refusal] = set()
         self._lean_router = lean
         self._lean_stopping: asyncio.Future[None] | None = None
-        if lean is not None:  # before the app's own cleanup (the gateway's stop) runs
-            app.on_cleanup.insert(0, self._lean_stopped)
         self._max_body_bytes = max_body_bytes  # the lean connection's; aiohttp's is the app's
         self._lean_settings: H1Settings | None = None
         self._lean: set[H1Connection] = set()
@@ -90,6 +91,8 @@ class HttpServer:
             handler_cancellation=self._handler_cancellation,
             shutdown_timeout=self.listen.shutdown_timeout,
         )
+        if self._lean_router is not None:  # first: the app's own cleanup (the gateway's stop) waits
+            self.app.on_cleanup.insert(0, self._lean_stopped)
         await runner.setup()
         assert runner.server is not None
         # web.Server hands its request factory to each connection it makes, ours included.
@@ -180,8 +183,9 @@ class HttpServer:
         self.stats.open_connections -= 1
 
     async def stop(self) -> None:
-        """Stop listening, close idle connections, give requests in flight `listen.shutdown_timeout`,
-        then run the app's cleanup. Safe to call twice."""
+        """Stop listening, close idle connections, give requests in flight `listen.shutdown_timeout`
+        (a lean request cancelled then gets up to a second more to end), then run the app's
+        cleanup. Safe to call twice."""
         runner, self._runner = self._runner, None
         if runner is None:
             return
@@ -192,27 +196,36 @@ class HttpServer:
             refusal.close()
         # The lean connections stop alongside aiohttp's (runner.cleanup closes its idle ones at
         # once and waits for its requests); the app's own cleanup waits for both (_lean_stopped).
-        self._lean_stopping = asyncio.ensure_future(self._stop_lean())
+        self._lean_stopping = asyncio.ensure_future(self._stop_lean(self._begin_lean_stop()))
         try:
             await runner.cleanup()
         finally:
             await self._lean_stopping
 
     async def _lean_stopped(self, _app: web.Application) -> None:
-        if self._lean_stopping is not None:
-            await asyncio.shield(self._lean_stopping)
-
-    async def _stop_lean(self) -> None:
-        """Close idle lean connections; give requests in flight on the others the shutdown timeout
-        (aiohttp's connections get theirs in `runner.cleanup`), then cancel them. A connection
-        closes once what it has written is sent, as aiohttp's do."""
-        if self._lean_settings is None:
+        if self._lean_stopping is None:
             return
+        try:
+            await asyncio.shield(self._lean_stopping)
+        except Exception:  # the app's own cleanup must run whatever happened here
+            log.exception("stopping the lean connections failed")
+
+    def _begin_lean_stop(self) -> list[asyncio.Task[None]]:
+        """The stop's first, synchronous half, before anything can hand a connection to aiohttp (whose
+        server is going): no more hand-offs, idle connections closed; returns the requests in flight."""
+        if self._lean_settings is None:
+            return []
         self._lean_settings.stopping = True  # an answer that ends now closes its connection
         tasks = [t for c in self._lean if (t := c.answering) is not None]
         for connection in list(self._lean):
             if connection.answering is None:
                 connection.close()
+        return tasks
+
+    async def _stop_lean(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Give the lean requests in flight the shutdown timeout (aiohttp's get theirs in
+        `runner.cleanup`), then cancel them and allow them a second to end; each connection closes
+        once what it has written is sent, as aiohttp's do."""
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=self.listen.shutdown_timeout or None)
             for task in pending:
