@@ -15,6 +15,7 @@ import pytest
 from modelyard.config import validate_config
 from modelyard.gateway import RunningGateway, start_gateway
 from modelyard.simworker import SimWorker, SimWorkerConfig
+from raw_http import Client
 from support import free_ports
 
 FAST = {"prefill_ms_per_token": 0.0, "decode_ms_per_token": 0.0}
@@ -54,6 +55,21 @@ async def gateways() -> AsyncIterator[Any]:
     yield start
     for gateway in started:
         await gateway.stop()
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Any]:
+    """`await clients(url)`: a raw keep-alive connection (tests/raw_http.py), closed at teardown."""
+    opened: list[Client] = []
+
+    async def connect(url: str) -> Client:
+        client = await Client.connect(url)
+        opened.append(client)
+        return client
+
+    yield connect
+    for client in opened:
+        client.close()
 
 
 @pytest.fixture

@@ -28,20 +28,6 @@ VARYING = {"date", "server", "x-request-id", "x-modelyard-backend", "content-len
 
 
 @pytest.fixture
-async def clients():
-    opened: list[Client] = []
-
-    async def connect(url: str) -> Client:
-        client = await Client.connect(url)
-        opened.append(client)
-        return client
-
-    yield connect
-    for client in opened:
-        client.close()
-
-
-@pytest.fixture
 async def pair(sim_workers, gateways):
     """Two gateways over the same sim worker: the lean connection on, and aiohttp only."""
     workers = await sim_workers(1)

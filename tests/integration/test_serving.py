@@ -38,20 +38,6 @@ def listen(**fields: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def clients():
-    opened: list[Client] = []
-
-    async def connect(url: str) -> Client:
-        client = await Client.connect(url)
-        opened.append(client)
-        return client
-
-    yield connect
-    for client in opened:
-        client.close()
-
-
-@pytest.fixture
 async def gateway_with(sim_workers, gateways):
     """`await gateway_with(**listen_fields)`: a gateway over one sim worker serving model `m`."""
 

@@ -64,6 +64,11 @@ def head_error(exc: HttpProcessingError, max_headers: int) -> ModelyardError:
     return MalformedRequest(f"malformed request: {first[:200]}")
 
 
+def head_timeout(limit: float) -> RequestTimeout:
+    """What a client whose request head took longer than `listen.header_timeout` is told (408)."""
+    return RequestTimeout(f"the request head was not complete within listen.header_timeout ({limit:g}s)")
+
+
 class GuardedConnection(RequestHandler):
     """aiohttp's handler plus a header-read deadline: from the connection's start for its first
     request, and from the first byte of each next one, until the head is complete. Past it the
@@ -211,9 +216,7 @@ class GuardedConnection(RequestHandler):
             return
         self._stats.header_timeouts += 1
         if self._head_started:
-            error = RequestTimeout(
-                f"the request head was not complete within listen.header_timeout ({self._header_timeout:g}s)"
-            )
+            error = head_timeout(self._header_timeout)
             transport.write(raw_error_response(error, _path(self._head_line)))
         self.force_close()
 

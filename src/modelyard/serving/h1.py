@@ -31,8 +31,8 @@ import httptools
 from aiohttp.http_parser import SINGLETON_HEADERS
 from multidict import CIMultiDict
 
-from modelyard.errors import ModelyardError, RequestTimeout
-from modelyard.serving.connection import ListenerStats
+from modelyard.errors import ModelyardError
+from modelyard.serving.connection import ListenerStats, head_timeout
 from modelyard.serving.drain import Drain
 from modelyard.serving.reply import Reply, ReplyStream
 from modelyard.serving.responses import raw_error_response, request_path
@@ -493,10 +493,7 @@ class H1Connection(asyncio.Protocol):
         self._settings.stats.header_timeouts += 1
         try:
             if self._raw:
-                limit = self._settings.header_timeout
-                error = RequestTimeout(
-                    f"the request head was not complete within listen.header_timeout ({limit:g}s)"
-                )
+                error = head_timeout(self._settings.header_timeout)
                 line_end = self._raw.find(b"\n")
                 path = request_path(bytes(self._raw[: line_end + 1])) if line_end >= 0 else None
                 transport.write(raw_error_response(error, path))
