@@ -126,6 +126,18 @@ def _sum(text: str, metric: str) -> float:
     return sum(float(v) for v in re.findall(rf"^{metric}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
 
 
+async def serve_on_two_ports(app: web.Application) -> tuple[web.AppRunner, list[int]]:
+    """`app` on two free ports of loopback, as two servers a gateway sees as two endpoints."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    ports = []
+    for _ in range(2):
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    return runner, ports
+
+
 async def test_requests_spread_over_both_workers_and_metrics_sum_them(sim_workers, serve_workers):
     gateway = await serve_workers({"models": [_model(await sim_workers(2))]})
     seen: dict[int, int] = {}
@@ -210,13 +222,7 @@ async def test_one_worker_probes_and_the_other_follows_its_verdicts(serve_worker
 
     app = web.Application()
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    ports = []
-    for _ in range(2):
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    runner, ports = await serve_on_two_ports(app)
     counted, followed = ports
     answers.update({counted: 200, followed: 503})
     try:
@@ -335,13 +341,7 @@ async def test_one_worker_scrapes_and_the_other_routes_on_its_snapshots(serve_wo
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    ports = []
-    for _ in range(2):
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    runner, ports = await serve_on_two_ports(app)
     full, idle = ports
     waiting.update({full: 1000, idle: 0})  # past max_queue_depth: skipped while its snapshot holds
     try:

@@ -31,7 +31,6 @@ import httptools
 from aiohttp.http_parser import SINGLETON_HEADERS
 from multidict import CIMultiDict
 
-from modelyard.errors import ModelyardError
 from modelyard.serving.connection import ListenerStats, head_timeout
 from modelyard.serving.drain import Drain
 from modelyard.serving.reply import Reply, ReplyStream
@@ -59,7 +58,7 @@ class H1Request:
     """One plain request, read whole. Has what `serving.reply.Inbound` asks for."""
 
     __slots__ = (
-        "_body",
+        "body",
         "client_max_size",
         "content_length",
         "headers",
@@ -76,7 +75,6 @@ class H1Request:
         path: str,
         headers: CIMultiDict[str],
         match_info: dict[str, str],
-        body: bytes,
         content_length: int | None,
         client_max_size: int,
     ) -> None:
@@ -85,12 +83,12 @@ class H1Request:
         self.path = path
         self.headers = headers
         self.match_info = match_info
-        self._body = body
         self.content_length = content_length
         self.client_max_size = client_max_size
+        self.body = b""  # set once it has all arrived
 
     async def read(self) -> bytes:
-        return self._body
+        return self.body
 
 
 class H1Settings:
@@ -157,9 +155,10 @@ class H1Connection(asyncio.Protocol):
         # What the parser callbacks collect for the current head:
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
-        self._handler: Handler | None = None
-        self._match: dict[str, str] = {}
+        self._singletons: set[bytes] = set()  # the lowered names of those seen (Host among them)
         self._length: int | None = None
+        self._request: H1Request | None = None  # once the head is read and routed
+        self._handler: Handler | None = None
         self._complete = False
         self._keep_alive = True
         # The request being answered, from its head until its answer is written out (drained).
@@ -302,7 +301,7 @@ class H1Connection(asyncio.Protocol):
         except httptools.HttpParserError:
             self._hand_off()  # malformed: aiohttp answers it in the protocol's envelope
             return False
-        if self._handler is None:
+        if self._request is None:
             self._hand_off()  # no request in those bytes; aiohttp's parser decides
             return False
         return True
@@ -314,12 +313,19 @@ class H1Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         settings = self._settings
+        low = name.lower()
         if (
             len(self._fields) >= settings.max_headers
             or len(name) + len(value) > settings.max_field_size
-            or name.lower() in _REFUSED_HEADERS
+            or low in _REFUSED_HEADERS
         ):
             raise _NotLean
+        if low in _SINGLETONS:
+            if low in self._singletons:
+                raise _NotLean  # aiohttp refuses a repeated singleton field (Host too) with 400
+            self._singletons.add(low)
+            if low == b"content-length":
+                self._length = int(value)  # the parser has checked it is digits
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -330,27 +336,16 @@ class H1Connection(asyncio.Protocol):
         path = url.partition("?")[0]
         if not path.startswith("/") or "#" in url or "%" in path or "/." in path or "//" in path:
             raise _NotLean  # absolute form, a fragment, or a path aiohttp decodes or normalises
-        routed = self._settings.router(parser.get_method().decode("latin-1"), path)
-        if routed is None:
-            raise _NotLean
-        length = None
-        hosts = 0
-        seen: set[bytes] = set()
-        for name, value in self._fields:
-            low = name.lower()
-            if low in _SINGLETONS:
-                if low in seen:
-                    raise _NotLean  # aiohttp refuses a repeated singleton field with 400
-                seen.add(low)
-                if low == b"content-length":
-                    length = int(value)  # the parser has checked it is digits
-            hosts += low == b"host"
-        if hosts != 1:
-            raise _NotLean  # RFC 9112 3.2: exactly one Host, else 400 (aiohttp's)
+        method = parser.get_method().decode("latin-1")
+        routed = self._settings.router(method, path)
+        if routed is None or b"host" not in self._singletons:
+            raise _NotLean  # not ours, or no Host (RFC 9112 3.2: 400, aiohttp's)
+        length = self._length
         if length is not None and length > self._settings.max_body:
             raise _NotLean  # aiohttp answers 413
-        self._handler, self._match = routed
-        self._length = length
+        self._handler, match = routed
+        headers = CIMultiDict((n.decode(*_TEXT), v.decode(*_TEXT)) for n, v in self._fields)
+        self._request = H1Request(method, url, path, headers, match, length, self._settings.max_body)
         self._body_end = self._head_end + (length or 0)
         self._keep_alive = parser.should_keep_alive()  # read here: the parser resets it later
 
@@ -360,29 +355,19 @@ class H1Connection(asyncio.Protocol):
     # --- answering -----------------------------------------------------------------------
 
     def _answer(self) -> None:
-        assert self._handler is not None and self._complete
+        request, handler = self._request, self._handler
+        assert request is not None and handler is not None and self._complete
         raw = self._raw
-        url = self._url.decode("latin-1")
-        request = H1Request(
-            self._parser.get_method().decode("latin-1"),
-            url,
-            url.partition("?")[0],
-            CIMultiDict((n.decode(*_TEXT), v.decode(*_TEXT)) for n, v in self._fields),
-            self._match,
-            bytes(raw[self._head_end : self._body_end]),
-            self._length,
-            self._settings.max_body,
-        )
-        keep_alive = self._keep_alive
+        request.body = bytes(raw[self._head_end : self._body_end])
         del raw[: self._body_end]
-        handler = self._handler
         self._url = b""
         self._fields = []
-        self._handler = None
+        self._singletons = set()
         self._length = None
+        self._request = self._handler = None
         self._complete = False
         self._scanned = self._head_end = self._body_end = 0
-        reply = _H1Reply(self, keep_alive)
+        reply = _H1Reply(self, self._keep_alive)
         self._task = self._loop.create_task(self._run(handler, request, reply))
 
     async def _run(self, handler: Handler, request: H1Request, reply: _H1Reply) -> None:
@@ -396,12 +381,9 @@ class H1Connection(asyncio.Protocol):
                 await self.drain()  # the next request waits until the client has read this answer
         except (asyncio.CancelledError, ConnectionError):
             reply.keep_alive = False  # the client went away
-        except Exception:
-            log.exception("unanswered error on %s %s", request.method, request.path)
+        except Exception:  # a handler answers its own errors (the gateway's lean_handler); a bug
+            log.exception("unanswered error on %s %s; closing the connection", request.method, request.path)
             reply.keep_alive = False
-            if not reply.started and self._transport is not None:
-                error = ModelyardError("internal server error; see the server log")
-                self._transport.write(raw_error_response(error, request.path))
         finally:
             self._task = None
         self._after_answer(reply.keep_alive)
