@@ -1,13 +1,16 @@
 """OIP v2 over gRPC: what the gateway's gRPC listener adds, against REST through the gateway and REST
 straight to the backend.
 
-One sim-worker with every cost at zero (it never sleeps) serves model `echo`; a gateway
-(`modelyard serve`, round_robin, `listen.grpc_port` set) routes to it. Three ways to send the same
-OIP v2 inference (one FP32 input of `--elements` values):
+One sim-worker with every cost at zero (it never sleeps) serves OIP over REST and gRPC
+(`--grpc-port`); a gateway (`modelyard serve`, round_robin, `listen.grpc_port` set) routes model
+`echo` to its REST port only and model `relay` to the same worker with its `grpc_url` too. Five
+ways to send the same OIP v2 inference (one FP32 input of `--elements` values):
   rest-direct    POST /v2/models/echo/infer to the sim-worker (JSON)
   rest-gateway   the same through the gateway
-  grpc-gateway   ModelInfer on the gateway's gRPC port (raw_input_contents, as tritonclient sends),
-                 which the gateway turns into the REST call above
+  grpc-direct    ModelInfer on the sim-worker's gRPC port (raw_input_contents, as tritonclient sends)
+  grpc-gateway   the same on the gateway's gRPC port, model echo: turned into the REST call above
+  grpc-relay     the same, model relay: relayed to the sim-worker's gRPC port as it came
+The added p50 is against the direct way of the same protocol.
 Each (way, concurrency) pair runs `--seconds` or `--requests`, whichever ends first, in rounds that
 interleave the ways; the table shows medians over `--repeat` rounds. The client runs in this process
 (asyncio, aiohttp and grpc.aio), beside the gateway and the sim-worker on the same cores.
@@ -39,7 +42,7 @@ from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2_grpc as pb_grpc
 
 MODYARD = str(Path(sys.executable).parent / "modelyard")
-WAYS = ("rest-direct", "rest-gateway", "grpc-gateway")
+WAYS = ("rest-direct", "rest-gateway", "grpc-direct", "grpc-gateway", "grpc-relay")
 
 
 def parse_args() -> argparse.Namespace:
@@ -94,26 +97,37 @@ async def load(send: Send, concurrency: int, seconds: float, requests: int) -> t
     return len(latencies) / (time.perf_counter() - began), latencies
 
 
-async def measure(args: argparse.Namespace, sim_port: int, http_port: int, grpc_port: int) -> dict:
+async def measure(
+    args: argparse.Namespace, sim_port: int, sim_grpc_port: int, http_port: int, grpc_port: int
+) -> dict:
     values = [float(i) for i in range(args.elements)]
     body = orjson.dumps(
         {"inputs": [{"name": "x", "shape": [1, args.elements], "datatype": "FP32", "data": values}]}
     )
-    request = pb.ModelInferRequest(
-        model_name="echo",
-        inputs=[pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, args.elements])],
-        raw_input_contents=[struct.pack(f"<{args.elements}f", *values)],
-    )
+
+    def request(model: str) -> pb.ModelInferRequest:
+        return pb.ModelInferRequest(
+            model_name=model,
+            inputs=[
+                pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, args.elements])
+            ],
+            raw_input_contents=[struct.pack(f"<{args.elements}f", *values)],
+        )
+
     results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     connector = aiohttp.TCPConnector(limit=0)
     async with (
         aiohttp.ClientSession(connector=connector) as session,
         grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel,
+        grpc.aio.insecure_channel(f"127.0.0.1:{sim_grpc_port}") as direct,
     ):
+        gateway = pb_grpc.GRPCInferenceServiceStub(channel)
         senders = {
             "rest-direct": rest_sender(session, f"http://127.0.0.1:{sim_port}/v2/models/echo/infer", body),
             "rest-gateway": rest_sender(session, f"http://127.0.0.1:{http_port}/v2/models/echo/infer", body),
-            "grpc-gateway": grpc_sender(pb_grpc.GRPCInferenceServiceStub(channel), request),
+            "grpc-direct": grpc_sender(pb_grpc.GRPCInferenceServiceStub(direct), request("echo")),
+            "grpc-gateway": grpc_sender(gateway, request("echo")),
+            "grpc-relay": grpc_sender(gateway, request("relay")),
         }
         for send in senders.values():  # warm-up: connections, the gateway's pools
             await load(send, max(args.concurrency), 1.0, 2000)
@@ -136,7 +150,7 @@ def main() -> int:
     command = shlex.join(sys.orig_argv)
     with tempfile.TemporaryDirectory(prefix="modelyard-oip-grpc-") as tmp_dir:
         tmp = Path(tmp_dir)
-        sim_port, http_port, grpc_port = free_ports(3)
+        sim_port, sim_grpc_port, http_port, grpc_port = free_ports(4)
         children = []
         try:
             sim = Child(
@@ -146,6 +160,8 @@ def main() -> int:
                     "sim-worker",
                     "--port",
                     str(sim_port),
+                    "--grpc-port",
+                    str(sim_grpc_port),
                     "--model",
                     "echo",
                     "--prefill-ms-per-token",
@@ -157,6 +173,7 @@ def main() -> int:
             )
             children.append(sim)
             wait_for_port(sim_port, sim)
+            wait_for_port(sim_grpc_port, sim)
             config = tmp / "gateway.yaml"
             config.write_text(
                 f"listen: {{host: 127.0.0.1, port: {http_port}, grpc_port: {grpc_port}, drain_seconds: 0}}\n"
@@ -165,6 +182,10 @@ def main() -> int:
                 "    strategy: round_robin\n"
                 "    health_check: {interval: 60s, path: /v2/health/ready}\n"
                 f"    endpoints: [{{url: 'http://127.0.0.1:{sim_port}'}}]\n"
+                "  - name: relay\n"
+                "    strategy: round_robin\n"
+                "    health_check: {interval: 60s, path: /v2/health/ready}\n"
+                f"    endpoints: [{{url: 'http://127.0.0.1:{sim_port}', grpc_url: 'grpc://127.0.0.1:{sim_grpc_port}'}}]\n"
             )
             gateway = Child(
                 "gateway", [MODYARD, "serve", "-c", str(config), "--log-level", "warning"], tmp / "gw.log"
@@ -172,17 +193,18 @@ def main() -> int:
             children.append(gateway)
             wait_for_port(http_port, gateway)
             wait_for_port(grpc_port, gateway)
-            results = asyncio.run(measure(args, sim_port, http_port, grpc_port))
+            results = asyncio.run(measure(args, sim_port, sim_grpc_port, http_port, grpc_port))
         finally:
             for child in reversed(children):
                 child.stop()
 
     print()
-    print("| way | concurrency | req/s | p50 ms | p99 ms | added p50 vs rest-direct ms |")
+    print("| way | concurrency | req/s | p50 ms | p99 ms | added p50 vs direct ms |")
     print("|--|--:|--:|--:|--:|--:|")
     for concurrency in args.concurrency:
-        direct = median([p50 for _, p50, _ in results[("rest-direct", concurrency)]])
         for way in WAYS:
+            direct_way = "grpc-direct" if way.startswith("grpc") else "rest-direct"
+            direct = median([p50 for _, p50, _ in results[(direct_way, concurrency)]])
             runs = results[(way, concurrency)]
             rps = median([r for r, _, _ in runs])
             p50 = median([p for _, p, _ in runs])

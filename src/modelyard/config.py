@@ -119,6 +119,11 @@ class EndpointConfig(_Strict):
     subset: str = Field("default", min_length=1, description="the endpoint group routes send traffic to")
     metrics_url: str = Field("", description="resource_aware: where to scrape; default <url>/metrics")
     gpu_metrics_url: str = Field("", description="resource_aware: a DCGM exporter for this server's GPU")
+    grpc_url: str = Field(
+        "",
+        description="the server's OIP v2 gRPC port, grpc://host:port: OIP gRPC calls routed here are "
+        "relayed as gRPC, their tensors never converted; '' = sent as REST to url",
+    )
 
     @field_validator("url")
     @classmethod
@@ -126,6 +131,20 @@ class EndpointConfig(_Strict):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:9000")
+        return url.rstrip("/")
+
+    @field_validator("grpc_url")
+    @classmethod
+    def _grpc_url(cls, url: str) -> str:
+        if not url:
+            return url
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "grpc" or not parts.hostname or port is None or parts.path.strip("/"):
+            raise ValueError("expected grpc://host:port, e.g. grpc://127.0.0.1:8081")
         return url.rstrip("/")
 
     @model_validator(mode="after")

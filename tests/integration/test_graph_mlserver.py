@@ -65,7 +65,8 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, seconds: 
 
 
 @pytest.fixture(scope="module")
-def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def mlserver_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """MLServer serving the iris model: (its REST URL, its gRPC URL as grpc_url takes it)."""
     venv = _mlserver_venv()
     models = tmp_path_factory.mktemp("mlserver")
     iris = models / "iris"
@@ -106,13 +107,18 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = f"http://127.0.0.1:{http_port}"
     try:
         _wait_ready(url, process, log)
-        yield url
+        yield url, f"grpc://127.0.0.1:{grpc_port}"
     finally:
         process.terminate()
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture(scope="module")
+def mlserver(mlserver_urls: tuple[str, str]) -> str:
+    return mlserver_urls[0]
 
 
 def infer_body(*rows: list[float]) -> dict:

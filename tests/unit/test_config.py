@@ -86,6 +86,21 @@ def test_bad_duration_names_field_and_expected_form(value: str) -> None:
     assert repr(value) in problem
 
 
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8081", "grpc://127.0.0.1", "grpc://:8081", "grpc://h:8081/v2", "grpc://h:99999"]
+)
+def test_a_grpc_url_needs_the_grpc_scheme_a_host_and_a_port(url: str) -> None:
+    model = {"name": "m", "endpoints": [{"url": "http://127.0.0.1:8080", "grpc_url": url}]}
+    (problem,) = problems_of({"models": [model]})
+    assert problem.startswith("models[0].endpoints[0].grpc_url: expected grpc://host:port")
+
+
+def test_a_grpc_url_is_kept() -> None:
+    endpoint = {"url": "http://127.0.0.1:8080", "grpc_url": "grpc://[::1]:8081/"}
+    config = validate_config({"models": [{"name": "m", "endpoints": [endpoint]}]}, "<test>")
+    assert config.models[0].endpoints[0].grpc_url == "grpc://[::1]:8081"
+
+
 def test_negative_duration_is_rejected() -> None:
     (problem,) = problems_of({"upstream": {"timeout": -1}})
     assert problem.startswith("upstream.timeout: ")

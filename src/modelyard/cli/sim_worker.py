@@ -16,6 +16,12 @@ from modelyard.simworker import SimWorker, SimWorkerConfig
 def sim_worker(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind; 0 picks a free one.")] = 9000,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve OIP v2 over gRPC (inference.GRPCInferenceService) on this port too; 0 picks one."
+        ),
+    ] = None,
     model: Annotated[
         list[str] | None,
         typer.Option(
@@ -88,6 +94,7 @@ def sim_worker(
         config = SimWorkerConfig(
             host=host,
             port=port,
+            grpc_port=grpc_port,
             models=tuple(model) if model else ("sim-model",),
             max_concurrency=max_concurrency,
             prefill_ms_per_token=prefill_ms_per_token,
@@ -114,7 +121,8 @@ def sim_worker(
     try:
         run(_serve(config))
     except OSError as exc:  # typically the port is taken
-        typer.echo(f"error: sim-worker cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        where = f"{host}:{port}: {exc.strerror}" if exc.strerror else str(exc)  # gRPC's names its address
+        typer.echo(f"error: sim-worker cannot listen on {where}", err=True)
         raise typer.Exit(1) from None
 
 
@@ -134,5 +142,5 @@ def _flag(loc: tuple[int | str, ...]) -> str:
 async def _serve(config: SimWorkerConfig) -> None:
     worker = SimWorker(config)
     url = await worker.start()
-    typer.echo(f"sim-worker listening on {url}")
+    typer.echo(f"sim-worker listening on {url}" + (f" and {worker.grpc_url}" if worker.grpc_url else ""))
     await serve_until_signal([worker.server], worker.stop)

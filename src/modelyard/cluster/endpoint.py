@@ -83,6 +83,7 @@ class Endpoint:
     subset: str = "default"
     metrics_url: str = ""  # resource_aware: where its load is scraped ("" = <url>/metrics)
     gpu_metrics_url: str = ""  # resource_aware: a DCGM exporter beside it
+    grpc_url: str = ""  # its OIP gRPC port (grpc://host:port): OIP gRPC calls are relayed there as gRPC
     health: HealthState = field(default_factory=HealthState)
     resources: ResourceSnapshot | None = None  # the latest scrape (resource_aware)
 

@@ -6,6 +6,10 @@ its endpoint taken out before answering) is retried on another endpoint when one
 with jittered exponential backoff and within the cluster's retry budget. The route's timeout
 covers every try, the waits and the answer's body. Every endpoint has an in-flight limit
 (`max_requests`); when all are full a request waits in the cluster's bounded queue, or gets 429.
+
+An OIP gRPC call (`Exchange.grpc`) goes to an endpoint with a `grpc_url` as a gRPC call, its message
+relayed as it came, and to the others as its REST request; either way the try's outcome is an
+answer with an HTTP status, so retries, outlier detection and metrics treat them alike.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from modelyard.balancing import Pick
@@ -27,9 +32,14 @@ from modelyard.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from modelyard.gateway.exchange import Attempt, Exchange
+from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
-from modelyard.upstream import Flight, UpstreamPool, UpstreamResponse
+from modelyard.rpc import OipChannels
+from modelyard.upstream import Flight, UpstreamPool
+
+GRPC_CONTENT_TYPE = "application/grpc"
+# Request headers that describe the REST body, not the call: not sent as gRPC metadata.
+_NOT_METADATA = frozenset({"content-type", "content-length"})
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics only
 
@@ -40,7 +50,7 @@ class _Try:
 
     reason: str
     error: UpstreamError | None = None
-    response: UpstreamResponse | None = None
+    response: Answer | None = None
 
     @property
     def code(self) -> int:
@@ -49,9 +59,40 @@ class _Try:
         return self.error.status if self.error is not None else 502
 
 
+class GrpcAnswer:
+    """A gRPC backend's whole answer: the answer message's bytes (status 200), or the OIP error
+    JSON for its status."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+        self.headers = [("Content-Type", GRPC_CONTENT_TYPE if status == 200 else "application/json")]
+
+    def header(self, name: str) -> str | None:
+        return self.headers[0][1] if name.lower() == "content-type" else None
+
+    @property
+    def content_type(self) -> str:
+        return self.headers[0][1]
+
+    async def read(self) -> bytes:
+        return self.body
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        yield self.body
+
+    def close(self) -> None:
+        pass
+
+
 class AttemptLoop:
-    def __init__(self, pool: UpstreamPool, metrics: GatewayMetrics, rng: random.Random) -> None:
+    def __init__(
+        self, pool: UpstreamPool, grpc: OipChannels, metrics: GatewayMetrics, rng: random.Random
+    ) -> None:
         self._pool = pool
+        self._grpc = grpc
         self._metrics = metrics
         self._log = metrics.routing_log
         self._rng = rng
@@ -154,7 +195,14 @@ class AttemptLoop:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _out_of_time(ex)
-        sending = self._pool.send(endpoint.url, ex.method, ex.path, ex.headers, ex.body, remaining, flight)
+        if ex.grpc is not None and endpoint.grpc_url:
+            sending = self._send_grpc(ex, endpoint, remaining)
+        else:
+            if ex.rest_body is not None:
+                ex.body, ex.rest_body = ex.rest_body(), None
+            sending = self._pool.send(
+                endpoint.url, ex.method, ex.path, ex.headers, ex.body, remaining, flight
+            )
         try:
             if route.per_try_timeout:
                 async with asyncio.timeout(route.per_try_timeout):
@@ -173,6 +221,15 @@ class AttemptLoop:
                 ex.cluster.record_connection_failure(endpoint, exc.message)
             return _Try(policy.reason_for_error(exc), error=exc)
         return _Try(policy.reason_for_status(response.status, route.retries), response=response)
+
+    async def _send_grpc(self, ex: Exchange, endpoint: Endpoint, remaining: float | None) -> Answer:
+        assert ex.grpc is not None
+        metadata = [(k.lower(), v) for k, v in ex.headers if k.lower() not in _NOT_METADATA]
+        timeout = self._pool.time_limit(remaining)
+        status, body = await self._grpc.call(
+            endpoint.grpc_url, ex.grpc.method, ex.grpc.message, metadata, timeout
+        )
+        return GrpcAnswer(status, body)
 
     async def _choose(
         self, ex: Exchange, tried: list[Endpoint], deadline: float | None

@@ -78,6 +78,7 @@ class Cluster:
         self._canary: dict[str, CanaryStats] = {}
         self._awaiting: dict[Endpoint, set[Abortable]] = {}  # tries sent, no answer byte yet
         self.endpoints: tuple[Endpoint, ...] = ()
+        self.speaks_grpc = False  # an endpoint has a grpc_url: OIP gRPC calls may be relayed as gRPC
         self._subsets: dict[str, tuple[Endpoint, ...]] = {}
         self._vanished: set[str] = set()  # subsets an endpoint update removed (see vanished_subset)
         self.routes: tuple[CompiledRoute, ...] = compile_routes(config.routes)
@@ -116,6 +117,7 @@ class Cluster:
                 kept = Endpoint(c.name, c.url, load)
             kept.weight, kept.cost_per_1k_tokens, kept.subset = c.weight, c.cost_per_1k_tokens, c.subset
             kept.metrics_url, kept.gpu_metrics_url = c.metrics_url, c.gpu_metrics_url
+            kept.grpc_url = c.grpc_url
             endpoints.append(kept)
         stayed = {e.name for e in endpoints if (e.name, e.url) in current}
         subsets: dict[str, list[Endpoint]] = {}
@@ -130,6 +132,7 @@ class Cluster:
         # A new endpoint, or the same name at another URL, starts with nothing cached.
         self.prefixes.keep_only(stayed)
         self.endpoints = tuple(endpoints)
+        self.speaks_grpc = any(e.grpc_url for e in endpoints)
         self._vanished = (self._vanished | set(self._subsets)) - set(subsets)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}
         self._subsets[ALL_SUBSETS] = self.endpoints
@@ -375,6 +378,7 @@ class Cluster:
         return {
             "name": endpoint.name,
             "url": endpoint.url,
+            "grpc_url": endpoint.grpc_url or None,
             "subset": endpoint.subset,
             "weight": endpoint.weight,
             "health": {

@@ -6,13 +6,30 @@ long parameter lists.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from modelyard.balancing import Pick, RoutingContext
 from modelyard.cluster import Endpoint
 from modelyard.config import RouteConfig
 from modelyard.gateway.cluster import Cluster
-from modelyard.upstream import UpstreamResponse
+from modelyard.rpc import OipCall
+
+
+class Answer(Protocol):
+    """An upstream answer, its head received: upstream.UpstreamResponse over HTTP, or a whole
+    gRPC answer (attempts.GrpcAnswer). `read()` or `close()` ends its use."""
+
+    status: int
+    headers: list[tuple[str, str]]
+
+    def header(self, name: str) -> str | None: ...
+    @property
+    def content_type(self) -> str: ...
+    async def read(self) -> bytes: ...
+    def iter_chunks(self) -> AsyncIterator[bytes]: ...
+    def close(self) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -24,7 +41,7 @@ class Exchange:
     method: str
     path: str  # as the client sent it, forwarded unchanged
     headers: list[tuple[str, str]]  # as forwarded upstream
-    body: bytes | None
+    body: bytes | None  # None: no body, or `rest_body` makes it when a try needs it
     tokens: int  # the request's estimated cost, counted on the endpoint while it runs
     started: float  # perf_counter
     request_id: str = ""
@@ -32,6 +49,10 @@ class Exchange:
     # prefix_aware: (uncached prompt characters, when sent, whether the endpoint was idle) of the
     # last try, for learning the service time
     service_sample: tuple[int, float, bool] | None = None
+    # An OIP gRPC call: relayed as it is to an endpoint with a grpc_url; to the others as the REST
+    # request above, its body made by `rest_body` (once) when the first such try needs it.
+    grpc: OipCall | None = None
+    rest_body: Callable[[], bytes] | None = None
 
     def shadow(self, route: RouteConfig, subset: str) -> Exchange:
         """A copy of this exchange for the mirror subset (marked, so servers can tell)."""
@@ -50,4 +71,4 @@ class Attempt:
 
     endpoint: Endpoint
     pick: Pick
-    response: UpstreamResponse
+    response: Answer

@@ -25,6 +25,7 @@ from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import Proxy
 from modelyard.gateway.siblings import Siblings, find_endpoint
 from modelyard.graph import Graph, load_config_graphs
+from modelyard.rpc import OipChannels
 from modelyard.serving import ListenerStats
 from modelyard.state import SharedState, open_state
 from modelyard.upstream import UpstreamPool
@@ -70,6 +71,7 @@ class Gateway:
             )
         )
         self.pool = UpstreamPool(config.upstream)
+        self.grpc_channels = OipChannels()  # to endpoints with a grpc_url; no channel until a call
         # Gateways on one Redis share prefix_aware's index; a gateway alone has nobody to tell.
         self.prefix_sharing = (
             PrefixSharing(self.state, self.clusters, self.metrics)
@@ -78,6 +80,7 @@ class Gateway:
         )
         self.proxy = Proxy(
             self.pool,
+            self.grpc_channels,
             self.state,
             self.metrics,
             random.Random(seed),
@@ -224,6 +227,7 @@ class Gateway:
         self.scrapers.clear()
         await asyncio.gather(*self._retiring, return_exceptions=True)
         await self.pool.close()
+        await self.grpc_channels.close()
         if self.prefix_sharing is not None:
             await self.prefix_sharing.stop()
         await self.state.close()

@@ -71,10 +71,10 @@ class GatewayInvoker:
         if not any(n.lower() == "content-type" for n, _ in sent):
             sent.append(("Content-Type", "application/json"))
         try:
-            status, data = await self._proxy.call(cluster, "POST", path, sent, body)
+            answer = await self._proxy.call(cluster, "POST", path, sent, body)
         except ModelyardError as exc:
             raise GraphFailure(500, f"model {name!r}: {exc.message}") from None
-        return Outcome(status, data)
+        return Outcome(answer.status, answer.body)
 
 
 class GraphService:

@@ -1,19 +1,21 @@
 """OIP v2 over gRPC, the gateway's side: `GatewayOip` answers rpc.OipServer's calls through the same
 routing as REST OIP requests (the model's cluster, routes, strategy, retries, outlier detection,
-capacity and metrics), by making the REST call (`Proxy.call`) a backend would get over HTTP.
+capacity and metrics), through `Proxy.call`.
 
-Every backend is reached over REST: the gRPC request arrives here as OIP's JSON body (rpc/
-translates it) and the JSON answer goes back to rpc/ to become a gRPC message. A backend's error
-answer becomes `ModelServerAnswered`, carrying its status and message, which rpc/ maps to a gRPC code
-(and cuts to fit the header gRPC carries it in). The call's metadata goes to the backend as
-the REST path's headers do (`forwarded_request_headers`: no hop-by-hop or framing headers), with an
-X-Request-Id: the caller's `x-request-id` metadata, else one made here.
+The endpoint the strategy picks decides how the call reaches it. One with a `grpc_url` gets the
+gRPC call itself, its message relayed as it came, and its answer message goes back unconverted
+(`Relayed`). Any other gets the REST request a client would send over HTTP: the call's message
+becomes OIP's JSON body (rpc/ converts it, only when such an endpoint is tried) and the JSON
+answer goes back to rpc/ to become a gRPC message. A backend's error answer becomes
+`ModelServerAnswered`, carrying its status and message, which rpc/ maps to a gRPC code (and cuts to
+fit the header gRPC carries it in). The call's metadata goes to the backend as the REST path's
+headers do (`forwarded_request_headers`: no hop-by-hop or framing headers), with an X-Request-Id:
+the caller's `x-request-id` metadata, else one made here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 from urllib.parse import quote
 
 import orjson
@@ -22,7 +24,8 @@ from modelyard import __version__
 from modelyard.errors import BadRequest, ModelServerAnswered, NoHealthyEndpoint, UpstreamError
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
-from modelyard.gateway.proxy import REQUEST_ID_HEADER
+from modelyard.gateway.proxy import REQUEST_ID_HEADER, Called
+from modelyard.rpc import OipCall, Relayed
 from modelyard.upstream import forwarded_request_headers
 
 _JSON = ("Content-Type", "application/json")
@@ -42,18 +45,24 @@ class GatewayOip:
     def server_metadata(self) -> tuple[str, str, list[str]]:
         return "modelyard", __version__, []
 
-    async def model_ready(self, model: str, version: str, headers: Sequence[tuple[str, str]]) -> bool:
+    async def model_ready(
+        self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
+    ) -> bool | Relayed:
         cluster = self._gateway.cluster(model)
         try:
-            status, _ = await self._call(cluster, "GET", _path(cluster, version, "/ready"), headers, b"")
+            answer = await self._call(cluster, "GET", _path(cluster, version, "/ready"), headers, b"", call)
         except (UpstreamError, NoHealthyEndpoint):
             return False  # nothing serves it now: not ready, as opposed to unknown
-        return 200 <= status < 300
+        if answer.grpc:
+            return Relayed(answer.body)
+        return 200 <= answer.status < 300
 
-    async def model_metadata(self, model: str, version: str, headers: Sequence[tuple[str, str]]) -> object:
+    async def model_metadata(
+        self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
+    ) -> object:
         cluster = self._gateway.cluster(model)
-        status, data = await self._call(cluster, "GET", _path(cluster, version, ""), headers, b"")
-        return _answer(status, data)
+        answer = await self._call(cluster, "GET", _path(cluster, version, ""), headers, b"", call)
+        return _answer(answer)
 
     def admit(self, model: str) -> None:
         """ModelNotFound (or the placement error) for an unknown model, Overloaded when every
@@ -61,24 +70,39 @@ class GatewayOip:
         self._gateway.admit(model)
 
     async def infer(
-        self, model: str, version: str, body: dict[str, Any], headers: Sequence[tuple[str, str]]
+        self, model: str, version: str, call: OipCall, headers: Sequence[tuple[str, str]]
     ) -> object:
         """The inference, once `admit(model)` has passed (rpc/ calls it first)."""
         cluster = self._gateway.cluster(model)
         sent = [*headers, _JSON]
         path = _path(cluster, version, "/infer")
-        status, data = await self._call(cluster, "POST", path, sent, orjson.dumps(body))
-        return _answer(status, data)
+        if cluster.speaks_grpc:  # converted only if an endpoint without gRPC is tried
+            answer = await self._call(
+                cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json())
+            )
+        else:  # converted before routing: a call that does not convert never takes a slot
+            answer = await self._call(cluster, "POST", path, sent, orjson.dumps(call.json()))
+        return _answer(answer)
 
     async def _call(
-        self, cluster: Cluster, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> tuple[int, bytes]:
+        self,
+        cluster: Cluster,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes | None,
+        call: OipCall | None = None,
+        rest_body: Callable[[], bytes] | None = None,
+    ) -> Called:
         request_id = (
             next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
             or self._gateway.proxy.new_request_id()
         )
         sent = forwarded_request_headers(headers, request_id)
-        return await self._gateway.proxy.call(cluster, method, path, sent, body)
+        grpc = call if cluster.speaks_grpc else None
+        return await self._gateway.proxy.call(
+            cluster, method, path, sent, body, grpc=grpc, rest_body=rest_body
+        )
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:
@@ -90,8 +114,12 @@ def _path(cluster: Cluster, version: str, suffix: str) -> str:
     return path + suffix
 
 
-def _answer(status: int, data: bytes) -> object:
-    """The server's JSON answer, or its error answer as a modelyard error with its status."""
+def _answer(answer: Called) -> object:
+    """The server's answer (JSON, or a gRPC server's message as it is), or its error answer as a
+    modelyard error with its status."""
+    status, data = answer.status, answer.body
+    if answer.grpc:
+        return Relayed(data)
     try:
         body = orjson.loads(data)
     except orjson.JSONDecodeError:

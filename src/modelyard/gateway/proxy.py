@@ -16,19 +16,21 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from multidict import CIMultiDict
 
 from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
 from modelyard.errors import UpstreamError
-from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
+from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, AttemptLoop
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.relay import Relay
 from modelyard.gateway.shadow import ShadowTraffic
 from modelyard.protocols.tokens import tokens_in_bytes
+from modelyard.rpc import OipCall, OipChannels
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
 from modelyard.types import RoutingRequest
@@ -44,10 +46,20 @@ REQUEST_ID_HEADER = "X-Request-Id"
 PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
 
 
+class Called(NamedTuple):
+    """What `Proxy.call` got: the answer's status and body; `grpc`: the body is a gRPC backend's
+    answer message (the call relayed as gRPC), not a REST answer."""
+
+    status: int
+    body: bytes
+    grpc: bool = False
+
+
 class Proxy:
     def __init__(
         self,
         pool: UpstreamPool,
+        grpc: OipChannels,
         state: SharedState,
         metrics: GatewayMetrics,
         rng: random.Random,
@@ -59,7 +71,7 @@ class Proxy:
         self._share_prefix = share_prefix or _not_shared
         self._metrics = metrics
         self._rng = rng
-        self._attempts = AttemptLoop(pool, metrics, rng)
+        self._attempts = AttemptLoop(pool, grpc, metrics, rng)
         self._relay = Relay(self._attempts, metrics)
         self._shadows = ShadowTraffic(self._attempts, metrics, rng)
         # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
@@ -138,14 +150,24 @@ class Proxy:
                 capture.ended(time.perf_counter() - started)
 
     async def call(
-        self, cluster: Cluster, method: str, path: str, headers: list[tuple[str, str]], body: bytes
-    ) -> tuple[int, bytes]:
-        """A routed call made by the gateway itself (a graph step naming a model): the model's
-        routes, strategy, health and retries apply, as for a client request."""
+        self,
+        cluster: Cluster,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        *,
+        grpc: OipCall | None = None,
+        rest_body: Callable[[], bytes] | None = None,
+    ) -> Called:
+        """A routed call made by the gateway itself (a graph step naming a model, an OIP gRPC call):
+        the model's routes, strategy, health and retries apply, as for a client request. `grpc`
+        goes as it is to an endpoint with a grpc_url (`rest_body`, when given, makes the REST
+        body for the others)."""
         started = time.perf_counter()
         lookup = CIMultiDict(headers)
         route = cluster.route_for(lookup, None)
-        tokens = tokens_in_bytes(len(body))
+        tokens = tokens_in_bytes(len(body) if body is not None else len(grpc.message) if grpc else 0)
         ex = Exchange(
             cluster,
             route,
@@ -162,6 +184,8 @@ class Proxy:
             tokens,
             started,
             lookup.get(REQUEST_ID_HEADER, ""),  # the routing log's: a gRPC call's, or a graph's caller's
+            grpc=grpc,
+            rest_body=rest_body,
         )
         cluster.budget.request_started()
         try:
@@ -170,7 +194,7 @@ class Proxy:
             try:
                 data = await attempt.response.read()
                 code = attempt.response.status
-                return code, data
+                return Called(code, data, attempt.response.content_type == GRPC_CONTENT_TYPE)
             except UpstreamError as exc:
                 code = exc.status
                 raise

@@ -17,12 +17,11 @@ from multidict import CIMultiDict
 
 from modelyard.errors import UpstreamError, UpstreamTimeout
 from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
-from modelyard.gateway.exchange import Attempt, Exchange
+from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.shadow import Capture
 from modelyard.protocols import error_body, protocol_for_path
 from modelyard.serving.reply import Reply, ReplyStream
-from modelyard.upstream import UpstreamResponse
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -64,7 +63,7 @@ class Relay:
         self,
         reply: Reply,
         ex: Exchange,
-        upstream: UpstreamResponse,
+        upstream: Answer,
         headers: CIMultiDict[str],
         capture: Capture | None,
     ) -> int:

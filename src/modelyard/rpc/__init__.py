@@ -13,22 +13,29 @@ The gateway serves the Open Inference Protocol v2 over gRPC, `inference.GRPCInfe
 (proto/inference/grpc_predict_v2.proto; generated into oip_v2/, its messages in a private descriptor
 pool so tritonclient's copy can share the process):
 
-    oip_server    OipServer: hosts GRPCInferenceService and hands each call, as OIP REST JSON, to an
-                  OipHandler; errors mapped to gRPC codes by oip_status
+    oip_server    OipServer: hosts GRPCInferenceService and hands each call (an OipCall: its
+                  message's bytes, and OIP REST JSON on demand) to an OipHandler; errors mapped to
+                  gRPC codes by oip_status
+    oip_client    OipChannels: the gateway's calls to backends that speak OIP over gRPC, messages
+                  relayed as bytes, outcomes given as a REST call's
     oip_tensors   the messages to and from OIP's JSON (raw tensor contents decoded and encoded)
 """
 
 from modelyard.rpc.agent_client import AgentClient
 from modelyard.rpc.agent_server import AgentHandler, AgentServer, status_code
 from modelyard.rpc.agent_v1 import agent_pb2
-from modelyard.rpc.oip_server import OipHandler, OipServer, oip_status
+from modelyard.rpc.oip_client import OipChannels
+from modelyard.rpc.oip_server import OipCall, OipHandler, OipServer, Relayed, oip_status
 
 __all__ = [
     "AgentClient",
     "AgentHandler",
     "AgentServer",
+    "OipCall",
+    "OipChannels",
     "OipHandler",
     "OipServer",
+    "Relayed",
     "agent_pb2",
     "oip_status",
     "status_code",

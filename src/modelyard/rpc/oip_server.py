@@ -15,8 +15,11 @@ gateway sets itself; `-bin` metadata (binary) is not forwarded. A value with a c
 visible ASCII, space and tab is refused (INVALID_ARGUMENT): grpc-core takes CR and LF from a raw
 HTTP/2 client, and they must never reach an HTTP/1.1 request head.
 
-An infer call asks the handler to `admit` the model (known, with capacity) before its tensors are
-converted, and the conversion is bounded by `max_message_bytes` of JSON.
+An infer call asks the handler to `admit` the model (known, with capacity) before anything else.
+The handler gets the call as an `OipCall`: the request message's bytes, to relay to a backend that
+speaks gRPC as they are, and (for ModelInfer) its JSON for a REST backend, converted only when asked
+and bounded by `max_message_bytes` of JSON. It answers with JSON, or with `Relayed` bytes: a gRPC
+backend's answer message, passed on unconverted.
 ModelStreamInfer answers each request of the stream as a ModelInfer, in order, an error in-stream
 (`error_message`) without ending the stream. The Triton-only methods (ModelConfig, repository and
 shared-memory calls) are not defined by this service: gRPC answers them UNIMPLEMENTED.
@@ -27,12 +30,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import grpc
 from grpc import aio
 
-from modelyard.errors import BadRequest, ModelyardError
+from modelyard.errors import BadRequest, ModelyardError, UpstreamError
 from modelyard.rpc._server import grpc_address, start_server
 from modelyard.rpc.oip_tensors import infer_request_json, infer_response, model_metadata
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
@@ -65,9 +69,49 @@ _NOT_HEADER_TEXT = re.compile(r"[^\t\x20-\x7e]")
 MAX_DETAILS = 1000
 
 
+_SERVICE = "/inference.GRPCInferenceService/"
+MODEL_READY = _SERVICE + "ModelReady"
+MODEL_METADATA = _SERVICE + "ModelMetadata"
+MODEL_INFER = _SERVICE + "ModelInfer"
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """An answer message as a gRPC backend sent it (serialized), passed on without conversion."""
+
+    message: bytes
+
+
+class OipCall:
+    """One call for the handler: `method` (the gRPC method's path) and `message` (the request's
+    bytes) relay it to a gRPC backend unchanged; `json()` is a ModelInfer request as OIP's REST JSON
+    body, converted on the first call (BadRequest for tensors that do not convert, RESOURCE_EXHAUSTED
+    past the JSON bound)."""
+
+    __slots__ = ("_json", "_max_json_bytes", "_message", "_request", "method")
+
+    def __init__(self, method: str, request: Any, max_json_bytes: int = 0) -> None:
+        self.method = method
+        self._request = request
+        self._max_json_bytes = max_json_bytes
+        self._json: dict[str, Any] | None = None
+        self._message: bytes | None = None
+
+    @property
+    def message(self) -> bytes:
+        if self._message is None:
+            self._message = self._request.SerializeToString()
+        return self._message
+
+    def json(self) -> dict[str, Any]:
+        if self._json is None:
+            self._json = infer_request_json(self._request, max_json_bytes=self._max_json_bytes)
+        return self._json
+
+
 class OipHandler(Protocol):
     """What the gateway does with each OIP call. `headers` is the call's metadata (routes match on it,
-    and it is forwarded as request headers); bodies are OIP v2 REST JSON."""
+    and it is forwarded as request headers); bodies are OIP v2 REST JSON, or `Relayed` messages."""
 
     def ready(self) -> bool:
         """Whether the server is ready for inference (REST: GET /v2/health/ready)."""
@@ -77,19 +121,21 @@ class OipHandler(Protocol):
         """The server's name, version and extensions."""
         ...
 
-    async def model_ready(self, model: str, version: str, headers: Headers) -> bool: ...
+    async def model_ready(
+        self, model: str, version: str, headers: Headers, call: OipCall
+    ) -> bool | Relayed: ...
 
     def admit(self, model: str) -> None:
         """Raise when an inference for `model` would be refused anyway (an unknown model, no
         capacity): the call fails before its tensors are converted."""
         ...
 
-    async def model_metadata(self, model: str, version: str, headers: Headers) -> object:
+    async def model_metadata(self, model: str, version: str, headers: Headers, call: OipCall) -> object:
         """The model's metadata as JSON (REST: GET /v2/models/{model}[/versions/{version}])."""
         ...
 
-    async def infer(self, model: str, version: str, body: dict[str, Any], headers: Headers) -> object:
-        """One inference: the JSON answer to `body` (REST: POST /v2/models/{model}/infer)."""
+    async def infer(self, model: str, version: str, call: OipCall, headers: Headers) -> object:
+        """One inference: the JSON answer to `call.json()` (REST: POST /v2/models/{model}/infer)."""
         ...
 
 
@@ -165,6 +211,16 @@ async def _answer(context: aio.ServicerContext[Any, Any], work: Callable[[], Awa
     raise AssertionError("unreachable: abort raises")
 
 
+M = TypeVar("M", pb.ModelReadyResponse, pb.ModelMetadataResponse, pb.ModelInferResponse)
+
+
+def _parsed(kind: type[M], answer: Relayed) -> M:
+    try:
+        return kind.FromString(answer.message)
+    except Exception:  # protobuf's DecodeError, whichever backend (upb, C++, Python) raised it
+        raise UpstreamError(f"the model server's answer is not a {kind.__name__}") from None
+
+
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, handler: OipHandler, max_json_bytes: int) -> None:
         self._handler = handler
@@ -190,7 +246,10 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelReadyRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ModelReadyResponse:
         async def work() -> pb.ModelReadyResponse:
-            ready = await self._handler.model_ready(request.name, request.version, _headers(context))
+            call = OipCall(MODEL_READY, request)
+            ready = await self._handler.model_ready(request.name, request.version, _headers(context), call)
+            if isinstance(ready, Relayed):
+                return _parsed(pb.ModelReadyResponse, ready)
             return pb.ModelReadyResponse(ready=ready)
 
         return await _answer(context, work)
@@ -199,7 +258,10 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ModelMetadataResponse:
         async def work() -> pb.ModelMetadataResponse:
-            body = await self._handler.model_metadata(request.name, request.version, _headers(context))
+            call = OipCall(MODEL_METADATA, request)
+            body = await self._handler.model_metadata(request.name, request.version, _headers(context), call)
+            if isinstance(body, Relayed):
+                return _parsed(pb.ModelMetadataResponse, body)
             return model_metadata(body, request.name)
 
         return await _answer(context, work)
@@ -208,9 +270,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         if not request.model_name:
             raise BadRequest("model_name is required")
         self._handler.admit(request.model_name)
-        body = infer_request_json(request, max_json_bytes=self._max_json_bytes)
-        answer = await self._handler.infer(request.model_name, request.model_version, body, headers)
-        response = infer_response(answer, request.model_name, request.model_version)
+        call = OipCall(MODEL_INFER, request, self._max_json_bytes)
+        answer = await self._handler.infer(request.model_name, request.model_version, call, headers)
+        if isinstance(answer, Relayed):
+            response = _parsed(pb.ModelInferResponse, answer)
+        else:
+            response = infer_response(answer, request.model_name, request.model_version)
         if request.id and not response.id:
             response.id = request.id  # as Triton: a stream's answers are matched to requests by id
         return response
@@ -227,8 +292,9 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request of the stream is a ModelInfer, answered in order. A request that fails is
-        answered with its error (`error_message`) and the stream goes on, as Triton's does; the
-        REST backends have no streaming infer, so one request gets one answer."""
+        answered with its error (`error_message`) and the stream goes on, as Triton's does. Each
+        request is routed on its own, and reaches a gRPC backend as a ModelInfer call too: one
+        request gets one answer (a decoupled model's several answers are not relayed)."""
         try:
             headers = _headers(context)
         except ModelyardError as error:

@@ -1,6 +1,6 @@
 """HTTP handlers: parse once, ask the engine for slots and delays, render each protocol's shape.
 
-Errors are raised as `_Reject` and rendered at the edge by the route's protocol wrapper:
+Errors are raised as `Rejected` and rendered at the edge by the route's protocol wrapper:
 OpenAI's `{"error": {"message", "type", "code"}}` or OIP/KServe's `{"error": "..."}`.
 """
 
@@ -38,14 +38,16 @@ _REGISTRY = web.AppKey("modelyard_sim_registry", CollectorRegistry)
 _DEFAULT_MAX_TOKENS = 16
 _MAX_TOKENS_LIMIT = 1 << 17
 _MAX_EMBEDDING_DIM = 65536
-_SERVER_NAME = "modelyard-sim"
-_SERVER_VERSION = "0.1.0"
+SERVER_NAME = "modelyard-sim"
+SERVER_VERSION = "0.1.0"
 _CREATED = int(time.time())
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class _Reject(Exception):
+class Rejected(Exception):
+    """A request the simulated server refuses: its status and message (and OpenAI's type, code)."""
+
     def __init__(
         self, status: int, message: str, *, error_type: str = "invalid_request_error", code: str = "invalid"
     ) -> None:
@@ -56,8 +58,8 @@ class _Reject(Exception):
         self.code = code
 
 
-def _simulated_failure() -> _Reject:
-    return _Reject(500, "simulated failure (fail_rate)", error_type="server_error", code="simulated_failure")
+def _simulated_failure() -> Rejected:
+    return Rejected(500, "simulated failure (fail_rate)", error_type="server_error", code="simulated_failure")
 
 
 def _json(payload: object, status: int = 200) -> web.Response:
@@ -68,7 +70,7 @@ def _openai_api(handler: Handler) -> Handler:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
-        except _Reject as exc:
+        except Rejected as exc:
             error = {"message": exc.message, "type": exc.error_type, "param": None, "code": exc.code}
             return _json({"error": error}, exc.status)
 
@@ -79,7 +81,7 @@ def _oip_api(handler: Handler) -> Handler:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
-        except _Reject as exc:
+        except Rejected as exc:
             return _json({"error": exc.message}, exc.status)
 
     return wrapped
@@ -90,9 +92,9 @@ async def _json_body(request: web.Request) -> dict[str, object]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise _Reject(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+        raise Rejected(400, f"malformed JSON body: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise _Reject(400, "the JSON body must be an object", code="invalid_json")
+        raise Rejected(400, "the JSON body must be an object", code="invalid_json")
     return body
 
 
@@ -108,7 +110,7 @@ def _max_tokens(body: dict[str, object]) -> int:
     if value is None:
         return _DEFAULT_MAX_TOKENS
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TOKENS_LIMIT:
-        raise _Reject(
+        raise Rejected(
             400, f"max_tokens must be an integer in 0..{_MAX_TOKENS_LIMIT}", code="invalid_max_tokens"
         )
     return value
@@ -170,11 +172,11 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     body = await _json_body(request)
     messages = body.get("messages")
     if not isinstance(messages, list):
-        raise _Reject(400, "'messages' must be a list of messages", code="invalid_messages")
+        raise Rejected(400, "'messages' must be a list of messages", code="invalid_messages")
     try:
         prompt = chat_prompt(messages)
     except ValueError as exc:
-        raise _Reject(400, str(exc), code="invalid_messages") from None
+        raise Rejected(400, str(exc), code="invalid_messages") from None
     max_tokens = _max_tokens(body)
     model = _model(body, engine)
     if engine.should_fail():
@@ -226,7 +228,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     try:
         prompts = completion_prompts(body.get("prompt"))
     except ValueError as exc:
-        raise _Reject(400, str(exc), code="invalid_prompt") from None
+        raise Rejected(400, str(exc), code="invalid_prompt") from None
     max_tokens = _max_tokens(body)
     model = _model(body, engine)
     if engine.should_fail():
@@ -284,17 +286,17 @@ async def _embeddings(request: web.Request) -> web.StreamResponse:
     try:
         inputs = embedding_inputs(body.get("input"))
     except ValueError as exc:
-        raise _Reject(400, str(exc).replace("prompt", "input"), code="invalid_input") from None
+        raise Rejected(400, str(exc).replace("prompt", "input"), code="invalid_input") from None
     dim = body.get("dimensions")
     if dim is None:
         dim = engine.config.embedding_dim
     elif isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= _MAX_EMBEDDING_DIM:
-        raise _Reject(
+        raise Rejected(
             400, f"dimensions must be an integer in 1..{_MAX_EMBEDDING_DIM}", code="invalid_dimensions"
         )
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
-        raise _Reject(400, "encoding_format must be 'float' or 'base64'", code="invalid_encoding_format")
+        raise Rejected(400, "encoding_format must be 'float' or 'base64'", code="invalid_encoding_format")
     model = _model(body, engine)
     if engine.should_fail():
         raise _simulated_failure()
@@ -326,7 +328,7 @@ async def _list_models(request: web.Request) -> web.StreamResponse:
 
 
 def _model_card(model: str) -> dict[str, object]:
-    return {"id": model, "object": "model", "created": _CREATED, "owned_by": _SERVER_NAME}
+    return {"id": model, "object": "model", "created": _CREATED, "owned_by": SERVER_NAME}
 
 
 async def _model_v1(request: web.Request) -> web.StreamResponse:
@@ -345,11 +347,11 @@ async def _kserve_predict(request: web.Request) -> web.StreamResponse:
     body = await _json_body(request)
     instances = body.get("instances", body.get("inputs"))
     if not isinstance(instances, list):
-        raise _Reject(400, "'instances' must be a list")
+        raise Rejected(400, "'instances' must be a list")
     try:
         predictions = scale_nested(instances, engine.config.oip_scale)
     except ValueError as exc:
-        raise _Reject(400, str(exc)) from None
+        raise Rejected(400, str(exc)) from None
     if engine.should_fail():
         raise _simulated_failure()
     async with engine.admit([], 0) as run:
@@ -369,22 +371,11 @@ async def _v2_ready(request: web.Request) -> web.StreamResponse:
 
 
 async def _v2_server(request: web.Request) -> web.StreamResponse:
-    return _json({"name": _SERVER_NAME, "version": _SERVER_VERSION, "extensions": ["binary_tensor_data"]})
+    return _json({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]})
 
 
 async def _v2_model(request: web.Request) -> web.StreamResponse:
-    model = request.match_info["model"]
-    version = request.match_info.get("version")
-    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [-1]}
-    return _json(
-        {
-            "name": model,
-            "versions": [version or "1"],
-            "platform": _SERVER_NAME,
-            "inputs": [tensor],
-            "outputs": [tensor],
-        }
-    )
+    return _json(oip_model_metadata(request.match_info["model"], request.match_info.get("version")))
 
 
 async def _v2_model_ready(request: web.Request) -> web.StreamResponse:
@@ -398,30 +389,49 @@ async def _v2_infer(request: web.Request) -> web.StreamResponse:
     try:
         body = oip.read_infer_request(await request.read(), request.headers)
     except ModelyardError as exc:
-        raise _Reject(exc.status, exc.message) from None
+        raise Rejected(exc.status, exc.message) from None
+    response = await oip_answer(engine, request.match_info["model"], request.match_info.get("version"), body)
+    try:
+        payload, header_length = oip.write_infer_response(response, body)
+    except ValueError as exc:
+        raise Rejected(400, str(exc)) from None
+    if header_length is None:
+        return web.Response(body=payload, content_type="application/json")
+    headers = {oip.BINARY_HEADER: str(header_length), "Content-Type": oip.BINARY_CONTENT_TYPE}
+    return web.Response(body=payload, headers=headers)
+
+
+async def oip_answer(
+    engine: SimEngine, model: str, version: str | None, body: dict[str, object]
+) -> dict[str, object]:
+    """The OIP v2 answer to an infer request's JSON (over REST or gRPC): its inputs times
+    `oip_scale`, after one decode step. Raises Rejected."""
     try:
         outputs = oip_outputs(body, engine.config.oip_scale)
     except ValueError as exc:
-        raise _Reject(400, str(exc)) from None
+        raise Rejected(400, str(exc)) from None
     if engine.should_fail():
         raise _simulated_failure()
     async with engine.admit([], 0) as run:
         await run.steps(1)
-    response: dict[str, object] = {"model_name": request.match_info["model"]}
-    version = request.match_info.get("version")
+    response: dict[str, object] = {"model_name": model}
     if version is not None:
         response["model_version"] = version
     if "id" in body:
         response["id"] = body["id"]
     response["outputs"] = outputs
-    try:
-        payload, header_length = oip.write_infer_response(response, body)
-    except ValueError as exc:
-        raise _Reject(400, str(exc)) from None
-    if header_length is None:
-        return web.Response(body=payload, content_type="application/json")
-    headers = {oip.BINARY_HEADER: str(header_length), "Content-Type": oip.BINARY_CONTENT_TYPE}
-    return web.Response(body=payload, headers=headers)
+    return response
+
+
+def oip_model_metadata(model: str, version: str | None) -> dict[str, object]:
+    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [-1]}
+    return {
+        "name": model,
+        "versions": [version or "1"],
+        "platform": SERVER_NAME,
+        "inputs": [tensor],
+        "outputs": [tensor],
+    }
 
 
 # Operations --------------------------------------------------------------------------------------
@@ -450,7 +460,7 @@ async def _sim_config_update(request: web.Request) -> web.StreamResponse:
     try:
         config = engine.update_config(body)
     except ValueError as exc:
-        raise _Reject(400, str(exc)) from None
+        raise Rejected(400, str(exc)) from None
     return _json(config.model_dump(mode="json"))
 
 

@@ -22,6 +22,9 @@ class SimWorkerConfig(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(default=9000, ge=0, le=65535, description="0 picks a free port")
+    grpc_port: int | None = Field(
+        default=None, ge=0, le=65535, description="OIP v2 over gRPC on this port too; 0 picks a free one"
+    )
     models: tuple[str, ...] = Field(default=("sim-model",), min_length=1, description="served model names")
     max_concurrency: int = Field(default=8, ge=1, description="slots; excess requests wait in a queue")
     prefill_ms_per_token: float = Field(default=0.05, ge=0, description="cost per uncached prompt token")

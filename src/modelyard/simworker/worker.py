@@ -5,14 +5,19 @@ from __future__ import annotations
 from types import TracebackType
 
 from modelyard.config import ListenConfig
+from modelyard.rpc import OipServer
 from modelyard.serving import HttpServer
 from modelyard.simworker.app import ENGINE, create_sim_app
 from modelyard.simworker.config import SimWorkerConfig
 from modelyard.simworker.engine import SimStats
+from modelyard.simworker.oip_grpc import SimOip
+
+_MAX_GRPC_MESSAGE = 16 * 1024 * 1024  # as the REST app's client_max_size
 
 
 class SimWorker:
-    """Binds `config.host:config.port` (port 0 picks a free one) on `start()`.
+    """Binds `config.host:config.port` (port 0 picks a free one) on `start()`, and OIP over gRPC on
+    `config.grpc_port` when set (`grpc_url` then says where).
 
     Usable as `async with SimWorker(config) as worker:`; several can share one event loop.
     """
@@ -22,8 +27,10 @@ class SimWorker:
         self.app = create_sim_app(self.config)
         self.url: str | None = None
         self.port: int | None = None
+        self.grpc_url: str | None = None
         self._shutdown_timeout = shutdown_timeout
         self._server: HttpServer | None = None
+        self._grpc: OipServer | None = None
 
     @property
     def stats(self) -> SimStats:
@@ -58,9 +65,23 @@ class SimWorker:
         self._server = server
         self.port = server.port
         self.url = server.url
+        if self.config.grpc_port is not None:
+            grpc = OipServer(
+                SimOip(self.app), self.config.host, self.config.grpc_port, max_message_bytes=_MAX_GRPC_MESSAGE
+            )
+            try:
+                await grpc.start()
+            except BaseException:
+                await self.stop()
+                raise
+            self._grpc = grpc
+            self.grpc_url = f"grpc://{grpc.address}"
         return server.url
 
     async def stop(self) -> None:
+        grpc, self._grpc = self._grpc, None
+        if grpc is not None:
+            await grpc.stop(grace=0)
         server, self._server = self._server, None
         if server is not None:
             await server.stop()

@@ -33,10 +33,15 @@ class UpstreamPool:
         """Send a request and return once the response head has arrived. `deadline` (seconds, for
         the whole exchange, body included) is capped by `upstream.timeout`; `flight` lets the
         caller abort it until then. The caller must `read()` the response or `close()` it."""
+        limit = self.time_limit(deadline)
+        return await self._client.request(base_url, method, path, headers, body, limit, flight)
+
+    def time_limit(self, deadline: float | None) -> float | None:
+        """Seconds an upstream exchange may take: `deadline` capped by `upstream.timeout`."""
         limit = self._config.timeout or None
         if deadline is not None:
             limit = min(limit, deadline) if limit else deadline
-        return await self._client.request(base_url, method, path, headers, body, limit, flight)
+        return limit
 
     async def probe(self, base_url: str, path: str, deadline: float) -> str:
         """GET a health path; returns "" when healthy (2xx), else why not."""

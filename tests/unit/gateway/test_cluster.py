@@ -290,6 +290,7 @@ def test_describe_shows_the_model_and_each_endpoints_state_as_the_overview_does(
     assert idle == {
         "name": "c",
         "url": "http://127.0.0.1:9002",
+        "grpc_url": None,
         "subset": "default",
         "weight": 1,
         "health": {"status": "healthy", "checked": False, "last_error": ""},

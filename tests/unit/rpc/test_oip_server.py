@@ -14,7 +14,7 @@ from grpc import aio
 from modelyard import errors
 from modelyard.errors import BadRequest, ModelNotFound, ModelyardError
 from modelyard.rpc import oip_server
-from modelyard.rpc.oip_server import OipServer, call_headers, oip_status
+from modelyard.rpc.oip_server import OipCall, OipServer, Relayed, call_headers, oip_status
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2_grpc as pb_grpc
 
@@ -83,11 +83,14 @@ def test_oip_status_maps_a_model_servers_status(status: int, code: grpc.StatusCo
 
 
 class StubHandler:
-    """An OipHandler that knows one model, "m", and records what reached it."""
+    """An OipHandler that knows one model, "m", and records what reached it. It answers with JSON,
+    as the gateway does for a REST backend, or with `relayed` bytes, as for a gRPC backend."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.error: ModelyardError | None = None
+        self.relayed: bytes | None = None
+        self.messages: list[tuple[str, bytes]] = []
 
     def ready(self) -> bool:
         return True
@@ -95,18 +98,25 @@ class StubHandler:
     def server_metadata(self) -> tuple[str, str, list[str]]:
         return "stub", "0", []
 
-    async def model_ready(self, model: str, version: str, headers: Any) -> bool:
-        return True
+    async def model_ready(self, model: str, version: str, headers: Any, call: OipCall) -> bool | Relayed:
+        self.messages.append((call.method, call.message))
+        return Relayed(self.relayed) if self.relayed is not None else True
 
-    async def model_metadata(self, model: str, version: str, headers: Any) -> object:
-        return {"name": model}
+    async def model_metadata(self, model: str, version: str, headers: Any, call: OipCall) -> object:
+        self.messages.append((call.method, call.message))
+        return Relayed(self.relayed) if self.relayed is not None else {"name": model}
 
     def admit(self, model: str) -> None:
         self.calls.append(("admit", model))
         if model != "m":
             raise ModelNotFound(model, ["m"])
 
-    async def infer(self, model: str, version: str, body: dict[str, Any], headers: Any) -> object:
+    async def infer(self, model: str, version: str, call: OipCall, headers: Any) -> object:
+        self.messages.append((call.method, call.message))
+        if self.relayed is not None:
+            self.calls.append(("infer", headers))
+            return Relayed(self.relayed)
+        call.json()  # what a REST backend needs
         self.calls.append(("infer", headers))
         if self.error is not None:
             raise self.error
@@ -165,6 +175,34 @@ async def test_long_error_messages_are_cut_for_the_status_details(stub):
     details = refused.value.details() or ""
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(details) == oip_server.MAX_DETAILS and details.endswith("...")
+
+
+async def test_a_relayed_answer_reaches_the_client_as_the_backend_sent_it(stub):
+    handler, client = stub
+    answer = pb.ModelInferResponse(model_name="m", id="7", raw_output_contents=[b"\x01\x02"])
+    answer.outputs.add(name="y", datatype="UINT8", shape=[2])
+    handler.relayed = answer.SerializeToString()
+    request = _infer("m", b"\0" * 3)  # not convertible: a relayed call is never converted
+    got = await client.ModelInfer(request, timeout=10)
+    assert got == answer
+    assert handler.messages == [(oip_server.MODEL_INFER, request.SerializeToString())]
+    handler.relayed = pb.ModelReadyResponse(ready=False).SerializeToString()
+    assert (await client.ModelReady(pb.ModelReadyRequest(name="m", version="2"), timeout=10)).ready is False
+    method, message = handler.messages[-1]
+    assert (method, pb.ModelReadyRequest.FromString(message).version) == (oip_server.MODEL_READY, "2")
+    metadata = pb.ModelMetadataResponse(name="m", versions=["2"], platform="relayed")
+    handler.relayed = metadata.SerializeToString()
+    assert await client.ModelMetadata(pb.ModelMetadataRequest(name="m"), timeout=10) == metadata
+    assert handler.messages[-1][0] == oip_server.MODEL_METADATA
+
+
+async def test_a_relayed_answer_that_is_not_the_message_is_unavailable(stub):
+    handler, client = stub
+    handler.relayed = b"\xff\xff\xff"  # not a ModelInferResponse
+    with pytest.raises(aio.AioRpcError) as failed:
+        await client.ModelInfer(_infer("m", b"\0" * 8), timeout=10)
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert failed.value.details() == "the model server's answer is not a ModelInferResponse"
 
 
 async def test_header_injection_through_metadata(stub):

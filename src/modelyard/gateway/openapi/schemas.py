@@ -315,6 +315,7 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
             "required": [
                 "name",
                 "url",
+                "grpc_url",
                 "subset",
                 "weight",
                 "health",
@@ -327,6 +328,10 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
             "properties": {
                 "name": {"type": "string"},
                 "url": {"type": "string"},
+                "grpc_url": {
+                    "type": ["string", "null"],
+                    "description": "where OIP gRPC calls are relayed as gRPC; null: they go to url as REST",
+                },
                 "subset": {"type": "string"},
                 "weight": {"type": "integer"},
                 "health": {

@@ -1,0 +1,220 @@
+"""OIP v2 over gRPC relayed as gRPC: endpoints with a `grpc_url` get the client's call itself, its
+message unconverted, through the same routing, retries and error mapping as the REST translation.
+
+The backends are sim-workers serving gRPC too (`grpc_port`), which count a gRPC inference apart
+from a REST one (`oip_infer_grpc` against `oip_infer`), and a recording gRPC server built on the
+gateway's own `rpc.OipServer`. tritonclient.grpc is the client, unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from test_oip_grpc import CLIENT_TIMEOUT, _input, off_loop, triton_client
+from tritonclient.utils import InferenceServerException
+
+from modelyard.errors import ModelServerAnswered
+from modelyard.rpc import OipCall, OipServer
+from support import free_ports, metric_value
+
+GRPC_LISTEN = {"host": "127.0.0.1", "port": 0, "grpc_port": 0}
+
+
+def _relayed(name: str, workers: list[Any], **fields: Any) -> dict[str, Any]:
+    """A model over `workers`, each endpoint with its REST url and its grpc_url."""
+    endpoints = [{"name": f"w{i}", "url": w.url, "grpc_url": w.grpc_url} for i, w in enumerate(workers)]
+    return {"name": name, "endpoints": endpoints, "health_check": {"interval": "60s"}, **fields}
+
+
+def _ways(worker: Any) -> tuple[int, int]:
+    """(REST, gRPC) inferences the worker served."""
+    by = worker.stats.requests_by_endpoint
+    return by.get("oip_infer", 0), by.get("oip_infer_grpc", 0)
+
+
+async def test_a_call_reaches_a_grpc_endpoint_as_grpc(sim_workers, gateways, http):
+    workers = await sim_workers(2, oip_scale=2.0, models=["echo"], grpc_port=0)
+    gateway = await gateways([_relayed("echo", workers)], listen=GRPC_LISTEN)
+    fp32 = np.array([[1.0, 2.5], [3.0, -4.0]], dtype=np.float32)
+    text = np.array([b"hello", "wörld".encode()], dtype=np.object_)
+    async with triton_client(gateway) as client:
+        for request_id in ("r1", "r2"):
+            inputs = [_input("a", fp32, "FP32"), _input("c", text, "BYTES")]
+            result = await off_loop(client.infer, "echo", inputs, request_id=request_id)
+            assert result.get_response().id == request_id
+            assert result.as_numpy("a").tolist() == (fp32 * 2).tolist()
+            assert [x.decode() for x in result.as_numpy("c").tolist()] == ["hello", "wörld"]
+        assert await off_loop(client.is_model_ready, "echo")
+        metadata = await off_loop(client.get_model_metadata, "echo", "4")
+        assert (metadata.name, list(metadata.versions), metadata.platform) == ("echo", ["4"], "modelyard-sim")
+    assert [_ways(w) for w in workers] == [(0, 1), (0, 1)]  # round robin, over gRPC only
+    for backend in ("w0", "w1"):
+        count = await metric_value(http, gateway.url, "modelyard_requests_total", backend=backend, code="200")
+        assert count >= 1, backend
+    # REST clients still reach the same endpoints over REST.
+    body = {"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1.5]}]}
+    async with http.post(gateway.url + "/v2/models/echo/infer", json=body) as response:
+        assert response.status == 200
+        assert (await response.json())["outputs"][0]["data"] == [3.0]
+    assert sum(_ways(w)[0] for w in workers) == 1
+
+
+async def test_a_model_with_grpc_and_rest_endpoints_uses_each_its_way(sim_workers, gateways):
+    (grpc_worker,) = await sim_workers(1, models=["echo"], grpc_port=0)
+    (rest_worker,) = await sim_workers(1, models=["echo"])
+    endpoints = [
+        {"name": "g", "url": grpc_worker.url, "grpc_url": grpc_worker.grpc_url},
+        {"name": "r", "url": rest_worker.url},
+    ]
+    model = {"name": "echo", "endpoints": endpoints, "health_check": {"interval": "60s"}}
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        for value in (1.0, 2.0, 3.0, 4.0):
+            x = _input("x", np.array([value], np.float32), "FP32")  # raw_input_contents
+            result = await off_loop(client.infer, "echo", [x])
+            assert result.as_numpy("x").tolist() == [value]
+    assert (_ways(grpc_worker), _ways(rest_worker)) == ((0, 2), (2, 0))
+
+
+async def test_a_grpc_port_that_refuses_is_retried_on_another_endpoint(sim_workers, gateways, http):
+    workers = await sim_workers(2, models=["echo"], grpc_port=0)
+    (dead,) = free_ports(1)
+    model = _relayed("echo", workers)
+    model["endpoints"][0]["grpc_url"] = f"grpc://127.0.0.1:{dead}"  # its REST side is up; nothing here
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        for _ in range(4):
+            x = _input("x", np.ones(2, np.float32), "FP32")
+            assert (await off_loop(client.infer, "echo", [x])).as_numpy("x").tolist() == [1.0, 1.0]
+    assert _ways(workers[1]) == (0, 4)
+    retries = await metric_value(http, gateway.url, "modelyard_retries_total", reason="connect-failure")
+    assert retries >= 1
+
+
+async def test_a_grpc_backends_errors_keep_their_code_and_message(sim_workers, gateways):
+    (failing,) = await sim_workers(1, models=["echo"], grpc_port=0, fail_rate=1.0)
+    gateway = await gateways([_relayed("echo", [failing])], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        with pytest.raises(InferenceServerException) as failed:
+            await off_loop(client.infer, "echo", [_input("x", np.ones(1, np.float32), "FP32")])
+        assert failed.value.status() == "StatusCode.INTERNAL"
+        assert failed.value.message() == "simulated failure (fail_rate)"
+        # The tensor is the backend's to judge: 3 bytes for one FP32, refused by the backend.
+        bad = grpcclient.InferInput("x", [1], "FP32")
+        bad._raw_content = b"\0\0\0"  # what a client with a bug would send
+        with pytest.raises(InferenceServerException) as refused:
+            await off_loop(client.infer, "echo", [bad])
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "x" in refused.value.message()
+
+
+async def test_the_route_timeout_ends_a_relayed_call(sim_workers, gateways):
+    (slow,) = await sim_workers(1, models=["slow"], grpc_port=0, decode_ms_per_token=5000.0)
+    routes = [{"name": "default", "destinations": [{"subset": "default"}], "timeout": "100ms"}]
+    gateway = await gateways([_relayed("slow", [slow], routes=routes)], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        with pytest.raises(InferenceServerException) as timed_out:
+            await off_loop(client.infer, "slow", [_input("x", np.ones(1, np.float32), "FP32")])
+    assert timed_out.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+
+
+async def test_a_stream_is_relayed_request_by_request(sim_workers, gateways):
+    workers = await sim_workers(2, oip_scale=2.0, models=["echo"], grpc_port=0)
+    gateway = await gateways([_relayed("echo", workers)], listen=GRPC_LISTEN)
+    answers: list[tuple[Any, Any]] = []
+    loop = asyncio.get_running_loop()
+    three = loop.create_future()
+
+    def callback(result: Any, error: Any) -> None:  # tritonclient's stream thread
+        answers.append((result, error))
+        if len(answers) == 3:
+            loop.call_soon_threadsafe(lambda: three.done() or three.set_result(None))
+
+    async with triton_client(gateway) as client:
+        await off_loop(client.start_stream, callback, stream_timeout=CLIENT_TIMEOUT)
+        try:
+            for request_id, value in (("s1", 1.5), ("s2", 2.0), ("s3", -2.0)):
+                x = _input("x", np.array([value], np.float32), "FP32")
+                await off_loop(client.async_stream_infer, "echo", [x], request_id=request_id)
+            await asyncio.wait_for(three, 10)
+        finally:
+            await off_loop(client.stop_stream)
+    assert [(r.get_response().id, r.as_numpy("x").tolist(), e) for r, e in answers] == [
+        ("s1", [3.0], None),
+        ("s2", [4.0], None),
+        ("s3", [-4.0], None),
+    ]
+    assert sorted(_ways(w) for w in workers) == [(0, 1), (0, 2)]
+
+
+class Recorder:
+    """A gRPC OIP backend that records each call's metadata and the message it got."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict[str, str], OipCall]] = []
+
+    def ready(self) -> bool:
+        return True
+
+    def server_metadata(self) -> tuple[str, str, list[str]]:
+        return "recorder", "0", []
+
+    async def model_ready(self, model: str, version: str, headers: Any, call: OipCall) -> bool:
+        return True
+
+    def admit(self, model: str) -> None:
+        pass
+
+    async def model_metadata(self, model: str, version: str, headers: Any, call: OipCall) -> object:
+        return {"name": model}
+
+    async def infer(self, model: str, version: str, call: OipCall, headers: Any) -> object:
+        self.seen.append((dict(headers), call))
+        body = call.json()
+        if body["inputs"][0]["name"] == "fail":
+            raise ModelServerAnswered(503, "busy " + "e" * 5000)
+        return {"model_name": model, "outputs": body["inputs"]}
+
+
+@pytest.fixture
+async def recorder(sim_workers, gateways) -> AsyncIterator[tuple[Any, Recorder]]:
+    backend = Recorder()
+    server = OipServer(backend, max_message_bytes=1 << 20)
+    await server.start()
+    (health,) = await sim_workers(1)  # the REST url the health checks probe; no call goes there
+    try:
+        endpoint = {"name": "r0", "url": health.url, "grpc_url": f"grpc://{server.address}"}
+        model = {"name": "rec", "endpoints": [endpoint], "health_check": {"interval": "60s"}}
+        yield await gateways([model], listen=GRPC_LISTEN), backend
+    finally:
+        await server.stop(0)
+
+
+async def test_the_backend_gets_the_message_and_the_metadata_without_framing(recorder):
+    gateway, backend = recorder
+    x = _input("x", np.array([1.0, 2.0], np.float32), "FP32")
+    async with triton_client(gateway) as client:
+        result = await off_loop(client.infer, "rec", [x], headers={"x-keep": "yes", "content-length": "3"})
+        assert result.as_numpy("x").tolist() == [1.0, 2.0]
+        await off_loop(client.infer, "rec", [x], headers={"x-request-id": "mine"})
+    (first, call), (second, _) = backend.seen
+    assert first["x-keep"] == "yes"
+    assert first["x-request-id"]  # made by the gateway
+    assert second["x-request-id"] == "mine"  # the caller's
+    assert "content-length" not in first and "content-type" not in first
+    assert call.json()["inputs"][0]["data"] == [1.0, 2.0]  # the raw contents, as the client sent them
+
+
+async def test_a_relayed_error_is_cut_and_a_503_is_retried_then_unavailable(recorder):
+    gateway, backend = recorder
+    async with triton_client(gateway) as client:
+        with pytest.raises(InferenceServerException) as refused:
+            await off_loop(client.infer, "rec", [_input("fail", np.ones(1, np.float32), "FP32")])
+    assert refused.value.status() == "StatusCode.UNAVAILABLE"
+    message = refused.value.message()
+    assert message.startswith("busy eee") and message.endswith("...") and len(message) <= 1000
+    assert len(backend.seen) > 1  # 503 is a gateway-error: retried, as over REST
