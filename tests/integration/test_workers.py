@@ -314,6 +314,32 @@ async def test_a_connection_refused_on_the_follower_is_probed_again_soon(serve_w
         await runner.cleanup()
 
 
+async def test_an_endpoint_one_worker_ejects_is_out_in_the_other(sim_workers, serve_workers):
+    (good,) = await sim_workers(1, models=["m"])
+    (bad_sim,) = await sim_workers(1, models=["m"], fail_rate=1.0)
+    detection = {"consecutive_5xx": 2, "base_ejection_time": "60s", "max_ejection_percent": 50}
+    retried = {"name": "all", "destinations": [{"subset": "default"}], "retries": {"retry_on": ["5xx"]}}
+    model = _model([good, bad_sim], strategy="round_robin", outlier_detection=detection, routes=[retried])
+    gateway = await serve_workers({"models": [model]})
+    first, second = await gateway.on_worker(0), await gateway.on_worker(1)
+
+    async def ejected_in(session: aiohttp.ClientSession) -> bool:
+        async with session.get(gateway.url + "/admin/overview") as response:
+            (described,) = (await response.json())["models"]
+        return next(e for e in described["endpoints"] if e["name"] == "w1")["ejection"]["ejected"]
+
+    for _ in range(6):  # three tries on w1, each failing and retried on w0: out after the second
+        await _chat(second, gateway.url)
+    assert await ejected_in(second)
+    await wait_until(lambda: ejected_in(first), attempts=200, interval=0.02)
+    tried = bad_sim.stats.requests_total
+    assert {await _chat(first, gateway.url) for _ in range(6)} == {"w0"}
+    assert bad_sim.stats.requests_total == tried  # the first worker sent it nothing
+    text = await _metrics(first, gateway.url)
+    ejections = re.findall(r'modelyard_outlier_events_total\{[^}]*event="consecutive_5xx"[^}]*\} (\S+)', text)
+    assert [float(v) for v in ejections] == [1.0]  # decided once, by the second worker
+
+
 async def test_one_worker_scrapes_and_the_other_routes_on_its_snapshots(serve_workers):
     """resource_aware: the leader alone scrapes (once per endpoint at start, then not for an hour),
     and the follower routes on the snapshots it published: away from the endpoint whose queue is full."""

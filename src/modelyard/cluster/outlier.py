@@ -123,6 +123,33 @@ def decide(states: Mapping[str, OutlierState], now: float, config: OutlierDetect
     return Decision(current, tuple(ejected), tuple(sorted(returned)), tuple(overflow))
 
 
+def adopt(
+    states: Mapping[str, OutlierState],
+    name: str,
+    until: float,
+    ejections: int,
+    now: float,
+    config: OutlierDetectionConfig,
+) -> dict[str, OutlierState] | None:
+    """Another worker of the same gateway ejected `name` until `until` (its `ejections` multiplier):
+    the states with it out here too, till the same instant; None when nothing changes: detection
+    off, the ejection already over, `name` already out at least as long, or `max_ejection_percent`
+    of the pool already out here (the cap holds in every worker, as `decide` keeps it)."""
+    state = states.get(name)
+    if not config.enabled or state is None or until <= now:
+        return None
+    if state.ejected_until is not None and state.ejected_until >= until:
+        return None
+    if not state.ejected:
+        out = sum(1 for s in states.values() if s.ejected)
+        if out >= _max_ejected(len(states), config.max_ejection_percent):
+            return None
+    adopted = replace(
+        state, ejections=max(state.ejections, ejections), ejected_until=until, healthy_since=None
+    )
+    return {**states, name: adopted}
+
+
 def routable(healthy: Sequence[T], all_: Sequence[T], panic_threshold_percent: float) -> tuple[list[T], bool]:
     """Envoy's panic mode: when under `panic_threshold_percent` of the pool is available, spread
     load over every endpoint (some requests fail) rather than crush the few left. Returns the

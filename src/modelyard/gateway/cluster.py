@@ -33,7 +33,7 @@ from modelyard.cluster import Abortable, BackendLoad, Endpoint, HealthThresholds
 from modelyard.cluster.budget import RetryBudget
 from modelyard.cluster.canary import CanaryStats
 from modelyard.cluster.health import ejected, passed
-from modelyard.cluster.outlier import OutlierState, decide, routable
+from modelyard.cluster.outlier import OutlierState, adopt, decide, routable
 from modelyard.cluster.outlier import observe as observe_outcome
 from modelyard.config import EndpointConfig, ModelConfig, RouteConfig
 from modelyard.errors import EndpointTakenOut, NotFound
@@ -55,6 +55,7 @@ class Cluster:
         on_outlier: OutlierListener = lambda model, endpoint, event: None,
         new_load: Callable[[str, str], Load] = BackendLoad,
         on_refused: Callable[[Cluster, Endpoint], None] | None = None,
+        on_ejected: Callable[[Cluster, Endpoint], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -63,6 +64,7 @@ class Cluster:
         self._on_health_change = on_health_change
         self._on_outlier = on_outlier
         self._on_refused = on_refused  # after record_connection_failure: told to the other workers
+        self._on_ejected = on_ejected  # after this worker's outlier detection ejects: told to the others
         self.strategy: Strategy = build_strategy(config.strategy, config)
         self.seq = 0  # requests routed so far; kept across strategy switches (round_robin's position)
         self.budget = RetryBudget(config.retry_budget)
@@ -294,11 +296,27 @@ class Cluster:
             )  # fmt: skip
             self._on_outlier(self.name, ejection.name, ejection.reason)
             self._abort_awaiting(by_name[ejection.name], f"ejected ({ejection.reason})")
+            if self._on_ejected is not None:
+                self._on_ejected(self, by_name[ejection.name])
         for name in decision.returned:
             log.info("model %s: endpoint %s returns from ejection", self.name, name)
             self._on_outlier(self.name, name, "returned")
         untils = [s.ejected_until for s in self.outliers.values() if s.ejected_until is not None]
         self._next_return = min(untils, default=float("inf"))
+
+    def adopt_ejection(self, name: str, until: float, ejections: int, now: float) -> None:
+        """Another worker of this gateway ejected endpoint `name` until `until` (monotonic time,
+        which every process of the machine shares): out here too, unless the policy says no
+        (`outlier.adopt`). Counted in metrics by the worker that decided, not here."""
+        states = adopt(self.outliers, name, until, ejections, now, self.config.outlier_detection)
+        if states is None:
+            return
+        self.outliers = states
+        self._next_return = min(self._next_return, until)
+        log.info("model %s: endpoint %s ejected by another worker for %.1fs", self.name, name, until - now)
+        endpoint = next((e for e in self.endpoints if e.name == name), None)
+        if endpoint is not None:
+            self._abort_awaiting(endpoint, "ejected by another worker")
 
     def record_probe(self, endpoint: Endpoint, error: str) -> None:
         """Apply one active health check's result ("" when it passed)."""

@@ -121,7 +121,7 @@ class Gateway:
             return Cluster(config, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
         return Cluster(
             config, self.loads, self.metrics.health_changed, self.metrics.outlier_event, siblings.new_load,
-            on_refused=siblings.connection_refused,
+            on_refused=siblings.connection_refused, on_ejected=siblings.publish_ejection,
         )  # fmt: skip
 
     def install(self, cluster: Cluster) -> None:
@@ -259,8 +259,9 @@ class Gateway:
 
     async def _follow(self, siblings: Siblings) -> None:
         """Every FOLLOW_SECONDS: adopt the leader's health verdicts and scrapes and the other workers'
-        admin changes, publish this worker's listener counters, and let requests queued for room
-        (circuit_breakers) look again, since the others' releases do not wake them."""
+        outlier ejections and admin changes, publish this worker's listener counters, and let
+        requests queued for room (circuit_breakers) look again, since the others' releases do not
+        wake them."""
         while True:
             try:
                 self._follow_once(siblings)
@@ -289,6 +290,7 @@ class Gateway:
                 endpoint = find_endpoint(cluster, name)
                 if cluster is not None and endpoint is not None:
                     cluster.record_connection_failure(endpoint, "connection refused (seen by another worker)")
+        siblings.adopt_ejections(self.clusters)
         changes = siblings.admin_changes()
         if changes is not None:
             self._apply_changes(changes)

@@ -14,7 +14,12 @@ locks on the request path:
   dead worker's counters to (`worker_exited`), so that the sums never go down;
 - resources: per (model, endpoint), the leader's latest scrape (resource_aware) under a seqlock: a
   sequence number, odd while the leader writes, then one slot per field (`encode_snapshot`); the
-  leader alone scrapes, the others adopt each new snapshot whole (`read_snapshot`).
+  leader alone scrapes, the others adopt each new snapshot whole (`read_snapshot`);
+- ejections: per (model, endpoint), a row per worker holding its latest outlier ejection under a
+  seqlock (until when, as monotonic time, which all processes of the machine share; the ejection
+  multiplier): every worker judges the answers it relays, and the others take its ejections as
+  their own, so an endpoint that fails is out everywhere after `consecutive_5xx` failures in one
+  worker, not in each.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import math
 import os
 import struct
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +53,7 @@ _LISTENER_FIELDS = 5  # open, refused, header timeouts, heads refused 400, 431
 # taken_at, queue_depth, running, kv_cache_usage, sm_utilization, memory_used, in_flight_at_scrape
 SNAPSHOT_FIELDS = 7
 SNAPSHOT_SLOTS = 1 + SNAPSHOT_FIELDS  # the sequence number first
+EJECTION_SLOTS = 3  # the sequence number, until (float bits), the ejection multiplier
 _SEQLOCK_TRIES = 3  # a read that keeps meeting a write gives up until the next round
 _DOUBLE = struct.Struct("d")
 _INT64 = struct.Struct("q")
@@ -94,29 +101,38 @@ def _optional(bits: int) -> float | None:
     return None if math.isnan(value) else value
 
 
-def write_snapshot(ints: memoryview, at: int, snapshot: ResourceSnapshot) -> None:
-    """The one writer of slot group `at`: the sequence number turns odd, the fields are written,
-    then it turns even; a reader that saw the same even number before and after read them whole."""
+def write_locked(ints: memoryview, at: int, values: Sequence[int]) -> None:
+    """The one writer of slot group `at`: the sequence number turns odd, `values` are written after
+    it, then it turns even; a reader that saw the same even number before and after read them whole."""
     seq = (ints[at] + 1) | 1  # odd: the next, or past the one a writer that died mid-write left
     ints[at] = seq
-    for offset, value in enumerate(encode_snapshot(snapshot), start=at + 1):
+    for offset, value in enumerate(values, start=at + 1):
         ints[offset] = value
     ints[at] = seq + 1
 
 
-def read_snapshot(ints: memoryview, at: int) -> tuple[int, ResourceSnapshot] | None:
-    """(sequence number, snapshot) of slot group `at`; None when nothing was published yet or
-    every try met a write (the caller tries again next round: never a torn snapshot)."""
+def read_locked(ints: memoryview, at: int, count: int) -> tuple[int, list[int]] | None:
+    """(sequence number, the `count` values) of slot group `at`; None when nothing was published yet
+    or every try met a write (the caller tries again next round: never a torn read)."""
     for _ in range(_SEQLOCK_TRIES):
         before = ints[at]
         if before == 0:
             return None
         if before % 2:
             continue
-        fields = list(ints[at + 1 : at + SNAPSHOT_SLOTS])
+        values = list(ints[at + 1 : at + 1 + count])
         if ints[at] == before:
-            return before, decode_snapshot(fields)
+            return before, values
     return None
+
+
+def write_snapshot(ints: memoryview, at: int, snapshot: ResourceSnapshot) -> None:
+    write_locked(ints, at, encode_snapshot(snapshot))
+
+
+def read_snapshot(ints: memoryview, at: int) -> tuple[int, ResourceSnapshot] | None:
+    read = read_locked(ints, at, SNAPSHOT_FIELDS)
+    return None if read is None else (read[0], decode_snapshot(read[1]))
 
 
 class Layout:
@@ -136,11 +152,16 @@ class Layout:
         self.listener_at = self.admin_at + 1
         self.listener_base_at = self.listener_at + count * _LISTENER_FIELDS
         self.resources_at = self.listener_base_at + _LISTENER_FIELDS
-        self.size = self.resources_at + SNAPSHOT_SLOTS * len(self.probes)
+        self.ejections_at = self.resources_at + SNAPSHOT_SLOTS * len(self.probes)
+        self.size = self.ejections_at + EJECTION_SLOTS * len(self.probes) * count
 
     def load_row(self, slot: int, index: int) -> int:
         """Where worker `index`'s in-flight count for server `slot` is (its tokens follow)."""
         return slot * self.count * 2 + 2 * index
+
+    def ejection_row(self, slot: int, index: int) -> int:
+        """Where worker `index`'s latest ejection of endpoint `slot` is."""
+        return self.ejections_at + (slot * self.count + index) * EJECTION_SLOTS
 
 
 def worker_exited(ints: memoryview, layout: Layout, index: int) -> None:
@@ -207,6 +228,8 @@ class Siblings:
         self._ints = self._shared.ints
         self._probes_seen: dict[int, int] = {}
         self._resources_seen: dict[int, int] = {}
+        # Every row unseen: a worker started again adopts the ejections still in force.
+        self._ejections_seen: dict[int, int] = {}
         # Refusals reported before this worker started (a restarted leader) were dealt with then.
         self._suspects_seen = {slot: self._suspicions(slot) for slot in self.layout.probes.values()}
         self._admin_seen = 0
@@ -306,6 +329,35 @@ class Siblings:
             endpoint = find_endpoint(clusters.get(model), name)
             if endpoint is not None:
                 endpoint.resources = snapshot
+
+    # --- outlier ejections -----------------------------------------------------------------------
+
+    def publish_ejection(self, cluster: Cluster, endpoint: Endpoint) -> None:
+        """This worker's outlier detection ejected `endpoint`: its row says until when."""
+        slot = self.layout.probes.get((cluster.name, endpoint.name))
+        state = cluster.outliers.get(endpoint.name)
+        if slot is None or state is None or state.ejected_until is None:
+            return
+        values = (_bits(state.ejected_until), state.ejections)
+        write_locked(self._ints, self.layout.ejection_row(slot, self.index), values)
+
+    def adopt_ejections(self, clusters: Mapping[str, Cluster]) -> None:
+        """Each ejection another worker published since the last call, taken here as well."""
+        ints, seen, now = self._ints, self._ejections_seen, time.monotonic()
+        for (model, name), slot in self.layout.probes.items():
+            for index in range(self.count):
+                if index == self.index:
+                    continue
+                at = self.layout.ejection_row(slot, index)
+                if ints[at] == seen.get(at, 0):
+                    continue
+                read = read_locked(ints, at, EJECTION_SLOTS - 1)
+                if read is None:  # unpublished, or being written: next round
+                    continue
+                seen[at], (until, ejections) = read
+                cluster = clusters.get(model)
+                if cluster is not None:
+                    cluster.adopt_ejection(name, _float(until), ejections, now)
 
     # --- admin changes --------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from modelyard.cluster.outlier import (
     Decision,
     Ejection,
     OutlierState,
+    adopt,
     decide,
     observe,
     routable,
@@ -322,3 +323,35 @@ def test_panic_threshold_zero_disables_panic() -> None:
 
 def test_empty_pool_is_not_panic() -> None:
     assert routable([], [], 50.0) == ([], False)
+
+
+def test_another_workers_ejection_is_adopted_until_the_same_instant():
+    states = {"a": OutlierState(consecutive_failures=1), "b": OutlierState()}
+    adopted = adopt(states, "a", until=40.0, ejections=2, now=10.0, config=CONFIG)
+    assert adopted is not None
+    assert adopted["a"] == OutlierState(consecutive_failures=1, ejections=2, ejected_until=40.0)
+    assert adopted["b"] is states["b"]
+    assert adopt(adopted, "a", until=35.0, ejections=1, now=10.0, config=CONFIG) is None  # out as long
+    longer = adopt(adopted, "a", until=50.0, ejections=1, now=10.0, config=CONFIG)
+    assert longer is not None and longer["a"].ejected_until == 50.0 and longer["a"].ejections == 2
+    returned = decide(adopted, 40.0, CONFIG)
+    assert returned.returned == ("a",)
+
+
+@pytest.mark.parametrize(
+    ("states", "name", "until", "detection"),
+    [
+        ({"a": OutlierState()}, "a", 40.0, config(enabled=False)),  # detection off
+        ({"a": OutlierState()}, "a", 10.0, CONFIG),  # already over
+        ({"a": OutlierState()}, "gone", 40.0, CONFIG),  # not an endpoint here (replaced)
+        # one of two out already, with a 50% cap
+        (
+            {"a": OutlierState(), "b": OutlierState(ejected_until=20.0)},
+            "a",
+            40.0,
+            config(max_ejection_percent=50),
+        ),
+    ],
+)
+def test_an_ejection_is_not_adopted_when_the_policy_says_no(states, name, until, detection):
+    assert adopt(states, name, until=until, ejections=1, now=10.0, config=detection) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,70 @@ def test_followers_adopt_the_leader_scrapes_once_each(pair):
     mine["m"].endpoints[1].resources = None
     follower.adopt_resources(mine)
     assert mine["m"].endpoints[1].resources is None  # nothing new published: nothing adopted again
+
+
+def _ejecting_config(percent: float = 50) -> GatewayConfig:
+    detection = {"consecutive_5xx": 2, "base_ejection_time": "30s", "max_ejection_percent": percent}
+    models = [{"name": "m", "endpoints": ENDPOINTS, "outlier_detection": detection}]
+    return validate_config({"models": models}, "<test>")
+
+
+def _fail(cluster: Cluster, name: str, times: int, now: float) -> None:
+    endpoint = next(e for e in cluster.endpoints if e.name == name)
+    for _ in range(times):
+        cluster.record_outcome(endpoint, False, None, now)
+
+
+def _siblings(tmp_path: Path, config: GatewayConfig) -> tuple[Siblings, Siblings]:
+    SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=True).close()
+    return Siblings(config, 0, 2, tmp_path), Siblings(config, 1, 2, tmp_path)
+
+
+def test_an_ejection_in_one_worker_is_taken_by_the_others(tmp_path):
+    config = _ejecting_config()
+    first, second = _siblings(tmp_path, config)
+    (model,) = config.models
+    mine = Cluster(model, {}, on_ejected=first.publish_ejection)
+    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    now = time.monotonic()
+    _fail(theirs, "b", 2, now)  # consecutive_5xx in the second worker alone
+    assert theirs.outliers["b"].ejected
+    first.adopt_ejections({"m": mine})
+    assert mine.outliers["b"].ejected_until == theirs.outliers["b"].ejected_until
+    assert [e.name for e in mine.routable("default", now)] == ["a"]
+    second.adopt_ejections({"m": theirs})  # its own row: nothing to adopt, and no echo
+    before = mine.outliers["b"]
+    first.adopt_ejections({"m": mine})  # seen already: unchanged
+    assert mine.outliers["b"] is before
+    # It returns everywhere at the same (monotonic) instant.
+    assert [e.name for e in mine.routable("default", before.ejected_until + 0.1)] == ["a", "b"]
+
+
+def test_an_adopted_ejection_keeps_max_ejection_percent(tmp_path):
+    config = _ejecting_config(percent=50)
+    first, second = _siblings(tmp_path, config)
+    (model,) = config.models
+    mine = Cluster(model, {}, on_ejected=first.publish_ejection)
+    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    now = time.monotonic()
+    _fail(mine, "a", 2, now)  # out here: one of two is the cap
+    _fail(theirs, "b", 2, now)
+    first.adopt_ejections({"m": mine})
+    assert mine.outliers["a"].ejected and not mine.outliers["b"].ejected
+
+
+def test_a_restarted_worker_takes_the_ejections_still_in_force(tmp_path):
+    config = _ejecting_config(percent=100)
+    _first, second = _siblings(tmp_path, config)
+    (model,) = config.models
+    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    _fail(theirs, "a", 2, time.monotonic())
+    again = Siblings(config, 0, 2, tmp_path)
+    fresh = Cluster(model, {})
+    again.adopt_ejections({"m": fresh})
+    assert fresh.outliers["a"].ejected_until == theirs.outliers["a"].ejected_until
+    expired = Cluster(model, {})  # an ejection whose time is over is not taken
+    _fail(theirs, "b", 2, time.monotonic() - 60)
+    assert theirs.outliers["b"].ejected  # published, but over 30 s ago
+    Siblings(config, 0, 2, tmp_path).adopt_ejections({"m": expired})
+    assert expired.outliers["a"].ejected and not expired.outliers["b"].ejected
