@@ -143,7 +143,8 @@ class EndpointConfig(_Strict):
             port = parts.port
         except ValueError:
             port = None
-        if parts.scheme != "grpc" or not parts.hostname or port is None or parts.path.strip("/"):
+        extra = parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc
+        if parts.scheme != "grpc" or not parts.hostname or not port or extra:
             raise ValueError("expected grpc://host:port, e.g. grpc://127.0.0.1:8081")
         return url.rstrip("/")
 

@@ -232,11 +232,14 @@ class UpstreamTimeout(UpstreamError):
 
 class ModelServerAnswered(ModelyardError):
     """A model server answered an OIP call (made for a gRPC client) with an error: `status` is the
-    server's, so the gRPC code is the one its answer stands for."""
+    server's, so the gRPC code is the one its answer stands for; `grpc_status`, the name of the
+    status a server called over gRPC answered with (e.g. "FAILED_PRECONDITION"), is passed on as
+    it was."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, grpc_status: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.grpc_status = grpc_status
 
 
 class NoHealthyEndpoint(ModelyardError):

@@ -8,17 +8,23 @@ gateway's own `rpc.OipServer`. tritonclient.grpc is the client, unchanged."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from aiohttp import web
+from grpc import aio
 from test_oip_grpc import CLIENT_TIMEOUT, _input, off_loop, triton_client
 from tritonclient.utils import InferenceServerException
 
 from modelyard.errors import ModelServerAnswered
+from modelyard.gateway.gateway import GATEWAY
 from modelyard.rpc import OipCall, OipServer
+from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 from support import free_ports, metric_value
 
 GRPC_LISTEN = {"host": "127.0.0.1", "port": 0, "grpc_port": 0}
@@ -218,3 +224,168 @@ async def test_a_relayed_error_is_cut_and_a_503_is_retried_then_unavailable(reco
     message = refused.value.message()
     assert message.startswith("busy eee") and message.endswith("...") and len(message) <= 1000
     assert len(backend.seen) > 1  # 503 is a gateway-error: retried, as over REST
+
+
+class Scripted(grpc.GenericRpcHandler):
+    """A gRPC backend whose ModelInfer hangs (`mode` "hang") or ends with a status of its own
+    ("abort:CODE:message"); `calls` counts the calls that reached it."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.calls = 0
+        self.arrived = asyncio.Event()
+
+    def service(self, details: Any) -> Any:
+        async def infer(request: bytes, context: Any) -> bytes:
+            self.calls += 1
+            self.arrived.set()
+            if self.mode == "hang":
+                await asyncio.sleep(60)
+            if self.mode.startswith("abort:"):
+                _, code, message = self.mode.split(":", 2)
+                await context.abort(getattr(grpc.StatusCode, code), message)
+            return pb.ModelInferResponse(model_name="m").SerializeToString()
+
+        return grpc.unary_unary_rpc_method_handler(infer)
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[Any]:
+    """`await scripted(mode)`: (its server, the Scripted handler, its grpc_url)."""
+    servers: list[aio.Server] = []
+
+    async def start(mode: str) -> tuple[aio.Server, Scripted, str]:
+        handler = Scripted(mode)
+        server = aio.server()
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        return server, handler, f"grpc://127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        await server.stop(0)
+
+
+class HealthSwitch:
+    """A REST url whose /health answers 200 while `up`, else 503."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> HealthSwitch:
+        async def health(_: web.Request) -> web.Response:
+            return web.Response(status=200 if self.up else 503)
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def health_switch() -> AsyncIterator[HealthSwitch]:
+    switch = await HealthSwitch().start()
+    yield switch
+    await switch.stop()
+
+
+NO_RETRIES = [{"name": "default", "destinations": [{"subset": "default"}], "retries": {"attempts": 0}}]
+
+
+async def test_a_relayed_try_is_given_up_when_its_endpoint_is_taken_out(
+    sim_workers, gateways, scripted, health_switch
+):
+    _server, hanging, url = await scripted("hang")
+    (good,) = await sim_workers(1, models=["m"], grpc_port=0)
+    endpoints = [
+        {"name": "a", "url": health_switch.url, "grpc_url": url},  # round robin tries it first
+        {"name": "b", "url": good.url, "grpc_url": good.grpc_url},
+    ]
+    check = {"interval": "0.1s", "unhealthy_interval": "0.1s", "unhealthy_threshold": 1}
+    gateway = await gateways(
+        [{"name": "m", "endpoints": endpoints, "health_check": check}], listen=GRPC_LISTEN
+    )
+    async with triton_client(gateway) as client:
+        call = asyncio.create_task(off_loop(client.infer, "m", [_input("x", np.ones(1, np.float32), "FP32")]))
+        await asyncio.wait_for(hanging.arrived.wait(), 10)
+        health_switch.up = False  # a fails its health check while the try waits on it
+        started = time.monotonic()
+        result = await call
+    assert result.as_numpy("x").tolist() == [1.0]  # retried on b
+    assert time.monotonic() - started < 5  # not the route's timeout
+    assert _ways(good) == (0, 1)
+
+
+async def test_a_backends_own_unavailable_does_not_take_its_endpoint_out(gateways, scripted, health_switch):
+    _server, _handler, url = await scripted("abort:UNAVAILABLE:feature store: connection refused")
+    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
+    model = {"name": "m", "endpoints": [endpoint], "routes": NO_RETRIES, "health_check": {"interval": "60s"}}
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        with pytest.raises(InferenceServerException) as failed:
+            await off_loop(client.infer, "m", [_input("x", np.ones(1, np.float32), "FP32")])
+    assert (failed.value.status(), failed.value.message()) == (
+        "StatusCode.UNAVAILABLE",
+        "feature store: connection refused",
+    )
+    assert gateway.app[GATEWAY].clusters["m"].endpoints[0].health.healthy  # it answered: it is up
+
+
+async def test_a_call_dropped_by_a_backends_shutdown_is_a_reset(
+    sim_workers, gateways, scripted, health_switch
+):
+    server, hanging, url = await scripted("hang")
+    (good,) = await sim_workers(1, models=["m"], grpc_port=0)
+    resets_only = [
+        {
+            "name": "default",
+            "destinations": [{"subset": "default"}],
+            "retries": {"attempts": 2, "retry_on": ["connect-failure", "reset"]},
+        }
+    ]
+    endpoints = [
+        {"name": "a", "url": health_switch.url, "grpc_url": url},
+        {"name": "b", "url": good.url, "grpc_url": good.grpc_url},
+    ]
+    model = {"name": "m", "endpoints": endpoints, "routes": resets_only, "health_check": {"interval": "60s"}}
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        call = asyncio.create_task(off_loop(client.infer, "m", [_input("x", np.ones(1, np.float32), "FP32")]))
+        await asyncio.wait_for(hanging.arrived.wait(), 10)
+        await server.stop(0.1)  # a rolling restart: the calls in flight are cancelled
+        result = await call
+    assert result.as_numpy("x").tolist() == [1.0]
+    assert _ways(good) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("FAILED_PRECONDITION", "model unloading"),
+        ("ALREADY_EXISTS", "duplicate id"),
+        ("DEADLINE_EXCEEDED", "queue timeout"),
+        ("UNKNOWN", "python backend raised"),
+        ("RESOURCE_EXHAUSTED", "queue full"),
+    ],
+)
+async def test_a_backends_status_comes_back_as_it_was(gateways, scripted, health_switch, code, message):
+    _server, _handler, url = await scripted(f"abort:{code}:{message}")
+    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
+    model = {"name": "m", "endpoints": [endpoint], "routes": NO_RETRIES, "health_check": {"interval": "60s"}}
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        with pytest.raises(InferenceServerException) as failed:
+            await off_loop(client.infer, "m", [_input("x", np.ones(1, np.float32), "FP32")])
+    assert (failed.value.status(), failed.value.message()) == (f"StatusCode.{code}", message)

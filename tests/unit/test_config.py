@@ -87,7 +87,18 @@ def test_bad_duration_names_field_and_expected_form(value: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["http://127.0.0.1:8081", "grpc://127.0.0.1", "grpc://:8081", "grpc://h:8081/v2", "grpc://h:99999"]
+    "url",
+    [
+        "http://127.0.0.1:8081",
+        "grpc://127.0.0.1",
+        "grpc://:8081",
+        "grpc://h:8081/v2",
+        "grpc://h:99999",
+        "grpc://h:0",
+        "grpc://h:8081?x=y",
+        "grpc://h:8081#f",
+        "grpc://u@h:8081",
+    ],
 )
 def test_a_grpc_url_needs_the_grpc_scheme_a_host_and_a_port(url: str) -> None:
     model = {"name": "m", "endpoints": [{"url": "http://127.0.0.1:8080", "grpc_url": url}]}

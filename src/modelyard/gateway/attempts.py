@@ -60,15 +60,15 @@ class _Try:
 
 
 class GrpcAnswer:
-    """A gRPC backend's whole answer: the answer message's bytes (status 200), or the OIP error
-    JSON for its status."""
+    """A gRPC backend's whole answer: the answer message's bytes (status 200), or OIP's error JSON
+    for its status (rpc.OipChannels)."""
 
     __slots__ = ("body", "headers", "status")
 
     def __init__(self, status: int, body: bytes) -> None:
         self.status = status
         self.body = body
-        self.headers = [("Content-Type", GRPC_CONTENT_TYPE if status == 200 else "application/json")]
+        self.headers = [("Content-Type", GRPC_CONTENT_TYPE)]
 
     def header(self, name: str) -> str | None:
         return self.headers[0][1] if name.lower() == "content-type" else None
@@ -196,7 +196,7 @@ class AttemptLoop:
             if remaining <= 0:
                 raise _out_of_time(ex)
         if ex.grpc is not None and endpoint.grpc_url:
-            sending = self._send_grpc(ex, endpoint, remaining)
+            sending = self._send_grpc(ex, endpoint, remaining, flight)
         else:
             if ex.rest_body is not None:
                 ex.body, ex.rest_body = ex.rest_body(), None
@@ -222,13 +222,15 @@ class AttemptLoop:
             return _Try(policy.reason_for_error(exc), error=exc)
         return _Try(policy.reason_for_status(response.status, route.retries), response=response)
 
-    async def _send_grpc(self, ex: Exchange, endpoint: Endpoint, remaining: float | None) -> Answer:
+    async def _send_grpc(
+        self, ex: Exchange, endpoint: Endpoint, remaining: float | None, flight: Flight
+    ) -> Answer:
         assert ex.grpc is not None
         metadata = [(k.lower(), v) for k, v in ex.headers if k.lower() not in _NOT_METADATA]
-        timeout = self._pool.time_limit(remaining)
-        status, body = await self._grpc.call(
-            endpoint.grpc_url, ex.grpc.method, ex.grpc.message, metadata, timeout
-        )
+        limit = self._pool.time_limit(remaining)
+        pending = self._grpc.start(endpoint.grpc_url, ex.grpc.method, ex.grpc.message, metadata, limit)
+        flight.on_abort(pending.abort)  # its endpoint taken out: given up, and retried elsewhere
+        status, body = await pending.answer()
         return GrpcAnswer(status, body)
 
     async def _choose(

@@ -53,7 +53,7 @@ class GatewayOip:
             answer = await self._call(cluster, "GET", _path(cluster, version, "/ready"), headers, b"", call)
         except (UpstreamError, NoHealthyEndpoint):
             return False  # nothing serves it now: not ready, as opposed to unknown
-        if answer.grpc:
+        if answer.grpc and answer.status == 200:
             return Relayed(answer.body)
         return 200 <= answer.status < 300
 
@@ -118,7 +118,7 @@ def _answer(answer: Called) -> object:
     """The server's answer (JSON, or a gRPC server's message as it is), or its error answer as a
     modelyard error with its status."""
     status, data = answer.status, answer.body
-    if answer.grpc:
+    if answer.grpc and status == 200:
         return Relayed(data)
     try:
         body = orjson.loads(data)
@@ -131,4 +131,8 @@ def _answer(answer: Called) -> object:
     message = body.get("error") if isinstance(body, dict) else None
     if not isinstance(message, str) or not message:
         message = data.decode(errors="replace")[:500] or f"the model server answered {status}"
-    raise ModelServerAnswered(status, message)  # the server's status decides the gRPC code
+    # A gRPC server's own status goes back as it was; otherwise the HTTP status decides the code.
+    grpc_status = body.get("grpc_status") if answer.grpc and isinstance(body, dict) else None
+    raise ModelServerAnswered(
+        status, message, grpc_status=grpc_status if isinstance(grpc_status, str) else None
+    )

@@ -47,8 +47,9 @@ PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, 
 
 
 class Called(NamedTuple):
-    """What `Proxy.call` got: the answer's status and body; `grpc`: the body is a gRPC backend's
-    answer message (the call relayed as gRPC), not a REST answer."""
+    """What `Proxy.call` got: the answer's status and body; `grpc`: a gRPC backend answered (the
+    call relayed as gRPC): the body is its answer message, or for an error status OIP's error JSON
+    with the gRPC status's name (rpc.OipChannels)."""
 
     status: int
     body: bytes

@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from grpc import aio
 
-from modelyard.errors import BadRequest, ModelyardError, UpstreamError
+from modelyard.errors import BadRequest, ModelServerAnswered, ModelyardError, UpstreamError
 from modelyard.rpc._server import grpc_address, start_server
 from modelyard.rpc.oip_tensors import infer_request_json, infer_response, model_metadata
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
@@ -157,7 +157,12 @@ _CODES = {
 
 
 def oip_status(error: ModelyardError) -> grpc.StatusCode:
-    """The gRPC status for a modelyard error (or a model server's answer carried as one)."""
+    """The gRPC status for a modelyard error (or a model server's answer carried as one: a gRPC
+    server's own status as it was)."""
+    if isinstance(error, ModelServerAnswered) and error.grpc_status is not None:
+        relayed = getattr(grpc.StatusCode, error.grpc_status, None)
+        if isinstance(relayed, grpc.StatusCode) and relayed is not grpc.StatusCode.OK:
+            return relayed
     code = _CODES.get(error.status)
     if code is not None:
         return code

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from urllib.parse import urlsplit
 
 import httptools
@@ -37,19 +37,29 @@ class Flight:
     """A request on its way, which its owner may give up on while no byte of the answer has
     arrived: its endpoint was taken out (a failed health check, an ejection), so waiting on would
     only stall the client. Once a byte has arrived, the answer may already be on its way to a
-    client, so `abort` leaves it alone."""
+    client, so `abort` leaves it alone. A request sent another way (gRPC) is given up through
+    the callback `on_abort` sets."""
 
-    __slots__ = ("_conn", "_error")
+    __slots__ = ("_cancel", "_conn", "_error")
 
     def __init__(self) -> None:
         self._conn: _Connection | None = None
         self._error: UpstreamError | None = None
+        self._cancel: Callable[[UpstreamError], None] | None = None
 
     def abort(self, error: UpstreamError) -> None:
         if self._error is None:
             self._error = error  # also stops a request still waiting for a connection
         if self._conn is not None:
             self._conn.abort_if_silent(error)
+        if self._cancel is not None:
+            self._cancel(error)
+
+    def on_abort(self, cancel: Callable[[UpstreamError], None]) -> None:
+        """Call `cancel(error)` when the flight is aborted; at once if it already was."""
+        self._cancel = cancel
+        if self._error is not None:
+            cancel(self._error)
 
 
 class UpstreamResponse:
