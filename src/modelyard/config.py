@@ -397,8 +397,9 @@ class StateConfig(_Strict):
     timeout: Seconds = Field(0.25, description="redis: per-operation deadline before falling back")
     share_prefix_index: bool = Field(
         True,
-        description="redis: send what prefix_aware records (which endpoint was sent which prompt chunks) "
-        "to the other gateways on this Redis and key_prefix, and apply theirs, through pub/sub",
+        description="send what prefix_aware records (which endpoint was sent which prompt chunks) to the "
+        "other gateways on this Redis and key_prefix (redis), or to the other workers of this gateway "
+        "(memory, listen.workers > 1), and apply theirs",
     )
 
 

@@ -340,6 +340,41 @@ async def test_an_endpoint_one_worker_ejects_is_out_in_the_other(sim_workers, se
     assert [float(v) for v in ejections] == [1.0]  # decided once, by the second worker
 
 
+async def _ask(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[str, str]:
+    """(the backend, X-Modelyard-Cache-Hit) of one chat request with `prompt`."""
+    body = orjson.dumps({**CHAT, "messages": [{"role": "user", "content": prompt}]})
+    async with session.post(url + "/v1/chat/completions", data=body) as response:
+        assert response.status == 200, await response.text()
+        return response.headers["X-Modelyard-Backend"], response.headers["X-Modelyard-Cache-Hit"]
+
+
+@pytest.mark.parametrize("strategy", ["kv_aware", "prefix_aware"])
+async def test_the_workers_share_what_affinity_strategies_learn_without_redis(
+    sim_workers, serve_workers, strategy
+):
+    """kv_aware's affinities (a set per new prompt) and prefix_aware's index (batches on a channel)
+    reach the other worker through the shared rings: its first request for a prompt is a hit."""
+    workers = await sim_workers(3, models=["m"])
+    gateway = await serve_workers({"models": [_model(workers, strategy=strategy)]})
+    first, second = await gateway.on_worker(0), await gateway.on_worker(1)
+    # Longer than prefix_aware's chunks (64 characters), and different from the first character.
+    prompts = [f"conversation {i}: " + "tell me about this topic at length, please. " * 5 for i in range(8)]
+    chosen = [await _ask(first, gateway.url, prompt) for prompt in prompts]
+    assert {hit for _, hit in chosen} == {"false"}  # each new here: chosen, and remembered
+
+    async def caught_up() -> bool:  # what the first worker learnt, the second has applied
+        text = await _metrics(first, gateway.url)
+        if strategy == "prefix_aware":  # records, in batches on the channel
+            return _sum(text, r'modelyard_prefix_index_shared_total\{direction="received"\}') >= len(prompts)
+        sent = _sum(text, r'modelyard_worker_state_messages_total\{event="sent"\}')
+        applied = _sum(text, r'modelyard_worker_state_messages_total\{event="applied"\}')
+        return sent >= len(prompts) and applied == sent
+
+    await wait_until(caught_up, attempts=200, interval=0.02)
+    again = [await _ask(second, gateway.url, prompt) for prompt in prompts]
+    assert again == [(backend, "true") for backend, _ in chosen]  # the other worker's choice, as a hit
+
+
 async def test_one_worker_scrapes_and_the_other_routes_on_its_snapshots(serve_workers):
     """resource_aware: the leader alone scrapes (once per endpoint at start, then not for an hour),
     and the follower routes on the snapshots it published: away from the endpoint whose queue is full."""

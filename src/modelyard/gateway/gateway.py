@@ -27,7 +27,8 @@ from modelyard.gateway.siblings import Siblings, find_endpoint
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.rpc import OipChannels
 from modelyard.serving import ListenerStats
-from modelyard.state import SharedState, open_state
+from modelyard.state import MemoryState, SharedState, open_state
+from modelyard.state.siblings import RINGS_FILE, Rings, SiblingState
 from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
@@ -61,9 +62,21 @@ class Gateway:
         )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
-        self.state = (
+        # The workers of one gateway without Redis keep each other's state in step (state.siblings).
+        self._sibling_state = (
+            SiblingState(
+                MemoryState(max_entries=config.state.max_entries),
+                Rings(siblings.run_dir / RINGS_FILE, siblings.index, siblings.count),
+                lambda event, count: self.metrics.worker_state_messages.labels(event).inc(count),
+            )
+            if state is None and siblings is not None and config.state.backend == "memory"
+            else None
+        )
+        self.state: SharedState = (
             state
             if state is not None
+            else self._sibling_state
+            if self._sibling_state is not None
             else open_state(
                 config.state,
                 on_fallback=lambda _exc: self.metrics.state_fallbacks.inc(),
@@ -72,10 +85,12 @@ class Gateway:
         )
         self.pool = UpstreamPool(config.upstream)
         self.grpc_channels = OipChannels()  # to endpoints with a grpc_url; no channel until a call
-        # Gateways on one Redis share prefix_aware's index; a gateway alone has nobody to tell.
+        # Gateways on one Redis, or the workers of one gateway, share prefix_aware's index; a gateway
+        # alone has nobody to tell.
+        shared = config.state.backend == "redis" or self._sibling_state is not None
         self.prefix_sharing = (
             PrefixSharing(self.state, self.clusters, self.metrics)
-            if config.state.backend == "redis" and config.state.share_prefix_index
+            if shared and config.state.share_prefix_index
             else None
         )
         self.proxy = Proxy(
@@ -211,6 +226,8 @@ class Gateway:
             self._serve_needs(cluster)
         if self.follower is not None:
             await self.follower.start()
+        if self._sibling_state is not None:
+            self._sibling_state.start()
         if self.prefix_sharing is not None:
             self.prefix_sharing.start()
 

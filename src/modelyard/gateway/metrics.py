@@ -142,10 +142,19 @@ class GatewayMetrics:
             "Affinities written back to shared state after it returned (a SET NX that took)",
             registry=self.registry,
         )
+        self.worker_state_messages = Counter(
+            "modelyard_worker_state_messages_total",
+            "The workers of one gateway without Redis: routing-state messages (affinities, the prefix "
+            "index) sent to the other workers, applied from them, and dropped (too large, or overwritten "
+            "before they were read)",
+            ["event"],
+            registry=self.registry,
+        )
         self.prefix_index_shared = Counter(
             "modelyard_prefix_index_shared_total",
-            "prefix_aware index records shared through Redis: sent to the other gateways, received "
-            "from them and applied, dropped (queue full, Redis away, or stopped while sending), or "
+            "prefix_aware index records shared through Redis (or between the workers of one gateway): "
+            "sent to the others, received from them and applied, dropped (queue full, Redis away, or "
+            "stopped while sending), or "
             "skipped (received with another prefix_aware.chunk_chars than this gateway's)",
             ["direction"],
             registry=self.registry,

@@ -22,10 +22,9 @@ from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Sibling
 from modelyard.graph import load_config_graphs
 from modelyard.serving import run, serve_until_signal
 from modelyard.serving.workers import SharedInts, reserve_port, supervise, watch_parent
+from modelyard.state.siblings import RINGS_FILE, create_rings
 
 log = logging.getLogger("modelyard.gateway")
-
-_PER_PROCESS_STATE = ("kv_aware", "prefix_aware")
 
 STOP_GRACE = 5.0  # seconds past drain_seconds + shutdown_timeout before workers still running are killed
 
@@ -59,13 +58,6 @@ def serve_workers(
     The HTTP port and listen.grpc_port are both reserved here, so that port 0 becomes one port that
     every worker binds (SO_REUSEPORT) and a port in use is refused before any worker starts."""
     check_workers(config, source, count)
-    if config.state.backend == "memory":
-        strategies = {m.strategy for m in config.models} & set(_PER_PROCESS_STATE)
-        if strategies:
-            log.warning(
-                "%s keep(s) affinity per worker with state.backend: memory; with %d workers set "
-                "state.backend: redis so that they share it", ", ".join(sorted(strategies)), count,
-            )  # fmt: skip
     shm = Path("/dev/shm")  # tmpfs: the shared counters never touch a disk
     run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=shm if shm.is_dir() else None))
     reserved: list[socket.socket] = []
@@ -75,6 +67,7 @@ def serve_workers(
         (run_dir / METRICS_DIR).mkdir()
         shared = SharedInts(run_dir / SHARED_FILE, layout.size, create=True)
         ints = shared.ints
+        create_rings(run_dir / RINGS_FILE, count)  # state.backend memory: the workers' routing state
         # Read by prometheus-client when each spawned worker imports it.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / METRICS_DIR)
         reserved.append(reserve_port(config.listen.host, config.listen.port))

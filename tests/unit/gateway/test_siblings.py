@@ -28,6 +28,7 @@ from modelyard.gateway.siblings import (
 from modelyard.gateway.workers import worker_count
 from modelyard.serving import ListenerStats
 from modelyard.serving.workers import SharedInts
+from modelyard.state.siblings import RINGS_FILE, create_rings
 
 ENDPOINTS = [{"url": "http://127.0.0.1:9001", "name": "a"}, {"url": "http://127.0.0.1:9002", "name": "b"}]
 
@@ -169,6 +170,7 @@ def test_followers_know_which_verdicts_they_still_wait_for(pair):
 async def test_a_change_that_cannot_be_published_is_not_applied(tmp_path):
     config = _config()
     SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=True).close()
+    create_rings(tmp_path / RINGS_FILE, 2)
     (tmp_path / "metrics").mkdir()
     gateway = create_app(config, siblings=Siblings(config, 0, 2, tmp_path))[GATEWAY]
     cluster = gateway.clusters["m"]
