@@ -375,6 +375,35 @@ async def test_the_workers_share_what_affinity_strategies_learn_without_redis(
     assert again == [(backend, "true") for backend, _ in chosen]  # the other worker's choice, as a hit
 
 
+async def test_each_workers_routing_log_shows_every_workers_requests(sim_workers, serve_workers):
+    workers = await sim_workers(2, models=["m"])
+    gateway = await serve_workers({"models": [_model(workers)]})
+    first, second = await gateway.on_worker(0), await gateway.on_worker(1)
+    sent = []
+    for index, session in enumerate((first, second, second)):
+        request_id = f"log-{index}"
+        async with session.post(
+            gateway.url + "/v1/chat/completions",
+            data=orjson.dumps(CHAT),
+            headers={"X-Request-Id": request_id},
+        ) as response:
+            assert response.status == 200
+        sent.append(request_id)
+
+    async def logged(session: aiohttp.ClientSession) -> list[str]:
+        async with session.get(gateway.url + "/admin/log") as response:
+            return [r["request_id"] for r in (await response.json())["records"]]
+
+    for session in (first, second):
+        await wait_until(lambda session=session: _has_all(logged(session), sent), attempts=200, interval=0.02)
+        ids = [r for r in await logged(session) if r in sent]
+        assert sorted(ids) == sorted(sent)  # each once
+
+
+async def _has_all(found: Awaitable[list[str]], wanted: list[str]) -> bool:
+    return set(wanted) <= set(await found)
+
+
 async def test_one_worker_scrapes_and_the_other_routes_on_its_snapshots(serve_workers):
     """resource_aware: the leader alone scrapes (once per endpoint at start, then not for an hour),
     and the follower routes on the snapshots it published: away from the endpoint whose queue is full."""
@@ -506,11 +535,17 @@ async def test_oip_grpc_is_served_by_both_workers_on_one_port(sim_workers, serve
 
     answers = await asyncio.gather(*(asyncio.to_thread(infer) for _ in range(20)))
     assert answers == [[2.0, 5.0]] * 20
-    answered = []
-    for index in (0, 1):  # each worker's routing log holds the calls that worker answered
+
+    async def answered_by(index: int) -> list[int]:  # each record names the worker that answered
         async with (await gateway.on_worker(index)).get(gateway.url + "/admin/log") as response:
-            answered.append(len((await response.json())["records"]))
-    assert answered[0] and answered[1] and sum(answered) == 20, answered
+            return [record["worker"] for record in (await response.json())["records"]]
+
+    async def whole() -> bool:  # each worker's log holds every call, the other's too
+        return [len(await answered_by(0)), len(await answered_by(1))] == [20, 20]
+
+    await wait_until(whole, attempts=200, interval=0.02)
+    by_worker = await answered_by(0)
+    assert {0, 1} == set(by_worker), by_worker
     text = await _metrics(await gateway.on_worker(0), gateway.url)  # the sum counts every gRPC call
     assert re.search(r'^modelyard_request_duration_seconds_count\{model="echo"\} 20\.0$', text, re.M), text
 

@@ -31,13 +31,15 @@ class OutlierState:
 
     `ejections` is Envoy's ejection-time multiplier: it grows with each ejection and decays while
     the endpoint stays in. `healthy_since` is when that decay clock started (the last return, moved
-    forward by each decrement). `samples` are (time, latency seconds), oldest first."""
+    forward by each decrement). `samples` are (time, latency seconds), oldest first. `adopted`: out
+    by another worker's decision (`adopt`), which that worker counts, return included."""
 
     consecutive_failures: int = 0
     ejections: int = 0
     ejected_until: float | None = None
     healthy_since: float | None = None
     samples: tuple[tuple[float, float], ...] = ()
+    adopted: bool = False
 
     @property
     def ejected(self) -> bool:
@@ -82,7 +84,9 @@ def observe(
         samples = kept + ((now, latency),)  # noqa: RUF005 (one copy; unpacking makes two)
     elif failures == state.consecutive_failures:
         return state
-    return OutlierState(failures, state.ejections, state.ejected_until, state.healthy_since, samples)
+    return OutlierState(
+        failures, state.ejections, state.ejected_until, state.healthy_since, samples, state.adopted
+    )
 
 
 def decide(states: Mapping[str, OutlierState], now: float, config: OutlierDetectionConfig) -> Decision:
@@ -145,7 +149,11 @@ def adopt(
         if out >= _max_ejected(len(states), config.max_ejection_percent):
             return None
     adopted = replace(
-        state, ejections=max(state.ejections, ejections), ejected_until=until, healthy_since=None
+        state,
+        ejections=max(state.ejections, ejections),
+        ejected_until=until,
+        healthy_since=None,
+        adopted=True,
     )
     return {**states, name: adopted}
 
@@ -164,7 +172,9 @@ def routable(healthy: Sequence[T], all_: Sequence[T], panic_threshold_percent: f
 def _returned(state: OutlierState, now: float) -> OutlierState:
     # A fresh start: failures and latency from before the ejection (or in-flight answers that
     # arrived during it) must not eject it again on the next tick. `ejections` stays for backoff.
-    return replace(state, consecutive_failures=0, ejected_until=None, healthy_since=now, samples=())
+    return replace(
+        state, consecutive_failures=0, ejected_until=None, healthy_since=now, samples=(), adopted=False
+    )
 
 
 def _decayed(state: OutlierState, now: float, base: float) -> OutlierState:
@@ -187,7 +197,7 @@ def _ejected(state: OutlierState, now: float, config: OutlierDetectionConfig) ->
     limit = max(1, math.ceil(cap / base)) if base > 0 else 1
     ejections = min(state.ejections + 1, limit)
     until = now + min(base * ejections, cap)
-    return replace(state, ejections=ejections, ejected_until=until, healthy_since=None), until
+    return replace(state, ejections=ejections, ejected_until=until, healthy_since=None, adopted=False), until
 
 
 def _slow(states: Mapping[str, OutlierState], now: float, config: OutlierDetectionConfig) -> list[str]:

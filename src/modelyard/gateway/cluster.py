@@ -286,6 +286,7 @@ class Cluster:
 
     def _decide(self, now: float) -> None:
         self._last_decide = now
+        adopted = {name for name, state in self.outliers.items() if state.adopted}
         decision = decide(self.outliers, now, self.config.outlier_detection)
         self.outliers = dict(decision.states)
         by_name = {e.name: e for e in self.endpoints} if decision.ejected else {}
@@ -299,24 +300,35 @@ class Cluster:
             if self._on_ejected is not None:
                 self._on_ejected(self, by_name[ejection.name])
         for name in decision.returned:
+            if name in adopted:  # another worker's ejection: it logs and counts the return
+                log.debug("model %s: endpoint %s returns from another worker's ejection", self.name, name)
+                continue
             log.info("model %s: endpoint %s returns from ejection", self.name, name)
             self._on_outlier(self.name, name, "returned")
         untils = [s.ejected_until for s in self.outliers.values() if s.ejected_until is not None]
         self._next_return = min(untils, default=float("inf"))
 
-    def adopt_ejection(self, name: str, until: float, ejections: int, now: float) -> None:
+    def adopt_ejection(self, name: str, until: float, ejections: int, now: float) -> bool:
         """Another worker of this gateway ejected endpoint `name` until `until` (monotonic time,
         which every process of the machine shares): out here too, unless the policy says no
-        (`outlier.adopt`). Counted in metrics by the worker that decided, not here."""
+        (`outlier.adopt`). Counted in metrics by the worker that decided, not here. False when
+        only `max_ejection_percent` kept it in: worth asking again once an ejection here ends."""
         states = adopt(self.outliers, name, until, ejections, now, self.config.outlier_detection)
         if states is None:
-            return
+            state = self.outliers.get(name)
+            return (
+                state is None
+                or until <= now
+                or not self.config.outlier_detection.enabled
+                or (state.ejected_until is not None and state.ejected_until >= until)
+            )
         self.outliers = states
         self._next_return = min(self._next_return, until)
         log.info("model %s: endpoint %s ejected by another worker for %.1fs", self.name, name, until - now)
         endpoint = next((e for e in self.endpoints if e.name == name), None)
         if endpoint is not None:
             self._abort_awaiting(endpoint, "ejected by another worker")
+        return True
 
     def record_probe(self, endpoint: Endpoint, error: str) -> None:
         """Apply one active health check's result ("" when it passed)."""

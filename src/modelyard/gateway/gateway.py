@@ -23,12 +23,13 @@ from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import Proxy
-from modelyard.gateway.siblings import Siblings, find_endpoint
+from modelyard.gateway.routing_log import RoutingRecord, encode_shared
+from modelyard.gateway.siblings import LOG_FILE, Siblings, find_endpoint
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.rpc import OipChannels
 from modelyard.serving import ListenerStats
 from modelyard.state import MemoryState, SharedState, open_state
-from modelyard.state.siblings import RINGS_FILE, Rings, SiblingState
+from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, Rings, SiblingState
 from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
@@ -62,6 +63,14 @@ class Gateway:
         )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
+        # The workers of one gateway show each other's requests in their routing logs.
+        self._log_rings = (
+            Rings(siblings.run_dir / LOG_FILE, siblings.index, siblings.count, LOG_RING_BYTES)
+            if siblings is not None
+            else None
+        )
+        if self._log_rings is not None:
+            self.metrics.routing_log.share = self._share_record
         # The workers of one gateway without Redis keep each other's state in step (state.siblings).
         self._sibling_state = (
             SiblingState(
@@ -248,6 +257,8 @@ class Gateway:
         if self.prefix_sharing is not None:
             await self.prefix_sharing.stop()
         await self.state.close()
+        if self._log_rings is not None:
+            self._log_rings.close()
 
     @staticmethod
     async def _stop_scraper(scraper: ResourceScraper, client: Http1Client) -> None:
@@ -276,9 +287,9 @@ class Gateway:
 
     async def _follow(self, siblings: Siblings) -> None:
         """Every FOLLOW_SECONDS: adopt the leader's health verdicts and scrapes and the other workers'
-        outlier ejections and admin changes, publish this worker's listener counters, and let
-        requests queued for room (circuit_breakers) look again, since the others' releases do not
-        wake them."""
+        routing-log records, outlier ejections and admin changes, publish this worker's listener
+        counters, and let requests queued for room (circuit_breakers) look again, since the others'
+        releases do not wake them."""
         while True:
             try:
                 self._follow_once(siblings)
@@ -297,7 +308,14 @@ class Gateway:
         while siblings.verdicts_pending(self.clusters) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(FOLLOW_SECONDS)
 
+    def _share_record(self, record: RoutingRecord) -> None:
+        if self._log_rings is not None:
+            self._log_rings.send(encode_shared(record))
+
     def _follow_once(self, siblings: Siblings) -> None:
+        if self._log_rings is not None:
+            for shared in self._log_rings.receive():
+                self.metrics.routing_log.adopt(shared)
         if not self._leader:
             siblings.adopt_probes(self.clusters)
             siblings.adopt_resources(self.clusters)

@@ -99,7 +99,7 @@ class GatewayMetrics:
         multiprocess_dir: str | None = None,
         worker: int | None = None,
     ) -> None:
-        self.routing_log = RoutingLog(max_subscribers=max_log_streams)
+        self.routing_log = RoutingLog(max_subscribers=max_log_streams, worker=worker)
         self.registry = CollectorRegistry()
         # What /metrics serves. With workers (multiprocess_dir, which PROMETHEUS_MULTIPROC_DIR
         # names in every worker), prometheus-client keeps each worker's counters and histograms in

@@ -5,6 +5,11 @@ On the request path a record costs a small object, an append to a bounded ring a
 someone follows the log, a `put_nowait` per subscriber: nothing awaits, nothing blocks. A subscriber
 that falls behind loses records (its queue is bounded) and is told how many; it never slows a
 request. The subscribers are bounded too (`admin.max_log_streams`): one more is refused.
+
+The workers of one gateway (`--workers`) each keep a log: each hands its records to `share` as it
+makes them (a ring the others read: gateway/siblings.py) and `adopt`s theirs, so that every worker's
+log, and the dashboard following any of them, shows every request. An adopted record takes the next
+`seq` of the log it joins, a few milliseconds after its `time`.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import astuple, dataclass
+
+import orjson
 
 from modelyard.errors import TooManyLogStreams
 
@@ -25,7 +32,8 @@ DEFAULT_MAX_SUBSCRIBERS = 16  # admin.max_log_streams' default
 @dataclass(slots=True)
 class RoutingRecord:
     """One counted try or answer: `backend` is "" when no endpoint was chosen (503, 429);
-    `cache_hit` is None for strategies without affinity; `time` is seconds since the epoch."""
+    `cache_hit` is None for strategies without affinity; `time` is seconds since the epoch;
+    `worker` is the worker that answered (`--workers`), None for a gateway of one process."""
 
     seq: int
     time: float
@@ -38,6 +46,12 @@ class RoutingRecord:
     latency_ms: float
     cache_hit: bool | None
     request_id: str
+    worker: int | None = None
+
+
+def encode_shared(record: RoutingRecord) -> bytes:
+    """A record for the other workers' logs: its fields but `seq`, which each log gives anew."""
+    return orjson.dumps(astuple(record)[1:])
 
 
 class _End:
@@ -96,14 +110,17 @@ class RoutingLog:
         size: int = DEFAULT_SIZE,
         subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE,
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
+        worker: int | None = None,
     ) -> None:
         self._ring: deque[RoutingRecord] = deque(maxlen=size)
+        self._worker = worker
         self._subscribers: list[Subscription] = []
         self.subscriber_queue = subscriber_queue
         self.max_subscribers = max_subscribers
         self.refused = 0
         self._seq = 0
         self.closed = False
+        self.share: Callable[[RoutingRecord], None] | None = None  # this log's records, for the others
 
     def record(
         self,
@@ -130,7 +147,19 @@ class RoutingLog:
             round(seconds * 1000.0, 3),
             cache_hit,
             request_id,
+            self._worker,
         )
+        self._add(entry)
+        if self.share is not None:
+            self.share(entry)
+
+    def adopt(self, shared: bytes) -> None:
+        """A record another worker's log shared (`encode_shared`), added as if made here."""
+        fields = orjson.loads(shared)
+        self._seq += 1
+        self._add(RoutingRecord(self._seq, *fields))
+
+    def _add(self, entry: RoutingRecord) -> None:
         self._ring.append(entry)
         if self._subscribers:
             for subscriber in self._subscribers:

@@ -47,6 +47,7 @@ from modelyard.serving.workers import SharedInts
 log = logging.getLogger("modelyard.gateway")
 
 SHARED_FILE = "shared.bin"
+LOG_FILE = "log.bin"  # the routing logs' records, one ring per worker (state.siblings.Rings)
 ADMIN_FILE = "admin.json"
 METRICS_DIR = "metrics"
 _LISTENER_FIELDS = 5  # open, refused, header timeouts, heads refused 400, 431
@@ -228,8 +229,10 @@ class Siblings:
         self._ints = self._shared.ints
         self._probes_seen: dict[int, int] = {}
         self._resources_seen: dict[int, int] = {}
-        # Every row unseen: a worker started again adopts the ejections still in force.
+        # Every row unseen, its own included the first time: a worker started again adopts the
+        # ejections still in force, its predecessor's too.
         self._ejections_seen: dict[int, int] = {}
+        self._own_ejections_read = False
         # Refusals reported before this worker started (a restarted leader) were dealt with then.
         self._suspects_seen = {slot: self._suspicions(slot) for slot in self.layout.probes.values()}
         self._admin_seen = 0
@@ -344,9 +347,10 @@ class Siblings:
     def adopt_ejections(self, clusters: Mapping[str, Cluster]) -> None:
         """Each ejection another worker published since the last call, taken here as well."""
         ints, seen, now = self._ints, self._ejections_seen, time.monotonic()
+        own, self._own_ejections_read = not self._own_ejections_read, True
         for (model, name), slot in self.layout.probes.items():
             for index in range(self.count):
-                if index == self.index:
+                if index == self.index and not own:
                     continue
                 at = self.layout.ejection_row(slot, index)
                 if ints[at] == seen.get(at, 0):
@@ -354,10 +358,11 @@ class Siblings:
                 read = read_locked(ints, at, EJECTION_SLOTS - 1)
                 if read is None:  # unpublished, or being written: next round
                     continue
-                seen[at], (until, ejections) = read
+                seq, (until, ejections) = read
                 cluster = clusters.get(model)
-                if cluster is not None:
-                    cluster.adopt_ejection(name, _float(until), ejections, now)
+                # Kept in by max_ejection_percent: asked again next round, while it lasts.
+                if cluster is None or cluster.adopt_ejection(name, _float(until), ejections, now):
+                    seen[at] = seq
 
     # --- admin changes --------------------------------------------------------------------------
 

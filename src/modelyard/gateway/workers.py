@@ -18,14 +18,15 @@ from pathlib import Path
 from modelyard.config import MAX_WORKERS, GatewayConfig
 from modelyard.errors import ConfigError
 from modelyard.gateway.server import start_gateway
-from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
+from modelyard.gateway.siblings import LOG_FILE, METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
 from modelyard.graph import load_config_graphs
 from modelyard.serving import run, serve_until_signal
 from modelyard.serving.workers import SharedInts, reserve_port, supervise, watch_parent
-from modelyard.state.siblings import RINGS_FILE, create_rings
+from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings, rings_size
 
 log = logging.getLogger("modelyard.gateway")
 
+SHM_MARGIN = 16 << 20  # for prometheus-client's files, which grow with the metrics' series
 STOP_GRACE = 5.0  # seconds past drain_seconds + shutdown_timeout before workers still running are killed
 
 
@@ -58,8 +59,7 @@ def serve_workers(
     The HTTP port and listen.grpc_port are both reserved here, so that port 0 becomes one port that
     every worker binds (SO_REUSEPORT) and a port in use is refused before any worker starts."""
     check_workers(config, source, count)
-    shm = Path("/dev/shm")  # tmpfs: the shared counters never touch a disk
-    run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=shm if shm.is_dir() else None))
+    run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=_run_parent(count)))
     reserved: list[socket.socket] = []
     layout = Layout(config, count)
     shared = None
@@ -67,7 +67,9 @@ def serve_workers(
         (run_dir / METRICS_DIR).mkdir()
         shared = SharedInts(run_dir / SHARED_FILE, layout.size, create=True)
         ints = shared.ints
-        create_rings(run_dir / RINGS_FILE, count)  # state.backend memory: the workers' routing state
+        if config.state.backend == "memory":  # the workers' routing state (with Redis: Redis)
+            create_rings(run_dir / RINGS_FILE, count)
+        create_rings(run_dir / LOG_FILE, count, LOG_RING_BYTES)  # each worker's routing-log records
         # Read by prometheus-client when each spawned worker imports it.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / METRICS_DIR)
         reserved.append(reserve_port(config.listen.host, config.listen.port))
@@ -92,6 +94,27 @@ def serve_workers(
         for sock in reserved:
             sock.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run_parent(count: int) -> Path | None:
+    """Where the workers' shared files go: /dev/shm (tmpfs: they never touch a disk) when it has
+    room for the rings with a margin for the metrics files, else the temporary folder (None; a
+    container's /dev/shm is 64 MiB unless set)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return None
+    needed = rings_size(count) + rings_size(count, LOG_RING_BYTES) + SHM_MARGIN
+    try:
+        free = shutil.disk_usage(shm).free
+    except OSError:
+        return None
+    if free < needed:
+        log.warning(
+            "/dev/shm has %d MiB free, less than the %d MiB %d workers share: their files go to %s",
+            free >> 20, needed >> 20, count, tempfile.gettempdir(),
+        )  # fmt: skip
+        return None
+    return shm
 
 
 def _reserve_grpc_port(host: str, port: int) -> socket.socket:

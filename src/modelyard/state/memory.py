@@ -45,10 +45,19 @@ class MemoryState:
         return value
 
     async def set(self, key: str, value: str, ttl: float) -> None:
-        self._entries[key] = (value, self._clock() + ttl)
+        self.set_until(key, value, self._clock() + ttl)
+
+    def set_until(self, key: str, value: str, expires: float) -> None:
+        """Set `key` until `expires`, an instant of this state's clock."""
+        self._entries[key] = (value, expires)
         self._entries.move_to_end(key)
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
+
+    def held(self, key: str) -> tuple[str, float] | None:
+        """(value, when it expires) of a live `key`; its recency is left as it is."""
+        entry = self._entries.get(key)
+        return entry if entry is not None and entry[1] > self._clock() else None
 
     async def set_many_if_absent(self, entries: Sequence[Entry]) -> int:
         now = self._clock()

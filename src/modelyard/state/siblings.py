@@ -19,9 +19,13 @@ Delivery is at most once and about `POLL_SECONDS` late; a message larger than a 
 dropped (a prefix-index batch is at most 1 MiB: gateway/prefix_sharing.py).
 
 Two workers may set one key at about the same time (each missed it, and chose). A set carries
-when it expires on the machine's monotonic clock, which every process shares, and the later expiry
-wins everywhere (the later set, for one TTL); so the workers agree once both sets have arrived,
-instead of each keeping the other's.
+when it expires on the machine's monotonic clock, which every process shares; each worker keeps
+exactly that instant, and the later one wins everywhere (then the larger value): so the workers
+agree once both sets have arrived, instead of each keeping the other's.
+
+The rings take `count` x (RING_BYTES or LOG_RING_BYTES) of the file's folder, allocated when the
+file is made (`create_rings`): a tmpfs that cannot hold them fails there, with ENOSPC, instead of
+killing a worker with SIGBUS when its ring first wraps.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import mmap
+import os
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
@@ -42,33 +47,38 @@ from modelyard.state.memory import MemoryState
 log = logging.getLogger("modelyard.state")
 
 RINGS_FILE = "rings.bin"
-RING_BYTES = 4 << 20  # data per worker: pages of a tmpfs file are only used once written
+RING_BYTES = 4 << 20  # data per worker: a prefix-index batch is at most 1 MiB
+LOG_RING_BYTES = 1 << 20  # the routing log's: about 10,000 records per worker
 POLL_SECONDS = 0.01
 _HEADER = 16  # reserved, committed
 _COUNT = struct.Struct("<q")
 _LENGTH = struct.Struct("<I")
 _CHANNEL = struct.Struct("<H")
-MAX_MESSAGE = RING_BYTES // 4
+MAX_MESSAGE = RING_BYTES // 4  # a ring takes messages up to a quarter of its size
 _SET, _PUBLISH = b"S", b"P"
 
 
-def rings_size(count: int) -> int:
-    return count * (_HEADER + RING_BYTES)
+def rings_size(count: int, ring_bytes: int = RING_BYTES) -> int:
+    return count * (_HEADER + ring_bytes)
 
 
-def create_rings(path: Path, count: int) -> None:
-    """The shared file for `count` workers, all zero (sparse): made once, by their parent."""
+def create_rings(path: Path, count: int, ring_bytes: int = RING_BYTES) -> None:
+    """The shared file for `count` workers, all zero and allocated: made once, by their parent.
+    OSError (ENOSPC) when its folder cannot hold it."""
     with path.open("wb") as file:
-        file.truncate(rings_size(count))
+        os.posix_fallocate(file.fileno(), 0, rings_size(count, ring_bytes))
 
 
 class Rings:
-    """Worker `index`'s ring to write, and the others' to read, in the file at `path`."""
+    """Worker `index`'s ring to write, and the others' to read, in the file at `path` (made by
+    `create_rings` with the same `ring_bytes`)."""
 
-    def __init__(self, path: Path, index: int, count: int) -> None:
+    def __init__(self, path: Path, index: int, count: int, ring_bytes: int = RING_BYTES) -> None:
         self.index, self.count = index, count
+        self._ring_bytes = ring_bytes
+        self._max_message = ring_bytes // 4
         with path.open("r+b") as file:
-            self._map = mmap.mmap(file.fileno(), rings_size(count))
+            self._map = mmap.mmap(file.fileno(), rings_size(count, ring_bytes))
         self._view = memoryview(self._map)
         self._mine = self._start(index)
         self._written = self._counter(self._mine + 8)  # a predecessor's messages stay readable
@@ -78,11 +88,11 @@ class Rings:
     def send(self, message: bytes) -> bool:
         """Put `message` in this worker's ring; False (and counted) when it is too large."""
         size = _LENGTH.size + len(message)
-        if size > MAX_MESSAGE:
+        if size > self._max_message:
             self.dropped += 1
             return False
         start, end = self._written, self._written + size
-        _COUNT.pack_into(self._view, self._mine, end)  # readers: what lies before end - RING_BYTES is going
+        _COUNT.pack_into(self._view, self._mine, end)  # readers: what lies before end - ring_bytes is going
         self._copy_in(self._mine, start, _LENGTH.pack(len(message)) + message)
         _COUNT.pack_into(self._view, self._mine + 8, end)
         self._written = end
@@ -94,17 +104,17 @@ class Rings:
         for index, read in self._read.items():
             ring = self._start(index)
             committed = self._counter(ring + 8)
-            if committed - read > RING_BYTES:  # lapped while away: what it held is gone
+            if committed - read > self._ring_bytes:  # lapped while away: what it held is gone
                 self.dropped += 1
                 read = committed
             while read < committed:
                 length = _LENGTH.unpack(self._copy_out(ring, read, _LENGTH.size))[0]
-                if length > MAX_MESSAGE or read + _LENGTH.size + length > committed:
+                if length > self._max_message or read + _LENGTH.size + length > committed:
                     read = committed  # not a message: a torn length; start again from the end
                     self.dropped += 1
                     break
                 message = self._copy_out(ring, read + _LENGTH.size, length)
-                if self._counter(ring) - RING_BYTES > read:  # overwritten while copied
+                if self._counter(ring) - self._ring_bytes > read:  # overwritten while copied
                     read = self._counter(ring + 8)
                     self.dropped += 1
                     break
@@ -119,22 +129,22 @@ class Rings:
             self._map.close()
 
     def _start(self, index: int) -> int:
-        return index * (_HEADER + RING_BYTES)
+        return index * (_HEADER + self._ring_bytes)
 
     def _counter(self, at: int) -> int:
         return int(_COUNT.unpack_from(self._view, at)[0])
 
     def _copy_in(self, ring: int, total: int, data: bytes) -> None:
-        at = total % RING_BYTES
-        first = min(len(data), RING_BYTES - at)
+        at = total % self._ring_bytes
+        first = min(len(data), self._ring_bytes - at)
         base = ring + _HEADER
         self._view[base + at : base + at + first] = data[:first]
         if first < len(data):
             self._view[base : base + len(data) - first] = data[first:]
 
     def _copy_out(self, ring: int, total: int, length: int) -> bytes:
-        at = total % RING_BYTES
-        first = min(length, RING_BYTES - at)
+        at = total % self._ring_bytes
+        first = min(length, self._ring_bytes - at)
         base = ring + _HEADER
         data = bytes(self._view[base + at : base + at + first])
         if first < length:
@@ -167,13 +177,16 @@ class SiblingState:
         return await self._local.get(key)
 
     async def set(self, key: str, value: str, ttl: float) -> None:
-        await self._local.set(key, value, ttl)
-        self._send(_SET + orjson.dumps([key, value, time.monotonic() + ttl]))
+        expires = time.monotonic() + ttl  # the same instant here and in every other worker
+        self._local.set_until(key, value, expires)
+        self._send(_SET + orjson.dumps([key, value, expires]))
 
     async def publish(self, channel: str, payload: bytes) -> bool:
+        """True when the other workers will get `payload` (the ring took it)."""
         name = channel.encode()
-        self._send(_PUBLISH + _CHANNEL.pack(len(name)) + name + payload)
-        return await self._local.publish(channel, payload)
+        sent = self._send(_PUBLISH + _CHANNEL.pack(len(name)) + name + payload)
+        await self._local.publish(channel, payload)
+        return sent
 
     def subscribe(self, channel: str) -> AsyncIterator[bytes]:
         return self._local.subscribe(channel)
@@ -188,37 +201,43 @@ class SiblingState:
 
     async def apply(self) -> None:
         """Apply what the other workers sent since the last call (the follower's round)."""
-        messages = self._rings.receive()
-        for message in messages:
+        applied = 0
+        for message in self._rings.receive():
             kind, body = message[:1], message[1:]
             try:
                 if kind == _SET:
                     key, value, expires = orjson.loads(body)
-                    await self._take(str(key), str(value), float(expires))
+                    self._take(str(key), str(value), float(expires))
                 elif kind == _PUBLISH:
                     (size,) = _CHANNEL.unpack_from(body)
                     end = _CHANNEL.size + size
                     await self._local.publish(body[_CHANNEL.size : end].decode(), body[end:])
+                else:
+                    raise ValueError(f"unknown kind {kind!r}")
             except (ValueError, TypeError, struct.error):  # orjson.JSONDecodeError is a ValueError
                 log.warning("a message from another worker could not be read; skipped")
-        if messages:
-            self._observe("applied", len(messages))
+                continue
+            applied += 1
+        if applied:
+            self._observe("applied", applied)
         self._count_dropped()
 
-    async def _take(self, key: str, value: str, expires: float) -> None:
-        """Another worker's set, unless what is held here expires later (a later set)."""
-        left = expires - time.monotonic()
-        if left <= 0:
+    def _take(self, key: str, value: str, expires: float) -> None:
+        """Another worker's set, unless what is held here expires later (a later set), or at the
+        same instant with a value that sorts after (so that both workers keep the same)."""
+        if expires <= time.monotonic():
             return
-        held = self._local.entries([key])
-        if held and (held[0].ttl, held[0].value) >= (left, value):  # equal expiries: the larger value
+        held = self._local.held(key)
+        if held is not None and (held[1], held[0]) >= (expires, value):
             return
-        await self._local.set(key, value, left)
+        self._local.set_until(key, value, expires)
 
-    def _send(self, message: bytes) -> None:
-        if self._rings.send(message):
+    def _send(self, message: bytes) -> bool:
+        sent = self._rings.send(message)
+        if sent:
             self._observe("sent", 1)
         self._count_dropped()
+        return sent
 
     def _count_dropped(self) -> None:
         dropped = self._rings.dropped

@@ -329,13 +329,13 @@ def test_another_workers_ejection_is_adopted_until_the_same_instant():
     states = {"a": OutlierState(consecutive_failures=1), "b": OutlierState()}
     adopted = adopt(states, "a", until=40.0, ejections=2, now=10.0, config=CONFIG)
     assert adopted is not None
-    assert adopted["a"] == OutlierState(consecutive_failures=1, ejections=2, ejected_until=40.0)
+    assert adopted["a"] == OutlierState(consecutive_failures=1, ejections=2, ejected_until=40.0, adopted=True)
     assert adopted["b"] is states["b"]
     assert adopt(adopted, "a", until=35.0, ejections=1, now=10.0, config=CONFIG) is None  # out as long
     longer = adopt(adopted, "a", until=50.0, ejections=1, now=10.0, config=CONFIG)
     assert longer is not None and longer["a"].ejected_until == 50.0 and longer["a"].ejections == 2
     returned = decide(adopted, 40.0, CONFIG)
-    assert returned.returned == ("a",)
+    assert returned.returned == ("a",) and not returned.states["a"].adopted
 
 
 @pytest.mark.parametrize(

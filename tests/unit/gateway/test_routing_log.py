@@ -4,12 +4,13 @@ cannot keep, and an end for every subscriber when the gateway stops."""
 from __future__ import annotations
 
 import time
+from dataclasses import astuple
 
 import orjson
 import pytest
 
 from modelyard.errors import TooManyLogStreams
-from modelyard.gateway.routing_log import END, RoutingLog, RoutingRecord
+from modelyard.gateway.routing_log import END, RoutingLog, RoutingRecord, encode_shared
 
 
 def record(log: RoutingLog, backend: str = "w0", status: int = 200, cache_hit: bool | None = None) -> None:
@@ -37,6 +38,7 @@ def test_a_record_holds_where_the_request_went_and_how_it_ended():
         "latency_ms": 12.346,
         "cache_hit": True,
         "request_id": "req-1",
+        "worker": None,
     }
 
 
@@ -118,3 +120,22 @@ def test_subscribers_are_bounded_and_those_refused_are_counted():
     assert (log.subscribers, log.refused) == (2, 1)
     record(log)
     assert isinstance(next(third.ready()), RoutingRecord)
+
+
+def test_another_workers_records_join_the_log_with_its_own_seq():
+    mine, theirs = RoutingLog(), RoutingLog()
+    shared: list[bytes] = []
+    theirs.share = lambda entry: shared.append(encode_shared(entry))
+    sent: list[RoutingRecord] = []
+    mine.share = sent.append
+    record(mine, "w0")
+    follower = mine.subscribe()
+    record(theirs, "w1", 503, cache_hit=False)
+    for data in shared:
+        mine.adopt(data)
+    (made_there,) = theirs.recent()
+    first, adopted = mine.recent()
+    assert (first.backend, adopted.seq) == ("w0", 2)
+    assert adopted == RoutingRecord(2, *astuple(made_there)[1:])  # all but seq, as it was made
+    assert list(follower.ready()) == [adopted]
+    assert [entry.backend for entry in sent] == ["w0"]  # an adopted record is not shared again

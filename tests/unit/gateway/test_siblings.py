@@ -15,6 +15,7 @@ from modelyard.gateway.app import create_app
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.gateway.siblings import (
+    LOG_FILE,
     SHARED_FILE,
     SNAPSHOT_SLOTS,
     Layout,
@@ -28,7 +29,7 @@ from modelyard.gateway.siblings import (
 from modelyard.gateway.workers import worker_count
 from modelyard.serving import ListenerStats
 from modelyard.serving.workers import SharedInts
-from modelyard.state.siblings import RINGS_FILE, create_rings
+from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings
 
 ENDPOINTS = [{"url": "http://127.0.0.1:9001", "name": "a"}, {"url": "http://127.0.0.1:9002", "name": "b"}]
 
@@ -171,6 +172,7 @@ async def test_a_change_that_cannot_be_published_is_not_applied(tmp_path):
     config = _config()
     SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=True).close()
     create_rings(tmp_path / RINGS_FILE, 2)
+    create_rings(tmp_path / LOG_FILE, 2, LOG_RING_BYTES)
     (tmp_path / "metrics").mkdir()
     gateway = create_app(config, siblings=Siblings(config, 0, 2, tmp_path))[GATEWAY]
     cluster = gateway.clusters["m"]
@@ -334,3 +336,69 @@ def test_a_restarted_worker_takes_the_ejections_still_in_force(tmp_path):
     assert theirs.outliers["b"].ejected  # published, but over 30 s ago
     Siblings(config, 0, 2, tmp_path).adopt_ejections({"m": expired})
     assert expired.outliers["a"].ejected and not expired.outliers["b"].ejected
+
+
+def test_the_return_of_an_adopted_ejection_is_counted_by_the_worker_that_decided(tmp_path):
+    config = _ejecting_config()
+    first, second = _siblings(tmp_path, config)
+    (model,) = config.models
+    events: list[tuple[int, str, str]] = []
+    mine = Cluster(
+        model, {}, on_outlier=lambda m, e, ev: events.append((0, e, ev)), on_ejected=first.publish_ejection
+    )
+    theirs = Cluster(
+        model, {}, on_outlier=lambda m, e, ev: events.append((1, e, ev)), on_ejected=second.publish_ejection
+    )
+    now = time.monotonic()
+    _fail(theirs, "b", 2, now)
+    first.adopt_ejections({"m": mine})
+    later = theirs.outliers["b"].ejected_until + 0.1
+    theirs.routable("default", later)
+    mine.routable("default", later)
+    assert not mine.outliers["b"].ejected and not theirs.outliers["b"].ejected
+    assert events == [(1, "b", "consecutive_5xx"), (1, "b", "returned")]
+
+
+def test_a_restarted_worker_takes_its_predecessors_own_ejections(tmp_path):
+    config = _ejecting_config()
+    _first, second = _siblings(tmp_path, config)
+    (model,) = config.models
+    dying = Cluster(model, {}, on_ejected=second.publish_ejection)
+    _fail(dying, "a", 2, time.monotonic())
+    successor, fresh = Siblings(config, 1, 2, tmp_path), Cluster(model, {})
+    successor.adopt_ejections({"m": fresh})
+    assert fresh.outliers["a"].ejected_until == dying.outliers["a"].ejected_until
+
+
+def test_an_ejection_the_cap_kept_out_is_taken_once_there_is_room(tmp_path):
+    config = _ejecting_config(percent=50)
+    first, second = _siblings(tmp_path, config)
+    (model,) = config.models
+    mine = Cluster(model, {}, on_ejected=first.publish_ejection)
+    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    now = time.monotonic()
+    _fail(mine, "a", 2, now - 29)  # out here until about now + 1 s: the cap is full
+    _fail(theirs, "b", 2, now)  # out there for 30 s
+    first.adopt_ejections({"m": mine})
+    assert not mine.outliers["b"].ejected
+    mine.routable("default", now + 2)  # a returns here
+    first.adopt_ejections({"m": mine})
+    assert mine.outliers["b"].ejected_until == theirs.outliers["b"].ejected_until
+
+
+def test_the_shared_files_leave_a_dev_shm_too_small_for_them(monkeypatch, caplog):
+    from modelyard.gateway import workers
+
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm here")
+    needed = workers.rings_size(16) + workers.rings_size(16, LOG_RING_BYTES) + workers.SHM_MARGIN
+    monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(needed - 1))
+    assert workers._run_parent(16) is None  # the temporary folder
+    assert "/dev/shm has" in caplog.text
+    monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(needed))
+    assert workers._run_parent(16) == Path("/dev/shm")
+
+
+class _Usage:
+    def __init__(self, free: int) -> None:
+        self.free = free

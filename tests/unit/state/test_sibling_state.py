@@ -102,3 +102,14 @@ async def test_a_set_whose_time_is_over_is_not_applied(rings):
     await one.set("affinity:k", "w0", -1.0)
     await two.apply()
     assert await two.get("affinity:k") is None
+
+
+def test_the_rings_file_is_allocated_when_made(tmp_path):
+    path = tmp_path / RINGS_FILE
+    create_rings(path, 2)
+    assert path.stat().st_blocks * 512 >= module.rings_size(2)  # not sparse: no SIGBUS when a ring wraps
+
+
+async def test_a_publish_the_ring_refuses_is_not_reported_sent(rings):
+    one = SiblingState(MemoryState(), rings[0])
+    assert not await one.publish("prefix-index", b"x" * module.MAX_MESSAGE)

@@ -385,6 +385,7 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "latency_ms",
                 "cache_hit",
                 "request_id",
+                "worker",
             ],
             "properties": {
                 "seq": {"type": "integer", "description": "increases by one per record"},
@@ -401,6 +402,10 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                     "description": "null: the strategy reports none",
                 },
                 "request_id": {"type": "string"},
+                "worker": {
+                    "type": ["integer", "null"],
+                    "description": "the worker that answered (--workers); null for one process",
+                },
             },
         },
         # Graphs.
