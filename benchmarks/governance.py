@@ -214,7 +214,9 @@ def run_scenario(args: argparse.Namespace, scenario: str, tmp: Path) -> tuple[di
         config = folder / "gateway.yaml"
         config.write_text(json.dumps(gateway_config(gateway_port, worker_ports, scenario), indent=2))
         gateway = Child(
-            "gateway", [str(EXE), "serve", "-c", str(config), "--log-level", "warning"], folder / "gw.log"
+            "gateway",
+            [str(EXE), "serve", "-c", str(config), "--workers", "1", "--log-level", "warning"],
+            folder / "gw.log",
         )
         children.append(gateway)
         wait_for_port(gateway_port, gateway)

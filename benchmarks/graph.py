@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         config = tmp / "gateway.yaml"
         config.write_text(json.dumps({"listen": {"port": gateway_port}, "graphs": specs}))
         gateway = Child(
-            "gateway", [str(EXE), "serve", "-c", str(config), "--log-level", "warning"], tmp / "gw.log"
+            "gateway",
+            [str(EXE), "serve", "-c", str(config), "--workers", "1", "--log-level", "warning"],
+            tmp / "gw.log",
         )
         children.append(gateway)
         for name, port in (("seq", router_seq_port), ("ens", router_ens_port)):

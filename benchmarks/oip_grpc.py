@@ -188,7 +188,9 @@ def main() -> int:
                 f"    endpoints: [{{url: 'http://127.0.0.1:{sim_port}', grpc_url: 'grpc://127.0.0.1:{sim_grpc_port}'}}]\n"
             )
             gateway = Child(
-                "gateway", [MODYARD, "serve", "-c", str(config), "--log-level", "warning"], tmp / "gw.log"
+                "gateway",
+                [MODYARD, "serve", "-c", str(config), "--workers", "1", "--log-level", "warning"],
+                tmp / "gw.log",
             )
             children.append(gateway)
             wait_for_port(http_port, gateway)

@@ -6,7 +6,8 @@ Targets, same zero-latency backends (nginx returning a fixed chat.completion), s
   nginx        nginx round robin over the 3 backends (keep-alive upstream pool, HTTP/1.1)
   vllm-router  vLLM's router (`pip install vllm-router`), round robin over the 3 backends; in the
                default targets when the command is found (--vllm-router)
-  modelyard    `modelyard serve -c <generated yaml>` round robin over the 3 backends
+  modelyard    `modelyard serve -c <generated yaml>` round robin over the 3 backends, the default
+               config (`listen.workers: auto`: one process per CPU; `--variant` for others)
 
 For each proxy the table also shows the CPU it used per request (its whole process tree, from /proc).
 

@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=15.0,
         help="slowloris: count open connections this long after opening",
     )
-    parser.add_argument("--gateway-cmd", default=f"{EXE} serve", help="how to start the gateway")
+    parser.add_argument("--gateway-cmd", default=f"{EXE} serve --workers 1", help="how to start the gateway")
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args(argv)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]

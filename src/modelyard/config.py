@@ -34,7 +34,8 @@ StrategyName = Literal[
 STRATEGY_NAMES: tuple[str, ...] = StrategyName.__args__  # type: ignore[attr-defined]
 
 ENV_PREFIX = "MODELYARD_"
-MAX_WORKERS = 512  # listen.workers, "auto" included
+MAX_WORKERS = 512  # listen.workers
+AUTO_WORKERS = 8  # the most "auto" starts: a gateway rarely needs more cores, and each is a process
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -102,10 +103,11 @@ class ListenConfig(_Strict):
         "request; a connection moves to aiohttp's server at its first other request; false = aiohttp only",
     )
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"] = Field(
-        1,
+        "auto",
         description="gateway processes serving this port (SO_REUSEPORT), sharing in-flight counts, "
-        "health verdicts, admin changes and /metrics; auto = one per CPU the process may run on "
-        f"(its CPU affinity), at most {MAX_WORKERS}",
+        "health verdicts, ejections, affinities, the routing log, admin changes and /metrics; auto = "
+        f"one per CPU the process may run on (its CPU affinity), at most {AUTO_WORKERS}, and one on a "
+        "system other than Linux or with placement.scheduler",
     )
 
 

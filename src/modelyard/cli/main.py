@@ -95,8 +95,9 @@ def serve(
     workers: Annotated[
         str | None,
         typer.Option(
-            help="Gateway processes on the port (overrides listen.workers; default 1): a number, or "
-            "auto for one per CPU. They share in-flight counts, health checks, admin changes and /metrics.",
+            help="Gateway processes on the port (overrides listen.workers; default auto: one per CPU, at "
+            "most 8, on Linux): a number, or auto. They route as one gateway: in-flight counts, health "
+            "checks, ejections, affinities, the routing log, admin changes and /metrics are shared.",
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -109,7 +110,7 @@ def serve(
         if config is None and not scheduler:
             base = merged_data(None, overrides=overrides)
             listen = validate_config({"listen": base.get("listen", {})}, "the embedded demo").listen
-            if listen.workers != 1:  # validated: "1" from the environment is one worker
+            if listen.workers not in (1, "auto"):  # validated: "1" from the environment is one worker
                 problem = "listen.workers: the demo runs one worker; use -c FILE"
                 raise ConfigError("the embedded demo", [problem])
             if print_config:

@@ -10,12 +10,13 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from modelyard.config import MAX_WORKERS, GatewayConfig
+from modelyard.config import AUTO_WORKERS, GatewayConfig
 from modelyard.errors import ConfigError
 from modelyard.gateway.server import start_gateway
 from modelyard.gateway.siblings import LOG_FILE, METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
@@ -31,13 +32,44 @@ STOP_GRACE = 5.0  # seconds past drain_seconds + shutdown_timeout before workers
 
 
 def worker_count(config: GatewayConfig) -> int:
-    """listen.workers; auto: one per CPU this process may run on (its affinity), at most MAX_WORKERS."""
+    """listen.workers; auto: one per CPU this process may run on (its affinity), at most
+    AUTO_WORKERS; one where workers cannot serve: off Linux (SO_REUSEPORT spreads connections over
+    the processes on Linux only) and with placement.scheduler (placed models: one process for now)."""
     workers = config.listen.workers
     if workers != "auto":
         return workers
-    # The CPUs this process may run on (a container's or taskset's share); macOS has no affinity.
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(MAX_WORKERS, cpus))
+    if not sys.platform.startswith("linux") or config.placement.scheduler:
+        return 1
+    # The CPUs this process may run on: a container's or taskset's share.
+    return max(1, min(AUTO_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def worker_share(config: GatewayConfig, count: int) -> GatewayConfig:
+    """One worker's part of the limits each process keeps for itself, so that `count` workers keep
+    what the config says between them: listen.max_connections, admin.max_log_streams, and each
+    model's circuit_breakers.max_pending_requests and retry_budget.min_retry_concurrency, divided
+    and rounded up (a limit of 0, none or nothing, stays 0). The kernel spreads connections over the
+    workers, so each sees about 1/count of the load the limits are for."""
+
+    def part(limit: int) -> int:
+        return -(-limit // count)
+
+    listen = config.listen.model_copy(update={"max_connections": part(config.listen.max_connections)})
+    admin = config.admin.model_copy(update={"max_log_streams": part(config.admin.max_log_streams)})
+    models = [
+        model.model_copy(
+            update={
+                "circuit_breakers": model.circuit_breakers.model_copy(
+                    update={"max_pending_requests": part(model.circuit_breakers.max_pending_requests)}
+                ),
+                "retry_budget": model.retry_budget.model_copy(
+                    update={"min_retry_concurrency": part(model.retry_budget.min_retry_concurrency)}
+                ),
+            }
+        )
+        for model in config.models
+    ]
+    return config.model_copy(update={"listen": listen, "admin": admin, "models": models})
 
 
 def check_workers(config: GatewayConfig, source: str, count: int) -> None:
@@ -134,7 +166,7 @@ def _worker(
 
     async def serve() -> None:
         siblings = Siblings(config, index, count, Path(run_dir))
-        gateway = await start_gateway(config, graphs=graphs, siblings=siblings)
+        gateway = await start_gateway(worker_share(config, count), graphs=graphs, siblings=siblings)
         # Without its parent nobody would stop it: drain as on SIGTERM.
         watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))
         ready.send(gateway.url)

@@ -11,6 +11,7 @@ import pytest
 from modelyard.cluster import ResourceSnapshot
 from modelyard.config import GatewayConfig, validate_config
 from modelyard.errors import ChangeNotShared, UnknownStrategy
+from modelyard.gateway import workers as workers_module
 from modelyard.gateway.app import create_app
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import GATEWAY
@@ -145,13 +146,19 @@ def test_the_parent_clears_a_dead_worker_loads_and_keeps_its_listener_counts(pai
     assert (totals.open_connections, totals.refused_connections, totals.refused_heads[431]) == (0, 4, 1)
 
 
-def test_auto_counts_the_cpus_this_process_may_run_on(monkeypatch):
-    config = validate_config({"listen": {"workers": "auto"}}, "<test>")
+def test_auto_the_default_counts_the_cpus_this_process_may_run_on(monkeypatch):
+    config = validate_config({}, "<test>")
+    assert config.listen.workers == "auto"
+    monkeypatch.setattr(workers_module.sys, "platform", "linux")
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 2, 5}, raising=False)
     assert worker_count(config) == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(1000)), raising=False)
-    assert worker_count(config) == 512
-    assert worker_count(validate_config({"listen": {"workers": 7}}, "<test>")) == 7
+    assert worker_count(config) == 8  # auto's most
+    assert worker_count(validate_config({"listen": {"workers": 70}}, "<test>")) == 70
+    placed = validate_config({"placement": {"scheduler": "127.0.0.1:9004"}}, "<test>")
+    assert worker_count(placed) == 1  # placed models: one process
+    monkeypatch.setattr(workers_module.sys, "platform", "darwin")
+    assert worker_count(config) == 1  # no SO_REUSEPORT spreading off Linux
 
 
 def test_followers_know_which_verdicts_they_still_wait_for(pair):
@@ -402,3 +409,27 @@ def test_the_shared_files_leave_a_dev_shm_too_small_for_them(monkeypatch, caplog
 class _Usage:
     def __init__(self, free: int) -> None:
         self.free = free
+
+
+def test_each_worker_keeps_its_part_of_the_per_process_limits():
+    from modelyard.gateway.workers import worker_share
+
+    model = {
+        "name": "m",
+        "endpoints": ENDPOINTS,
+        "circuit_breakers": {"max_requests": 4, "max_pending_requests": 9},
+        "retry_budget": {"min_retry_concurrency": 0},
+    }
+    config = validate_config(
+        {"listen": {"max_connections": 1000}, "admin": {"max_log_streams": 3}, "models": [model]}, "<test>"
+    )
+    share = worker_share(config, 2)
+    assert (share.listen.max_connections, share.admin.max_log_streams) == (500, 2)
+    (shared,) = share.models
+    assert shared.circuit_breakers.max_pending_requests == 5  # rounded up
+    assert shared.circuit_breakers.max_requests == 4  # held across the workers already (shared loads)
+    assert shared.retry_budget.min_retry_concurrency == 0  # none stays none
+    assert (
+        worker_share(validate_config({"listen": {"max_connections": 0}}, "<t>"), 4).listen.max_connections
+        == 0
+    )
