@@ -46,7 +46,8 @@ def worker_count(config: GatewayConfig) -> int:
 
 def worker_share(config: GatewayConfig, count: int) -> GatewayConfig:
     """One worker's part of the limits each process keeps for itself, so that `count` workers keep
-    what the config says between them: listen.max_connections, admin.max_log_streams, and each
+    what the config says between them: listen.max_connections, upstream.max_connections (per
+    server), admin.max_log_streams, and each
     model's circuit_breakers.max_pending_requests and retry_budget.min_retry_concurrency, divided
     and rounded up (a limit of 0, none or nothing, stays 0). The kernel spreads connections over the
     workers, so each sees about 1/count of the load the limits are for."""
@@ -55,6 +56,7 @@ def worker_share(config: GatewayConfig, count: int) -> GatewayConfig:
         return -(-limit // count)
 
     listen = config.listen.model_copy(update={"max_connections": part(config.listen.max_connections)})
+    upstream = config.upstream.model_copy(update={"max_connections": part(config.upstream.max_connections)})
     admin = config.admin.model_copy(update={"max_log_streams": part(config.admin.max_log_streams)})
     models = [
         model.model_copy(
@@ -69,7 +71,9 @@ def worker_share(config: GatewayConfig, count: int) -> GatewayConfig:
         )
         for model in config.models
     ]
-    return config.model_copy(update={"listen": listen, "admin": admin, "models": models})
+    return config.model_copy(
+        update={"listen": listen, "upstream": upstream, "admin": admin, "models": models}
+    )
 
 
 def check_workers(config: GatewayConfig, source: str, count: int) -> None:

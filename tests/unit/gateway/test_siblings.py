@@ -425,6 +425,7 @@ def test_each_worker_keeps_its_part_of_the_per_process_limits():
     )
     share = worker_share(config, 2)
     assert (share.listen.max_connections, share.admin.max_log_streams) == (500, 2)
+    assert share.upstream.max_connections == 512  # of the default 1024 per server
     (shared,) = share.models
     assert shared.circuit_breakers.max_pending_requests == 5  # rounded up
     assert shared.circuit_breakers.max_requests == 4  # held across the workers already (shared loads)
