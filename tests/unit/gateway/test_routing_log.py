@@ -139,3 +139,14 @@ def test_another_workers_records_join_the_log_with_its_own_seq():
     assert adopted == RoutingRecord(2, *astuple(made_there)[1:])  # all but seq, as it was made
     assert list(follower.ready()) == [adopted]
     assert [entry.backend for entry in sent] == ["w0"]  # an adopted record is not shared again
+
+
+def test_a_shared_record_nobody_follows_is_read_back_whole():
+    theirs, quiet = RoutingLog(), RoutingLog()
+    shared: list[bytes] = []
+    theirs.share = lambda entry: shared.append(encode_shared(entry))
+    record(theirs, "w1", 200, cache_hit=True)
+    quiet.adopt(shared[0])  # nobody follows quiet: kept as it came
+    (made_there,) = theirs.recent()
+    assert quiet.recent() == [made_there]  # seq 1 in both
+    assert quiet.recent(after=1) == []
