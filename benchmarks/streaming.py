@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         f"    endpoints: [{{url: 'http://127.0.0.1:{worker_port}'}}]\n"
     )
     gateway = Child(
-        "gateway", [str(EXE), "serve", "-c", str(config), "--log-level", "warning"], tmp / "gw.log"
+        "gateway",
+        [str(EXE), "serve", "-c", str(config), "--workers", "1", "--log-level", "warning"],
+        tmp / "gw.log",
     )
     try:
         wait_for_port(gateway_port, gateway)

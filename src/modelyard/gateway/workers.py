@@ -45,19 +45,17 @@ def worker_count(config: GatewayConfig) -> int:
 
 
 def worker_share(config: GatewayConfig, count: int) -> GatewayConfig:
-    """One worker's part of the limits each process keeps for itself, so that `count` workers keep
-    what the config says between them: listen.max_connections, upstream.max_connections (per
-    server), admin.max_log_streams, and each
+    """One worker's part of the limits on what the workers send on, so that `count` workers keep
+    about what the config says between them: upstream.max_connections (per server), and each
     model's circuit_breakers.max_pending_requests and retry_budget.min_retry_concurrency, divided
-    and rounded up (a limit of 0, none or nothing, stays 0). The kernel spreads connections over the
-    workers, so each sees about 1/count of the load the limits are for."""
+    and rounded up (a limit of 0, none or nothing, stays 0). The kernel spreads connections over
+    the workers, so each sees about 1/count of the load these limits are for. The limits on a
+    process's own resources (listen.max_connections, admin.max_log_streams) hold per worker."""
 
     def part(limit: int) -> int:
         return -(-limit // count)
 
-    listen = config.listen.model_copy(update={"max_connections": part(config.listen.max_connections)})
     upstream = config.upstream.model_copy(update={"max_connections": part(config.upstream.max_connections)})
-    admin = config.admin.model_copy(update={"max_log_streams": part(config.admin.max_log_streams)})
     models = [
         model.model_copy(
             update={
@@ -71,9 +69,7 @@ def worker_share(config: GatewayConfig, count: int) -> GatewayConfig:
         )
         for model in config.models
     ]
-    return config.model_copy(
-        update={"listen": listen, "upstream": upstream, "admin": admin, "models": models}
-    )
+    return config.model_copy(update={"upstream": upstream, "models": models})
 
 
 def check_workers(config: GatewayConfig, source: str, count: int) -> None:
@@ -95,7 +91,8 @@ def serve_workers(
     The HTTP port and listen.grpc_port are both reserved here, so that port 0 becomes one port that
     every worker binds (SO_REUSEPORT) and a port in use is refused before any worker starts."""
     check_workers(config, source, count)
-    run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=_run_parent(count)))
+    state_rings = config.state.backend == "memory"  # the workers' routing state (with Redis: Redis)
+    run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=_run_parent(count, state_rings)))
     reserved: list[socket.socket] = []
     layout = Layout(config, count)
     shared = None
@@ -103,7 +100,7 @@ def serve_workers(
         (run_dir / METRICS_DIR).mkdir()
         shared = SharedInts(run_dir / SHARED_FILE, layout.size, create=True)
         ints = shared.ints
-        if config.state.backend == "memory":  # the workers' routing state (with Redis: Redis)
+        if state_rings:
             create_rings(run_dir / RINGS_FILE, count)
         create_rings(run_dir / LOG_FILE, count, LOG_RING_BYTES)  # each worker's routing-log records
         # Read by prometheus-client when each spawned worker imports it.
@@ -132,14 +129,14 @@ def serve_workers(
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _run_parent(count: int) -> Path | None:
+def _run_parent(count: int, state_rings: bool) -> Path | None:
     """Where the workers' shared files go: /dev/shm (tmpfs: they never touch a disk) when it has
     room for the rings with a margin for the metrics files, else the temporary folder (None; a
     container's /dev/shm is 64 MiB unless set)."""
     shm = Path("/dev/shm")
     if not shm.is_dir():
         return None
-    needed = rings_size(count) + rings_size(count, LOG_RING_BYTES) + SHM_MARGIN
+    needed = rings_size(count, LOG_RING_BYTES) + (rings_size(count) if state_rings else 0) + SHM_MARGIN
     try:
         free = shutil.disk_usage(shm).free
     except OSError:

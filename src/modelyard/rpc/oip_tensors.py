@@ -95,8 +95,8 @@ def infer_request_json(request: pb.ModelInferRequest, *, max_json_bytes: int) ->
         data = _decode_raw(tensor, raw[i], counts[i]) if raw else _from_contents(tensor)
         if tensor.datatype in _FLOATS and not all(map(math.isfinite, data)):
             raise BadRequest(
-                f"input {tensor.name!r}: {tensor.datatype} data holds NaN or infinity, which the JSON "
-                "the gateway sends to the model server cannot carry"
+                f"input {tensor.name!r}: {tensor.datatype} data holds NaN or infinity, which OIP's "
+                "JSON (the REST form this call is turned into) cannot carry"
             )
         item: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
         item["data"] = data
@@ -239,8 +239,8 @@ def _text(name: str, value: bytes) -> str:
         return value.decode()
     except UnicodeDecodeError:
         raise BadRequest(
-            f"input {name!r}: a BYTES element is not UTF-8 text, which the JSON the gateway sends "
-            "to the model server cannot carry"
+            f"input {name!r}: a BYTES element is not UTF-8 text, which OIP's JSON (the REST form "
+            "this call is turned into) cannot carry"
         ) from None
 
 

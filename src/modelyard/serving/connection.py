@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from aiohttp import web
 from aiohttp.http import HttpProcessingError, RawRequestMessage
@@ -279,8 +280,8 @@ class Refusal(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, though they do all it does.
+        self._transport = transport = cast(asyncio.Transport, transport)
         if not self._answer:
             transport.abort()
             return

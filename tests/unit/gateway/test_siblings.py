@@ -400,10 +400,14 @@ def test_the_shared_files_leave_a_dev_shm_too_small_for_them(monkeypatch, caplog
         pytest.skip("no /dev/shm here")
     needed = workers.rings_size(16) + workers.rings_size(16, LOG_RING_BYTES) + workers.SHM_MARGIN
     monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(needed - 1))
-    assert workers._run_parent(16) is None  # the temporary folder
+    assert workers._run_parent(16, True) is None  # the temporary folder
     assert "/dev/shm has" in caplog.text
     monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(needed))
-    assert workers._run_parent(16) == Path("/dev/shm")
+    assert workers._run_parent(16, True) == Path("/dev/shm")
+    without_state = needed - workers.rings_size(16)  # enough for the log's rings alone
+    monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(without_state))
+    assert workers._run_parent(16, False) == Path("/dev/shm")  # Redis: no state rings
+    assert workers._run_parent(16, True) is None
 
 
 class _Usage:
@@ -424,7 +428,7 @@ def test_each_worker_keeps_its_part_of_the_per_process_limits():
         {"listen": {"max_connections": 1000}, "admin": {"max_log_streams": 3}, "models": [model]}, "<test>"
     )
     share = worker_share(config, 2)
-    assert (share.listen.max_connections, share.admin.max_log_streams) == (500, 2)
+    assert (share.listen.max_connections, share.admin.max_log_streams) == (1000, 3)  # a process's own
     assert share.upstream.max_connections == 512  # of the default 1024 per server
     (shared,) = share.models
     assert shared.circuit_breakers.max_pending_requests == 5  # rounded up
