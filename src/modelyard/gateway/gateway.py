@@ -326,6 +326,7 @@ class Gateway:
                 if cluster is not None and endpoint is not None:
                     cluster.record_connection_failure(endpoint, "connection refused (seen by another worker)")
         siblings.adopt_ejections(self.clusters)
+        siblings.publish_counts(self.clusters)
         changes = siblings.admin_changes()
         if changes is not None:
             self._apply_changes(changes)

@@ -15,6 +15,8 @@ locks on the request path:
 - resources: per (model, endpoint), the leader's latest scrape (resource_aware) under a seqlock: a
   sequence number, odd while the leader writes, then one slot per field (`encode_snapshot`); the
   leader alone scrapes, the others adopt each new snapshot whole (`read_snapshot`);
+- model counts: per model, a row per worker (requests queued for room, active, retrying), written
+  every follow round, so that /admin/overview shows the sums;
 - ejections: per (model, endpoint), a row per worker holding its latest outlier ejection under a
   seqlock (until when, as monotonic time, which all processes of the machine share; the ejection
   multiplier): every worker judges the answers it relays, and the others take its ejections as
@@ -30,6 +32,7 @@ import math
 import os
 import struct
 import time
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +58,7 @@ _LISTENER_FIELDS = 5  # open, refused, header timeouts, heads refused 400, 431
 SNAPSHOT_FIELDS = 7
 SNAPSHOT_SLOTS = 1 + SNAPSHOT_FIELDS  # the sequence number first
 EJECTION_SLOTS = 3  # the sequence number, until (float bits), the ejection multiplier
+COUNT_SLOTS = 3  # queued, active, retrying
 _SEQLOCK_TRIES = 3  # a read that keeps meeting a write gives up until the next round
 _DOUBLE = struct.Struct("d")
 _INT64 = struct.Struct("q")
@@ -153,12 +157,18 @@ class Layout:
         self.listener_at = self.admin_at + 1
         self.listener_base_at = self.listener_at + count * _LISTENER_FIELDS
         self.resources_at = self.listener_base_at + _LISTENER_FIELDS
+        self.models = {model.name: slot for slot, model in enumerate(config.models)}
         self.ejections_at = self.resources_at + SNAPSHOT_SLOTS * len(self.probes)
-        self.size = self.ejections_at + EJECTION_SLOTS * len(self.probes) * count
+        self.counts_at = self.ejections_at + EJECTION_SLOTS * len(self.probes) * count
+        self.size = self.counts_at + COUNT_SLOTS * len(self.models) * count
 
     def load_row(self, slot: int, index: int) -> int:
         """Where worker `index`'s in-flight count for server `slot` is (its tokens follow)."""
         return slot * self.count * 2 + 2 * index
+
+    def count_row(self, slot: int, index: int) -> int:
+        """Where worker `index`'s counts for model `slot` are."""
+        return self.counts_at + (slot * self.count + index) * COUNT_SLOTS
 
     def ejection_row(self, slot: int, index: int) -> int:
         """Where worker `index`'s latest ejection of endpoint `slot` is."""
@@ -169,6 +179,9 @@ def worker_exited(ints: memoryview, layout: Layout, index: int) -> None:
     """The supervising process reaped worker `index`: what it had in flight has ended, and its
     listener counters move to the base (the one writer of the base; the worker is gone)."""
     _clear_loads(ints, layout, index)
+    for slot in layout.models.values():  # its queued, active and retrying requests ended with it
+        at = layout.count_row(slot, index)
+        ints[at : at + COUNT_SLOTS] = array("q", [0] * COUNT_SLOTS)
     row = layout.listener_at + index * _LISTENER_FIELDS
     ints[row] = 0  # open connections: closed with the process
     for field in range(1, _LISTENER_FIELDS):
@@ -233,6 +246,8 @@ class Siblings:
         # ejections still in force, its predecessor's too.
         self._ejections_seen: dict[int, int] = {}
         self._own_ejections_read = False
+        # As configured: each worker's clusters keep a part of it (gateway/workers.py: worker_share).
+        self._max_pending = {m.name: m.circuit_breakers.max_pending_requests for m in config.models}
         # Refusals reported before this worker started (a restarted leader) were dealt with then.
         self._suspects_seen = {slot: self._suspicions(slot) for slot in self.layout.probes.values()}
         self._admin_seen = 0
@@ -332,6 +347,38 @@ class Siblings:
             endpoint = find_endpoint(clusters.get(model), name)
             if endpoint is not None:
                 endpoint.resources = snapshot
+
+    # --- model counts (for /admin/overview) -----------------------------------------------------
+
+    def publish_counts(self, clusters: Mapping[str, Cluster]) -> None:
+        for name, slot in self.layout.models.items():
+            cluster = clusters.get(name)
+            if cluster is not None:
+                at = self.layout.count_row(slot, self.index)
+                ints = self._ints
+                ints[at], ints[at + 1], ints[at + 2] = (
+                    len(cluster.capacity),
+                    cluster.budget.active,
+                    cluster.budget.retrying,
+                )
+
+    def model_totals(self, cluster: Cluster) -> dict[str, int] | None:
+        """What /admin/overview shows of a model's requests over every worker: this worker's live
+        counts and the others' last published (at most a follow round old), with the configured
+        max_pending_requests (each worker keeps its part); None for a model not in the config."""
+        slot = self.layout.models.get(cluster.name)
+        if slot is None:
+            return None
+        totals = [len(cluster.capacity), cluster.budget.active, cluster.budget.retrying]
+        for index in range(self.count):
+            if index != self.index:
+                at = self.layout.count_row(slot, index)
+                for field in range(COUNT_SLOTS):
+                    totals[field] += self._ints[at + field]
+        configured = self._max_pending.get(cluster.name, cluster.capacity.config.max_pending_requests)
+        queued, active, retrying = totals
+        return {"queued": queued, "active_requests": active, "retries_in_flight": retrying,
+                "max_pending_requests": configured}  # fmt: skip
 
     # --- outlier ejections -----------------------------------------------------------------------
 

@@ -438,3 +438,21 @@ def test_each_worker_keeps_its_part_of_the_per_process_limits():
         worker_share(validate_config({"listen": {"max_connections": 0}}, "<t>"), 4).listen.max_connections
         == 0
     )
+
+
+def test_the_overview_counts_every_workers_requests(pair, tmp_path):
+    first, second = pair
+    config = _config()
+    mine = {m.name: Cluster(m, {}) for m in config.models}
+    theirs = {m.name: Cluster(m, {}) for m in config.models}
+    mine["m"].budget.request_started()
+    for _ in range(3):
+        theirs["m"].budget.request_started()
+    theirs["m"].budget.retry_started()
+    second.publish_counts(theirs)
+    totals = first.model_totals(mine["m"])
+    assert totals == {"queued": 0, "active_requests": 4, "retries_in_flight": 1, "max_pending_requests": 0}
+    assert first.model_totals(mine["n"])["active_requests"] == 0  # per model
+    shared = SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=False)
+    worker_exited(shared.ints, Layout(config, 2), 1)  # what the second had ended with it
+    assert first.model_totals(mine["m"])["active_requests"] == 1
