@@ -404,6 +404,32 @@ async def _has_all(found: Awaitable[list[str]], wanted: list[str]) -> bool:
     return set(wanted) <= set(await found)
 
 
+async def test_the_canary_account_counts_every_workers_mirrored_requests(sim_workers, serve_workers):
+    primary, canary = await sim_workers(2, models=["m"])
+    endpoints = [
+        {"url": primary.url, "name": "w0", "subset": "v1"},
+        {"url": canary.url, "name": "w1", "subset": "v2"},
+    ]
+    mirrored = {
+        "name": "shadowed",
+        "destinations": [{"subset": "v1"}],
+        "mirror": {"subset": "v2", "percent": 100},
+    }
+    model = {"name": "m", "endpoints": endpoints, "routes": [mirrored]}
+    gateway = await serve_workers({"models": [model]})
+    first, second = await gateway.on_worker(0), await gateway.on_worker(1)
+    for session in (first, second, second):
+        await _chat(session, gateway.url)
+
+    async def counted(session: aiohttp.ClientSession) -> bool:
+        async with session.get(gateway.url + "/admin/models/m/canary") as response:
+            summary = (await response.json())["routes"].get("shadowed")
+        return summary is not None and summary["compared"] == 3 and summary["subsets"]["v2"]["requests"] == 3
+
+    for session in (first, second):  # each worker's account holds the other's mirrored requests too
+        await wait_until(lambda session=session: counted(session), attempts=200, interval=0.02)
+
+
 async def test_one_worker_scrapes_and_the_other_routes_on_its_snapshots(serve_workers):
     """resource_aware: the leader alone scrapes (once per endpoint at start, then not for an hour),
     and the follower routes on the snapshots it published: away from the endpoint whose queue is full."""

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 
 from modelyard.balancing import Need
@@ -24,6 +25,7 @@ from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import Proxy
 from modelyard.gateway.routing_log import RoutingRecord, encode_shared
+from modelyard.gateway.shadow import apply_canary
 from modelyard.gateway.siblings import LOG_FILE, Siblings, find_endpoint
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.rpc import OipChannels
@@ -36,6 +38,7 @@ from modelyard.upstream.http1 import Http1Client
 from modelyard.upstream.scrape import ResourceScraper
 
 FOLLOW_SECONDS = 0.05
+_CANARY = b"C"  # a canary event on the log's rings; a routing-log record starts with "["
 VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
 _NOTHING = object()
 T = TypeVar("T")
@@ -109,6 +112,7 @@ class Gateway:
             self.metrics,
             random.Random(seed),
             share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
+            share_canary=self._share_canary if self._log_rings is not None else None,
         )
         # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
         self._leader = siblings is None or siblings.leader
@@ -312,10 +316,18 @@ class Gateway:
         if self._log_rings is not None:
             self._log_rings.send(encode_shared(record))
 
+    def _share_canary(self, event: list[object]) -> None:
+        """A canary event for the other workers, on the routing log's rings (marked apart)."""
+        if self._log_rings is not None:
+            self._log_rings.send(_CANARY + orjson.dumps(event))
+
     def _follow_once(self, siblings: Siblings) -> None:
         if self._log_rings is not None:
             for shared in self._log_rings.receive():
-                self.metrics.routing_log.adopt(shared)
+                if shared.startswith(_CANARY):
+                    apply_canary(self.clusters, orjson.loads(shared[len(_CANARY) :]))
+                else:
+                    self.metrics.routing_log.adopt(shared)
         if not self._leader:
             siblings.adopt_probes(self.clusters)
             siblings.adopt_resources(self.clusters)

@@ -66,6 +66,7 @@ class Proxy:
         rng: random.Random,
         *,
         share_prefix: PrefixRecorded | None = None,
+        share_canary: Callable[[list[object]], None] | None = None,
     ) -> None:
         self._state = state
         # What prefix_aware records goes to the other gateways too (prefix_sharing.py).
@@ -74,7 +75,7 @@ class Proxy:
         self._rng = rng
         self._attempts = AttemptLoop(pool, grpc, metrics, rng)
         self._relay = Relay(self._attempts, metrics)
-        self._shadows = ShadowTraffic(self._attempts, metrics, rng)
+        self._shadows = ShadowTraffic(self._attempts, metrics, rng, share_canary)
         # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
         self._id_prefix = os.urandom(8).hex()
         self._id_counter = itertools.count(1)

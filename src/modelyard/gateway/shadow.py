@@ -9,6 +9,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from modelyard.balancing.routes import mirrors
@@ -16,6 +17,7 @@ from modelyard.cluster.canary import answer_text, exact_match, rouge_l
 from modelyard.config import RetryPolicy
 from modelyard.errors import ModelyardError
 from modelyard.gateway.attempts import AttemptLoop
+from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 
@@ -60,10 +62,21 @@ class Capture:
 
 
 class ShadowTraffic:
-    def __init__(self, attempts: AttemptLoop, metrics: GatewayMetrics, rng: random.Random) -> None:
+    """Mirrors requests and keeps each model's canary account. `share`, with workers, is handed each
+    canary event for the other workers, which `apply_canary` it: ["outcome", model, route, subset,
+    seconds, ok] or ["comparison", model, route, rouge_l, exact]."""
+
+    def __init__(
+        self,
+        attempts: AttemptLoop,
+        metrics: GatewayMetrics,
+        rng: random.Random,
+        share: Callable[[list[object]], None] | None = None,
+    ) -> None:
         self._attempts = attempts
         self._metrics = metrics
         self._rng = rng
+        self._share = share
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, ex: Exchange) -> Capture | None:
@@ -106,6 +119,10 @@ class ShadowTraffic:
         stats = cluster.canary_stats(route.name)
         for capture in (primary, mirrored):
             stats.record_outcome(capture.subset, capture.seconds, capture.ok)
+            if self._share is not None:
+                self._share(
+                    ["outcome", cluster.name, route.name, capture.subset, capture.seconds, capture.ok]
+                )
             self._metrics.canary_requests.labels(
                 cluster.name, route.name, capture.subset, "ok" if capture.ok else "error"
             ).inc()
@@ -115,7 +132,24 @@ class ShadowTraffic:
         if primary.ok and mirrored.ok:
             ours, theirs = primary.text(), mirrored.text()
             if ours is not None and theirs is not None:
-                stats.record_comparison(rouge_l(ours, theirs), exact_match(ours, theirs))
+                rouge, exact = rouge_l(ours, theirs), exact_match(ours, theirs)
+                stats.record_comparison(rouge, exact)
+                if self._share is not None:
+                    self._share(["comparison", cluster.name, route.name, rouge, exact])
                 mean = stats.summary()["mean_rouge_l"]
                 if mean is not None:
                     self._metrics.canary_agreement.labels(cluster.name, route.name).set(mean)
+
+
+def apply_canary(clusters: Mapping[str, Cluster], event: list[object]) -> None:
+    """A canary event another worker shared (ShadowTraffic's `share`), added to this worker's
+    account as if seen here; one of an unknown model, or not well formed, is skipped."""
+    match event:
+        case ["outcome", str(model), str(route), str(subset), float(seconds), bool(ok)]:
+            cluster = clusters.get(model)
+            if cluster is not None:
+                cluster.canary_stats(route).record_outcome(subset, seconds, ok)
+        case ["comparison", str(model), str(route), float(rouge), bool(exact)]:
+            cluster = clusters.get(model)
+            if cluster is not None:
+                cluster.canary_stats(route).record_comparison(rouge, exact)

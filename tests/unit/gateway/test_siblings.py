@@ -456,3 +456,18 @@ def test_the_overview_counts_every_workers_requests(pair, tmp_path):
     shared = SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=False)
     worker_exited(shared.ints, Layout(config, 2), 1)  # what the second had ended with it
     assert first.model_totals(mine["m"])["active_requests"] == 1
+
+
+def test_another_workers_canary_events_join_the_account():
+    from modelyard.gateway.shadow import apply_canary
+
+    config = _config()
+    clusters = {m.name: Cluster(m, {}) for m in config.models}
+    apply_canary(clusters, ["outcome", "m", "r", "v2", 0.25, True])
+    apply_canary(clusters, ["outcome", "m", "r", "v2", 0.5, False])
+    apply_canary(clusters, ["comparison", "m", "r", 0.5, False])
+    apply_canary(clusters, ["comparison", "gone", "r", 1.0, True])  # a model not here: skipped
+    apply_canary(clusters, ["outcome", "m", "r"])  # not well formed: skipped
+    summary = clusters["m"].canary_stats("r").summary()
+    assert (summary["compared"], summary["mean_rouge_l"], summary["exact_match_rate"]) == (1, 0.5, 0.0)
+    assert summary["subsets"]["v2"]["requests"] == 2 and summary["subsets"]["v2"]["errors"] == 1
