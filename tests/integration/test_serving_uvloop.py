@@ -22,11 +22,12 @@ def test_connections_over_max_connections_get_503_on_uvloop():
         worker = SimWorker(SimWorkerConfig(port=0, prefill_ms_per_token=0.0, decode_ms_per_token=0.0))
         await worker.start()
         config = {"listen": {"host": "127.0.0.1", "port": 0, "max_connections": 2}}
-        gateway = await start_gateway(
-            validate_config({**config, "models": [model_config("m", [worker])]}, "<t>")
-        )
         clients: list[Client] = []
+        gateway = None
         try:
+            gateway = await start_gateway(
+                validate_config({**config, "models": [model_config("m", [worker])]}, "<t>")
+            )
             for _ in range(2):
                 clients.append(await Client.connect(gateway.url))
                 assert (await clients[-1].exchange(request("GET", "/healthz"))).status == 200
@@ -38,7 +39,8 @@ def test_connections_over_max_connections_get_503_on_uvloop():
         finally:
             for client in clients:
                 client.close()
-            await gateway.stop()
+            if gateway is not None:
+                await gateway.stop()
             await worker.stop()
 
     uvloop.run(asyncio.wait_for(scenario(), 30))

@@ -324,10 +324,13 @@ class Gateway:
     def _follow_once(self, siblings: Siblings) -> None:
         if self._log_rings is not None:
             for shared in self._log_rings.receive():
-                if shared.startswith(_CANARY):
-                    apply_canary(self.clusters, orjson.loads(shared[len(_CANARY) :]))
-                else:
-                    self.metrics.routing_log.adopt(shared)
+                try:
+                    if shared.startswith(_CANARY):
+                        apply_canary(self.clusters, orjson.loads(shared[len(_CANARY) :]))
+                    else:
+                        self.metrics.routing_log.adopt(shared)
+                except (ValueError, TypeError):  # one unreadable message: the rest of the round goes on
+                    log.warning("a routing-log message from another worker could not be read; skipped")
         if not self._leader:
             siblings.adopt_probes(self.clusters)
             siblings.adopt_resources(self.clusters)

@@ -145,11 +145,11 @@ def apply_canary(clusters: Mapping[str, Cluster], event: list[object]) -> None:
     """A canary event another worker shared (ShadowTraffic's `share`), added to this worker's
     account as if seen here; one of an unknown model, or not well formed, is skipped."""
     match event:
-        case ["outcome", str(model), str(route), str(subset), float(seconds), bool(ok)]:
+        case ["outcome", str(model), str(route), str(subset), int() | float() as seconds, bool(ok)]:
             cluster = clusters.get(model)
             if cluster is not None:
-                cluster.canary_stats(route).record_outcome(subset, seconds, ok)
-        case ["comparison", str(model), str(route), float(rouge), bool(exact)]:
+                cluster.canary_stats(route).record_outcome(subset, float(seconds), ok)
+        case ["comparison", str(model), str(route), int() | float() as rouge, bool(exact)]:
             cluster = clusters.get(model)
             if cluster is not None:
-                cluster.canary_stats(route).record_comparison(rouge, exact)
+                cluster.canary_stats(route).record_comparison(float(rouge), exact)

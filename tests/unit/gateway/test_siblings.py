@@ -471,3 +471,14 @@ def test_another_workers_canary_events_join_the_account():
     summary = clusters["m"].canary_stats("r").summary()
     assert (summary["compared"], summary["mean_rouge_l"], summary["exact_match_rate"]) == (1, 0.5, 0.0)
     assert summary["subsets"]["v2"]["requests"] == 2 and summary["subsets"]["v2"]["errors"] == 1
+
+
+def test_a_canary_event_with_whole_numbers_counts_too():
+    from modelyard.gateway.shadow import apply_canary
+
+    (model, _) = _config().models
+    clusters = {"m": Cluster(model, {})}
+    apply_canary(clusters, ["outcome", "m", "r", "v2", 0, True])
+    apply_canary(clusters, ["comparison", "m", "r", 1, True])
+    summary = clusters["m"].canary_stats("r").summary()
+    assert (summary["compared"], summary["subsets"]["v2"]["requests"]) == (1, 1)
