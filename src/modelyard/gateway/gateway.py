@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import orjson
 from aiohttp import web
 
 from modelyard.balancing import Need
@@ -24,21 +23,19 @@ from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import Proxy
-from modelyard.gateway.routing_log import RoutingRecord, encode_shared
-from modelyard.gateway.shadow import apply_canary
-from modelyard.gateway.siblings import LOG_FILE, Siblings, find_endpoint
+from modelyard.gateway.siblings import Siblings, find_endpoint
+from modelyard.gateway.worker_log import WorkerLog
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.rpc import OipChannels
 from modelyard.serving import ListenerStats
 from modelyard.state import MemoryState, SharedState, open_state
-from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, Rings, SiblingState
+from modelyard.state.siblings import RINGS_FILE, Rings, SiblingState
 from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 from modelyard.upstream.scrape import ResourceScraper
 
 FOLLOW_SECONDS = 0.05
-_CANARY = b"C"  # a canary event on the log's rings; a routing-log record starts with "["
 VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
 _NOTHING = object()
 T = TypeVar("T")
@@ -66,14 +63,12 @@ class Gateway:
         )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
-        # The workers of one gateway show each other's requests in their routing logs.
-        self._log_rings = (
-            Rings(siblings.run_dir / LOG_FILE, siblings.index, siblings.count, LOG_RING_BYTES)
-            if siblings is not None
-            else None
+        # The workers of one gateway show each other's requests in their routing logs and canaries.
+        self._worker_log = (
+            WorkerLog(siblings.run_dir, siblings.index, siblings.count) if siblings is not None else None
         )
-        if self._log_rings is not None:
-            self.metrics.routing_log.share = self._share_record
+        if self._worker_log is not None:
+            self.metrics.routing_log.share = self._worker_log.share_record
         # The workers of one gateway without Redis keep each other's state in step (state.siblings).
         self._sibling_state = (
             SiblingState(
@@ -112,7 +107,7 @@ class Gateway:
             self.metrics,
             random.Random(seed),
             share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
-            share_canary=self._share_canary if self._log_rings is not None else None,
+            share_canary=self._worker_log.share_canary if self._worker_log is not None else None,
         )
         # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
         self._leader = siblings is None or siblings.leader
@@ -261,8 +256,8 @@ class Gateway:
         if self.prefix_sharing is not None:
             await self.prefix_sharing.stop()
         await self.state.close()
-        if self._log_rings is not None:
-            self._log_rings.close()
+        if self._worker_log is not None:
+            self._worker_log.close()
 
     @staticmethod
     async def _stop_scraper(scraper: ResourceScraper, client: Http1Client) -> None:
@@ -312,25 +307,9 @@ class Gateway:
         while siblings.verdicts_pending(self.clusters) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(FOLLOW_SECONDS)
 
-    def _share_record(self, record: RoutingRecord) -> None:
-        if self._log_rings is not None:
-            self._log_rings.send(encode_shared(record))
-
-    def _share_canary(self, event: list[object]) -> None:
-        """A canary event for the other workers, on the routing log's rings (marked apart)."""
-        if self._log_rings is not None:
-            self._log_rings.send(_CANARY + orjson.dumps(event))
-
     def _follow_once(self, siblings: Siblings) -> None:
-        if self._log_rings is not None:
-            for shared in self._log_rings.receive():
-                try:
-                    if shared.startswith(_CANARY):
-                        apply_canary(self.clusters, orjson.loads(shared[len(_CANARY) :]))
-                    else:
-                        self.metrics.routing_log.adopt(shared)
-                except (ValueError, TypeError):  # one unreadable message: the rest of the round goes on
-                    log.warning("a routing-log message from another worker could not be read; skipped")
+        if self._worker_log is not None:
+            self._worker_log.follow(self.metrics.routing_log, self.clusters)
         if not self._leader:
             siblings.adopt_probes(self.clusters)
             siblings.adopt_resources(self.clusters)

@@ -50,7 +50,6 @@ from modelyard.serving.workers import SharedInts
 log = logging.getLogger("modelyard.gateway")
 
 SHARED_FILE = "shared.bin"
-LOG_FILE = "log.bin"  # the routing logs' records, one ring per worker (state.siblings.Rings)
 ADMIN_FILE = "admin.json"
 METRICS_DIR = "metrics"
 _LISTENER_FIELDS = 5  # open, refused, header timeouts, heads refused 400, 431

@@ -19,7 +19,8 @@ from pathlib import Path
 from modelyard.config import AUTO_WORKERS, GatewayConfig
 from modelyard.errors import ConfigError
 from modelyard.gateway.server import start_gateway
-from modelyard.gateway.siblings import LOG_FILE, METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
+from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
+from modelyard.gateway.worker_log import LOG_FILE
 from modelyard.graph import load_config_graphs
 from modelyard.serving import run, serve_until_signal
 from modelyard.serving.workers import SharedInts, reserve_port, supervise, watch_parent

@@ -16,7 +16,6 @@ from modelyard.gateway.app import create_app
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.gateway.siblings import (
-    LOG_FILE,
     SHARED_FILE,
     SNAPSHOT_SLOTS,
     Layout,
@@ -27,6 +26,7 @@ from modelyard.gateway.siblings import (
     worker_exited,
     write_snapshot,
 )
+from modelyard.gateway.worker_log import LOG_FILE
 from modelyard.gateway.workers import worker_count
 from modelyard.serving import ListenerStats
 from modelyard.serving.workers import SharedInts
