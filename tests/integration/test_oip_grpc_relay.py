@@ -128,7 +128,7 @@ async def test_the_route_timeout_ends_a_relayed_call(sim_workers, gateways):
     assert timed_out.value.status() == "StatusCode.DEADLINE_EXCEEDED"
 
 
-async def test_a_stream_is_relayed_request_by_request(sim_workers, gateways):
+async def test_a_stream_is_relayed_whole_to_one_grpc_endpoint(sim_workers, gateways):
     workers = await sim_workers(2, oip_scale=2.0, models=["echo"], grpc_port=0)
     gateway = await gateways([_relayed("echo", workers)], listen=GRPC_LISTEN)
     answers: list[tuple[Any, Any]] = []
@@ -154,7 +154,7 @@ async def test_a_stream_is_relayed_request_by_request(sim_workers, gateways):
         ("s2", [4.0], None),
         ("s3", [-4.0], None),
     ]
-    assert sorted(_ways(w) for w in workers) == [(0, 1), (0, 2)]
+    assert sorted(_ways(w) for w in workers) == [(0, 0), (0, 3)]  # one stream, one backend
 
 
 class Recorder:
@@ -177,6 +177,9 @@ class Recorder:
 
     async def model_metadata(self, model: str, version: str, headers: Any, call: OipCall) -> object:
         return {"name": model}
+
+    def stream_relay(self, model: str, headers: Any) -> None:
+        return None
 
     async def infer(self, model: str, version: str, call: OipCall, headers: Any) -> object:
         self.seen.append((dict(headers), call))
@@ -228,7 +231,9 @@ async def test_a_relayed_error_is_cut_and_a_503_is_retried_then_unavailable(reco
 
 class Scripted(grpc.GenericRpcHandler):
     """A gRPC backend whose ModelInfer hangs (`mode` "hang") or ends with a status of its own
-    ("abort:CODE:message"); `calls` counts the calls that reached it."""
+    ("abort:CODE:message"); `calls` counts the calls that reached it. Its ModelStreamInfer is a
+    decoupled model's: two answers per request ("<id>.1", "<id>.2"), or with "abort:..." the status
+    after the first answer."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -236,6 +241,22 @@ class Scripted(grpc.GenericRpcHandler):
         self.arrived = asyncio.Event()
 
     def service(self, details: Any) -> Any:
+        if details.method.endswith("/ModelStreamInfer"):
+
+            async def stream(requests: Any, context: Any) -> Any:
+                async for data in requests:
+                    request = pb.ModelInferRequest.FromString(data)
+                    for part in (1, 2):
+                        answer = pb.ModelInferResponse(
+                            model_name=request.model_name, id=f"{request.id}.{part}"
+                        )
+                        yield pb.ModelStreamInferResponse(infer_response=answer).SerializeToString()
+                        if self.mode.startswith("abort:"):
+                            _, code, message = self.mode.split(":", 2)
+                            await context.abort(getattr(grpc.StatusCode, code), message)
+
+            return grpc.stream_stream_rpc_method_handler(stream)
+
         async def infer(request: bytes, context: Any) -> bytes:
             self.calls += 1
             self.arrived.set()
@@ -389,3 +410,57 @@ async def test_a_backends_status_comes_back_as_it_was(gateways, scripted, health
         with pytest.raises(InferenceServerException) as failed:
             await off_loop(client.infer, "m", [_input("x", np.ones(1, np.float32), "FP32")])
     assert (failed.value.status(), failed.value.message()) == (f"StatusCode.{code}", message)
+
+
+async def _stream(client: Any, requests: list[tuple[str, str]], answers: int) -> list[tuple[Any, Any]]:
+    """(result, error) pairs of a ModelStreamInfer with these (model, request id)s, once `answers`
+    have come."""
+    got: list[tuple[Any, Any]] = []
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def callback(result: Any, error: Any) -> None:  # tritonclient's stream thread
+        got.append((result, error))
+        if len(got) == answers:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    await off_loop(client.start_stream, callback, stream_timeout=CLIENT_TIMEOUT)
+    try:
+        for model, request_id in requests:
+            x = _input("x", np.ones(1, np.float32), "FP32")
+            await off_loop(client.async_stream_infer, model, [x], request_id=request_id)
+        await asyncio.wait_for(done, 10)
+    finally:
+        await off_loop(client.stop_stream)
+    return got
+
+
+async def test_a_decoupled_models_answers_all_come_back_through_the_stream(
+    gateways, scripted, health_switch, http
+):
+    _server, _handler, url = await scripted("decoupled")
+    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
+    model = {"name": "m", "endpoints": [endpoint], "health_check": {"interval": "60s"}}
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        got = await _stream(client, [("m", "r1"), ("m", "r2")], answers=4)
+    assert [(r.get_response().id, e) for r, e in got] == [
+        ("r1.1", None),
+        ("r1.2", None),
+        ("r2.1", None),
+        ("r2.2", None),
+    ]
+    # One stream, counted once when it ended.
+    assert await metric_value(http, gateway.url, "modelyard_requests_total", backend="a", code="200") == 1
+
+
+async def test_a_backends_error_ends_a_relayed_stream_with_its_status(gateways, scripted, health_switch):
+    _server, _handler, url = await scripted("abort:FAILED_PRECONDITION:sequence not started")
+    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
+    model = {"name": "m", "endpoints": [endpoint], "health_check": {"interval": "60s"}}
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    async with triton_client(gateway) as client:
+        got = await _stream(client, [("m", "s1")], answers=2)
+    (first, no_error), (no_result, error) = got
+    assert first.get_response().id == "s1.1" and no_error is None and no_result is None
+    assert "FAILED_PRECONDITION" in str(error.status()) and "sequence not started" in str(error)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from modelyard.balancing import Pick
@@ -39,7 +39,7 @@ from modelyard.upstream import Flight, UpstreamPool
 
 GRPC_CONTENT_TYPE = "application/grpc"
 # Request headers that describe the REST body, not the call: not sent as gRPC metadata.
-_NOT_METADATA = frozenset({"content-type", "content-length"})
+NOT_METADATA = frozenset({"content-type", "content-length"})
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics only
 
@@ -226,15 +226,30 @@ class AttemptLoop:
         self, ex: Exchange, endpoint: Endpoint, remaining: float | None, flight: Flight
     ) -> Answer:
         assert ex.grpc is not None
-        metadata = [(k.lower(), v) for k, v in ex.headers if k.lower() not in _NOT_METADATA]
+        metadata = [(k.lower(), v) for k, v in ex.headers if k.lower() not in NOT_METADATA]
         limit = self._pool.time_limit(remaining)
         pending = self._grpc.start(endpoint.grpc_url, ex.grpc.method, ex.grpc.message, metadata, limit)
         flight.on_abort(pending.abort)  # its endpoint taken out: given up, and retried elsewhere
         status, body = await pending.answer()
         return GrpcAnswer(status, body)
 
+    async def hold(self, ex: Exchange, only: Callable[[Endpoint], bool]) -> tuple[Endpoint, Pick]:
+        """An endpoint for a whole stream (a relayed gRPC ModelStreamInfer), among those `only`
+        admits, chosen and waited for as a try is; it holds a slot until `let_go`. No retries: once
+        the stream has begun, its answers may already be on their way."""
+        return await self._choose(ex, [], None, only)
+
+    def let_go(self, ex: Exchange, endpoint: Endpoint, pick: Pick, code: int) -> None:
+        """The end of a held stream: the slot freed, the stream counted once with how it ended."""
+        ex.cluster.release(endpoint, ex.tokens, id(ex))
+        self._observe(ex, endpoint, code, ex.started, pick.cache_hit)
+
     async def _choose(
-        self, ex: Exchange, tried: list[Endpoint], deadline: float | None
+        self,
+        ex: Exchange,
+        tried: list[Endpoint],
+        deadline: float | None,
+        only: Callable[[Endpoint], bool] | None = None,
     ) -> tuple[Endpoint, Pick]:
         """Pick an endpoint with room, preferring ones not tried yet; wait (bounded) for room."""
         cluster = ex.cluster
@@ -244,6 +259,8 @@ class AttemptLoop:
             if cluster.vanished_subset(ex.subset):
                 ex.subset = ALL_SUBSETS
             healthy = cluster.routable(ex.subset, time.monotonic())
+            if only is not None:
+                healthy = [e for e in healthy if only(e)]
             if not healthy:
                 if ex.counted:
                     self._metrics.observe_request(cluster.name, "", cluster.strategy.name, 503, 0.0)

@@ -15,17 +15,17 @@ the caller's `x-request-id` metadata, else one made here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import quote
 
 import orjson
 
 from modelyard import __version__
-from modelyard.errors import BadRequest, ModelServerAnswered, NoHealthyEndpoint, UpstreamError
+from modelyard.errors import BadRequest, ModelServerAnswered, ModelyardError, NoHealthyEndpoint, UpstreamError
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.proxy import REQUEST_ID_HEADER, Called
-from modelyard.rpc import OipCall, Relayed
+from modelyard.rpc import MODEL_STREAM_INFER, OipCall, Relayed, StreamRelay
 from modelyard.upstream import forwarded_request_headers
 
 _JSON = ("Content-Type", "application/json")
@@ -83,6 +83,28 @@ class GatewayOip:
         else:  # converted before routing: a call that does not convert never takes a slot
             answer = await self._call(cluster, "POST", path, sent, orjson.dumps(call.json()))
         return _answer(answer)
+
+    def stream_relay(self, model: str, headers: Sequence[tuple[str, str]]) -> StreamRelay | None:
+        """How a ModelStreamInfer whose first request is for `model` is relayed whole, as a stream,
+        to one of the model's endpoints with a grpc_url (a decoupled model answers a request more
+        than once); None when the model has none (each request is then routed on its own)."""
+        try:
+            cluster = self._gateway.cluster(model)
+        except ModelyardError:
+            return None  # unknown here: each request gets its own error, in the stream
+        if not cluster.speaks_grpc:
+            return None
+        request_id = (
+            next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
+            or self._gateway.proxy.new_request_id()
+        )
+        sent = forwarded_request_headers(headers, request_id)
+        path = _path(cluster, "", "/infer")
+
+        def relay(messages: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            return self._gateway.proxy.stream(cluster, path, sent, MODEL_STREAM_INFER, messages)
+
+        return relay
 
     async def _call(
         self,

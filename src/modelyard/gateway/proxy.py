@@ -15,15 +15,15 @@ import itertools
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NamedTuple
 
 from multidict import CIMultiDict
 
 from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
-from modelyard.errors import UpstreamError
-from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, AttemptLoop
+from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, NOT_METADATA, AttemptLoop
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
@@ -73,6 +73,7 @@ class Proxy:
         self._share_prefix = share_prefix or _not_shared
         self._metrics = metrics
         self._rng = rng
+        self._grpc = grpc
         self._attempts = AttemptLoop(pool, grpc, metrics, rng)
         self._relay = Relay(self._attempts, metrics)
         self._shadows = ShadowTraffic(self._attempts, metrics, rng, share_canary)
@@ -202,6 +203,49 @@ class Proxy:
                 raise
             finally:
                 self._attempts.finish(ex, attempt, code)
+        finally:
+            cluster.budget.request_ended()
+
+    async def stream(
+        self,
+        cluster: Cluster,
+        path: str,
+        headers: list[tuple[str, str]],
+        method: str,
+        messages: AsyncIterator[bytes],
+    ) -> AsyncIterator[bytes]:
+        """A gRPC stream (ModelStreamInfer) relayed whole to one endpoint with a grpc_url, chosen
+        as a request's would be (routes, strategy, health, room), held until the stream ends and
+        counted then, once, with how it ended. `path` is the REST path the log and routes see."""
+        lookup = CIMultiDict(headers)
+        route = cluster.route_for(lookup, None)
+        ex = Exchange(
+            cluster,
+            route,
+            pick_subset(route, lookup, self._rng),
+            RoutingContext(RoutingRequest(model=cluster.name), cluster.next_seq(), now=time.monotonic()),
+            "POST",
+            path,
+            headers,
+            None,
+            0,
+            time.perf_counter(),
+            lookup.get(REQUEST_ID_HEADER, ""),
+        )
+        cluster.budget.request_started()
+        try:
+            endpoint, pick = await self._attempts.hold(ex, lambda e: bool(e.grpc_url))
+            code = CLIENT_CLOSED
+            try:
+                metadata = [(k.lower(), v) for k, v in headers if k.lower() not in NOT_METADATA]
+                async for message in self._grpc.stream(endpoint.grpc_url, method, messages, metadata):
+                    yield message
+                code = 200
+            except ModelyardError as exc:
+                code = exc.status
+                raise
+            finally:
+                self._attempts.let_go(ex, endpoint, pick, code)
         finally:
             cluster.budget.request_ended()
 

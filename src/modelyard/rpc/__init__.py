@@ -17,7 +17,7 @@ pool so tritonclient's copy can share the process):
                   message's bytes, and OIP REST JSON on demand) to an OipHandler; errors mapped to
                   gRPC codes by oip_status
     oip_client    OipChannels: the gateway's calls to backends that speak OIP over gRPC, messages
-                  relayed as bytes, outcomes given as a REST call's
+                  relayed as bytes, outcomes given as a REST call's; streams relayed whole
     oip_tensors   the messages to and from OIP's JSON (raw tensor contents decoded and encoded)
 """
 
@@ -25,9 +25,18 @@ from modelyard.rpc.agent_client import AgentClient
 from modelyard.rpc.agent_server import AgentHandler, AgentServer, status_code
 from modelyard.rpc.agent_v1 import agent_pb2
 from modelyard.rpc.oip_client import OipChannels
-from modelyard.rpc.oip_server import OipCall, OipHandler, OipServer, Relayed, oip_status
+from modelyard.rpc.oip_server import (
+    MODEL_STREAM_INFER,
+    OipCall,
+    OipHandler,
+    OipServer,
+    Relayed,
+    StreamRelay,
+    oip_status,
+)
 
 __all__ = [
+    "MODEL_STREAM_INFER",
     "AgentClient",
     "AgentHandler",
     "AgentServer",
@@ -36,6 +45,7 @@ __all__ = [
     "OipHandler",
     "OipServer",
     "Relayed",
+    "StreamRelay",
     "agent_pb2",
     "oip_status",
     "status_code",

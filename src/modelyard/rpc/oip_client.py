@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
 import grpc
 import orjson
 from grpc import aio
 
-from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from modelyard.errors import (
+    BadRequest,
+    ModelServerAnswered,
+    UpstreamClosed,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 
 # The HTTP status a REST server would have answered with (the inverse of oip_server's table).
 _STATUSES = {
@@ -122,25 +129,55 @@ class OipChannels:
         """Call `method` (e.g. `/inference.GRPCInferenceService/ModelInfer`) on the backend at `url`
         (`grpc://host:port`) with a serialized request. `metadata` keys are lower case; BadRequest
         names one gRPC cannot carry."""
-        for key, value in metadata:
-            if not (_METADATA_KEY.match(key) and _METADATA_VALUE.match(value)):
-                raise BadRequest(
-                    f"metadata {key[:100]!r}: a gRPC backend takes only lower-case keys of letters, "
-                    "digits, '-', '_' and '.', and values of printable ASCII (no tab)"
-                )
+        _check_metadata(metadata)
         multicallable = self._calls.get((url, method))
         if multicallable is None:
-            channel = self._channels.get(url)
-            if channel is None:
-                channel = self._channels[url] = aio.insecure_channel(grpc_target(url), _CHANNEL_OPTIONS)
-            multicallable = self._calls[(url, method)] = channel.unary_unary(method)
+            multicallable = self._calls[(url, method)] = self._channel(url).unary_unary(method)
         return OipPending(url, multicallable(message, timeout=time_limit, metadata=metadata))
+
+    async def stream(
+        self, url: str, method: str, messages: AsyncIterator[bytes], metadata: Sequence[tuple[str, str]]
+    ) -> AsyncIterator[bytes]:
+        """A bidirectional call (ModelStreamInfer) to the backend at `url`: `messages` go out as
+        they come, and each answer message comes back as it was sent, however many there are per
+        request (a decoupled model's). A status other than OK ends it: ModelServerAnswered with
+        the server's status, or the errors `start`'s answers raise for a backend that could not
+        be reached or dropped the call."""
+        _check_metadata(metadata)
+        multicallable: aio.StreamStreamMultiCallable[bytes, bytes] = self._channel(url).stream_stream(method)
+        call = multicallable(messages, metadata=metadata)
+        try:
+            async for message in call:
+                yield message
+        except aio.AioRpcError as error:
+            status, body = _answer_for(url, error)
+            document = orjson.loads(body)
+            raise ModelServerAnswered(
+                status, document["error"], grpc_status=document["grpc_status"]
+            ) from None
+        finally:
+            call.cancel()  # a no-op once it ended; else the caller left: the backend learns it
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}
         self._calls = {}
         for channel in channels.values():
             await channel.close()
+
+    def _channel(self, url: str) -> aio.Channel:
+        channel = self._channels.get(url)
+        if channel is None:
+            channel = self._channels[url] = aio.insecure_channel(grpc_target(url), _CHANNEL_OPTIONS)
+        return channel
+
+
+def _check_metadata(metadata: Sequence[tuple[str, str]]) -> None:
+    for key, value in metadata:
+        if not (_METADATA_KEY.match(key) and _METADATA_VALUE.match(value)):
+            raise BadRequest(
+                f"metadata {key[:100]!r}: a gRPC backend takes only lower-case keys of letters, "
+                "digits, '-', '_' and '.', and values of printable ASCII (no tab)"
+            )
 
 
 def _answer_for(url: str, error: aio.AioRpcError) -> tuple[int, bytes]:

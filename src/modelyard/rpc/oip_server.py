@@ -20,8 +20,10 @@ The handler gets the call as an `OipCall`: the request message's bytes, to relay
 speaks gRPC as they are, and (for ModelInfer) its JSON for a REST backend, converted only when asked
 and bounded by `max_message_bytes` of JSON. It answers with JSON, or with `Relayed` bytes: a gRPC
 backend's answer message, passed on unconverted.
-ModelStreamInfer answers each request of the stream as a ModelInfer, in order, an error in-stream
-(`error_message`) without ending the stream. The Triton-only methods (ModelConfig, repository and
+ModelStreamInfer is relayed whole when the handler has a `stream_relay` for its first request's
+model (a gRPC backend: every answer it sends, several per request for a decoupled model, and its
+status); otherwise each request of the stream is answered as a ModelInfer, in order, an error
+in-stream (`error_message`) without ending the stream. The Triton-only methods (ModelConfig, repository and
 shared-memory calls) are not defined by this service: gRPC answers them UNIMPLEMENTED.
 """
 
@@ -73,6 +75,8 @@ _SERVICE = "/inference.GRPCInferenceService/"
 MODEL_READY = _SERVICE + "ModelReady"
 MODEL_METADATA = _SERVICE + "ModelMetadata"
 MODEL_INFER = _SERVICE + "ModelInfer"
+MODEL_STREAM_INFER = _SERVICE + "ModelStreamInfer"
+StreamRelay = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]  # request messages -> answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,11 @@ class OipHandler(Protocol):
 
     async def infer(self, model: str, version: str, call: OipCall, headers: Headers) -> object:
         """One inference: the JSON answer to `call.json()` (REST: POST /v2/models/{model}/infer)."""
+        ...
+
+    def stream_relay(self, model: str, headers: Headers) -> StreamRelay | None:
+        """How to relay a whole ModelStreamInfer whose first request is for `model` (its request
+        messages in, its answer messages out, as bytes); None: answer each request as a ModelInfer."""
         ...
 
 
@@ -216,7 +225,9 @@ async def _answer(context: aio.ServicerContext[Any, Any], work: Callable[[], Awa
     raise AssertionError("unreachable: abort raises")
 
 
-M = TypeVar("M", pb.ModelReadyResponse, pb.ModelMetadataResponse, pb.ModelInferResponse)
+M = TypeVar(
+    "M", pb.ModelReadyResponse, pb.ModelMetadataResponse, pb.ModelInferResponse, pb.ModelStreamInferResponse
+)
 
 
 def _parsed(kind: type[M], answer: Relayed) -> M:
@@ -304,7 +315,15 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             headers = _headers(context)
         except ModelyardError as error:
             await context.abort(oip_status(error), _details(error.message))
-        async for request in request_iterator:
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            return
+        relay = self._handler.stream_relay(first.model_name, headers)
+        if relay is not None:
+            async for answer in self._relay_stream(relay, first, request_iterator, context):
+                yield answer
+            return
+        async for request in _chain(first, request_iterator):
             try:
                 yield pb.ModelStreamInferResponse(infer_response=await self._infer(request, headers))
             except ModelyardError as error:
@@ -320,6 +339,32 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
                     error_message="internal gateway error; see the gateway log",
                     infer_response=pb.ModelInferResponse(id=request.id),
                 )
+
+    async def _relay_stream(
+        self,
+        relay: StreamRelay,
+        first: pb.ModelInferRequest,
+        rest: AsyncIterator[pb.ModelInferRequest],
+        context: aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """The stream relayed whole: an error from the backend (or in routing) ends it with its
+        status, as the backend's own stream would."""
+
+        async def messages() -> AsyncIterator[bytes]:
+            async for request in _chain(first, rest):
+                yield request.SerializeToString()
+
+        try:
+            async for data in relay(messages()):
+                yield _parsed(pb.ModelStreamInferResponse, Relayed(data))
+        except ModelyardError as error:
+            await context.abort(oip_status(error), _details(error.message))
+
+
+async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 class OipServer:

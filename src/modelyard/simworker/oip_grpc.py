@@ -57,6 +57,9 @@ class SimOip:
         except Rejected as exc:
             raise ModelServerAnswered(exc.status, exc.message) from None
 
+    def stream_relay(self, model: str, headers: Headers) -> None:
+        return None  # a stream's requests are answered one by one, as ModelInfer calls
+
     def _served(self, model: str) -> bool:
         repository = self._app.get(REPOSITORY)
         return repository is None or repository.is_loaded(model)

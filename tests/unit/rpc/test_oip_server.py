@@ -111,6 +111,9 @@ class StubHandler:
         if model != "m":
             raise ModelNotFound(model, ["m"])
 
+    def stream_relay(self, model: str, headers: Any) -> None:
+        return None
+
     async def infer(self, model: str, version: str, call: OipCall, headers: Any) -> object:
         self.messages.append((call.method, call.message))
         if self.relayed is not None:
