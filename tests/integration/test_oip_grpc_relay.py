@@ -25,7 +25,7 @@ from modelyard.errors import ModelServerAnswered
 from modelyard.gateway.gateway import GATEWAY
 from modelyard.rpc import OipCall, OipServer
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
-from support import free_ports, metric_value
+from support import free_ports, metric_value, wait_until
 
 GRPC_LISTEN = {"host": "127.0.0.1", "port": 0, "grpc_port": 0}
 
@@ -464,3 +464,94 @@ async def test_a_backends_error_ends_a_relayed_stream_with_its_status(gateways, 
     (first, no_error), (no_result, error) = got
     assert first.get_response().id == "s1.1" and no_error is None and no_result is None
     assert "FAILED_PRECONDITION" in str(error.status()) and "sequence not started" in str(error)
+
+
+def _raw_stream(gateway: Any) -> tuple[aio.Channel, Any]:
+    """A channel to the gateway and a ModelStreamInfer call on it that sends requests or raw bytes."""
+    channel = aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}")
+    call = channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+        response_deserializer=pb.ModelStreamInferResponse.FromString,
+    )()
+    return channel, call
+
+
+def _in_flight(gateway: Any) -> list[int]:
+    return [e.in_flight for e in gateway.app[GATEWAY].clusters["m"].endpoints]
+
+
+async def test_a_stream_request_that_cannot_be_read_ends_the_stream_invalid_argument(
+    gateways, scripted, health_switch
+):
+    _server, _handler, url = await scripted("decoupled")
+    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
+    gateway = await gateways(
+        [{"name": "m", "endpoints": [endpoint], "health_check": {"interval": "60s"}}], listen=GRPC_LISTEN
+    )
+    channel, call = _raw_stream(gateway)
+    try:
+        await call.write(pb.ModelInferRequest(model_name="m", id="r1"))
+        assert [(await call.read()).infer_response.id for _ in range(2)] == ["r1.1", "r1.2"]
+        await call.write(b"\xff\xff\xff")  # not a ModelInferRequest
+        assert await asyncio.wait_for(call.code(), 10) == grpc.StatusCode.INVALID_ARGUMENT
+        assert "could not be read" in (await call.details() or "")
+    finally:
+        await channel.close()
+
+    async def freed() -> bool:
+        return _in_flight(gateway) == [0]
+
+    await wait_until(freed)
+
+
+async def test_a_stream_with_no_room_is_refused_at_once_and_rest_requests_go_on(
+    sim_workers, gateways, scripted, health_switch, http
+):
+    _server, _handler, url = await scripted("decoupled")
+    (rest,) = await sim_workers(1, models=["m"])
+    endpoints = [{"name": "g", "url": health_switch.url, "grpc_url": url}, {"name": "r", "url": rest.url}]
+    breakers = {"max_requests": 1, "max_pending_requests": 10, "queue_timeout": "5s"}
+    model = {
+        "name": "m",
+        "endpoints": endpoints,
+        "circuit_breakers": breakers,
+        "health_check": {"interval": "60s"},
+    }
+    gateway = await gateways([model], listen=GRPC_LISTEN)
+    channel, holding = _raw_stream(gateway)
+    _, refused = _raw_stream(gateway)
+    try:
+        await holding.write(pb.ModelInferRequest(model_name="m", id="a"))
+        await holding.read()  # g's one slot is the stream's
+        await refused.write(pb.ModelInferRequest(model_name="m", id="b"))
+        assert await asyncio.wait_for(refused.code(), 10) == grpc.StatusCode.RESOURCE_EXHAUSTED  # no wait
+        body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+        async with http.post(gateway.url + "/v2/models/m/infer", json=body) as response:
+            assert response.status == 200 and response.headers["X-Modelyard-Backend"] == "r"
+    finally:
+        holding.cancel()
+        await channel.close()
+
+
+async def test_a_stream_for_a_model_whose_grpc_endpoints_are_down_is_answered_over_rest(
+    sim_workers, gateways, scripted, health_switch
+):
+    _server, _handler, url = await scripted("decoupled")
+    (rest,) = await sim_workers(1, models=["m"], oip_scale=2.0)
+    endpoints = [{"name": "g", "url": health_switch.url, "grpc_url": url}, {"name": "r", "url": rest.url}]
+    check = {"interval": "0.05s", "unhealthy_interval": "0.05s", "unhealthy_threshold": 1}
+    gateway = await gateways(
+        [{"name": "m", "endpoints": endpoints, "health_check": check}], listen=GRPC_LISTEN
+    )
+    health_switch.up = False
+
+    async def g_down() -> bool:
+        return not gateway.app[GATEWAY].clusters["m"].endpoints[0].healthy
+
+    await wait_until(g_down)
+    async with triton_client(gateway) as client:
+        got = await _stream(client, [("m", "s1")], answers=1)
+    ((result, error),) = got
+    assert error is None and result.as_numpy("x").tolist() == [2.0]  # r's answer, request by request
+    assert _ways(rest) == (1, 0)

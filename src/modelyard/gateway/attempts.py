@@ -28,6 +28,7 @@ from modelyard.errors import (
     EndpointTakenOut,
     ModelyardError,
     NoHealthyEndpoint,
+    Overloaded,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -269,7 +270,7 @@ class AttemptLoop:
                     f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
                     headers={"Retry-After": "1"},
                 )
-            if until is None and capacity.queued_for(ex.subset):
+            if only is None and until is None and capacity.queued_for(ex.subset):
                 candidates: list[Endpoint] = []  # requests already wait: a newcomer queues behind them
             else:
                 fresh = [e for e in healthy if e not in tried and capacity.has_room(e)]
@@ -279,6 +280,12 @@ class AttemptLoop:
                 endpoint = candidates[pick.index]
                 ex.service_sample = cluster.acquire(endpoint, ex.tokens, id(ex), ex.ctx)
                 return endpoint, pick
+            if only is not None:  # a stream does not wait in the queue: the requests there want any
+                self._metrics.overloaded.labels(cluster.name).inc()
+                self._unrouted(ex, Overloaded.status)
+                raise Overloaded(
+                    f"model {cluster.name!r} is at capacity: every endpoint it could go to is full"
+                )
             if until is None:
                 until = time.monotonic() + capacity.config.queue_timeout
                 if deadline is not None:

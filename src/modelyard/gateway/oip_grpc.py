@@ -15,12 +15,14 @@ the caller's `x-request-id` metadata, else one made here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import quote
 
 import orjson
 
 from modelyard import __version__
+from modelyard.balancing.routes import ALL_SUBSETS
 from modelyard.errors import BadRequest, ModelServerAnswered, ModelyardError, NoHealthyEndpoint, UpstreamError
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
@@ -92,8 +94,10 @@ class GatewayOip:
             cluster = self._gateway.cluster(model)
         except ModelyardError:
             return None  # unknown here: each request gets its own error, in the stream
-        if not cluster.speaks_grpc:
-            return None
+        if not cluster.speaks_grpc or not any(
+            e.grpc_url for e in cluster.routable(ALL_SUBSETS, time.monotonic())
+        ):
+            return None  # no gRPC endpoint up: answered request by request, over REST
         request_id = (
             next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
             or self._gateway.proxy.new_request_id()

@@ -22,7 +22,7 @@ from multidict import CIMultiDict
 
 from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
-from modelyard.errors import ModelyardError, UpstreamError
+from modelyard.errors import ModelyardError, UpstreamError, UpstreamUnreachable
 from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, NOT_METADATA, AttemptLoop
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
@@ -243,9 +243,13 @@ class Proxy:
                 code = 200
             except ModelyardError as exc:
                 code = exc.status
+                if isinstance(exc, UpstreamUnreachable):  # nothing listens there: out until a probe passes
+                    cluster.record_connection_failure(endpoint, exc.message)
                 raise
             finally:
                 self._attempts.let_go(ex, endpoint, pick, code)
+                if code != CLIENT_CLOSED:  # 5xx and failures count against it, as a request's do
+                    cluster.record_outcome(endpoint, code < 500, None, time.monotonic())
         finally:
             cluster.budget.request_ended()
 

@@ -29,6 +29,7 @@ shared-memory calls) are not defined by this service: gRPC answers them UNIMPLEM
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -307,10 +308,10 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request of the stream is a ModelInfer, answered in order. A request that fails is
-        answered with its error (`error_message`) and the stream goes on, as Triton's does. Each
-        request is routed on its own, and reaches a gRPC backend as a ModelInfer call too: one
-        request gets one answer (a decoupled model's several answers are not relayed)."""
+        """Relayed whole when the handler has a `stream_relay` for the first request's model (see
+        `_relay_stream`). Otherwise each request of the stream is a ModelInfer, answered in order;
+        a request that fails is answered with its error (`error_message`) and the stream goes on,
+        as Triton's does."""
         try:
             headers = _headers(context)
         except ModelyardError as error:
@@ -350,15 +351,27 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         """The stream relayed whole: an error from the backend (or in routing) ends it with its
         status, as the backend's own stream would."""
 
+        unread: list[Exception] = []  # a request of the client's that could not be read
+
         async def messages() -> AsyncIterator[bytes]:
-            async for request in _chain(first, rest):
-                yield request.SerializeToString()
+            try:
+                async for request in _chain(first, rest):
+                    yield request.SerializeToString()
+            except Exception as error:  # grpc's task feeding the backend cancels the call on it
+                unread.append(error)
+                raise
 
         try:
             async for data in relay(messages()):
                 yield _parsed(pb.ModelStreamInferResponse, Relayed(data))
         except ModelyardError as error:
             await context.abort(oip_status(error), _details(error.message))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if unread and not (task is not None and task.cancelling()):
+                message = f"a request of the stream could not be read: {unread[0]}"
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _details(message))
+            raise
 
 
 async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
