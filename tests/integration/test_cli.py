@@ -81,6 +81,7 @@ def test_print_config_applies_env_and_cli_precedence():
     )
     assert result.returncode == 0, result.stderr
     assert "port: 9100" in result.stdout and "host: ::1" in result.stdout and "token: t0ken" in result.stdout
+    assert re.search(r"^# listen\.workers: \d+ process(es)? here$", result.stdout, re.M)  # what auto gives
 
 
 async def test_embedded_demo_serves_chat_and_oip():

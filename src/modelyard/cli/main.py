@@ -125,10 +125,11 @@ def serve(
         loaded = load_config(config, overrides=overrides)
         source = str(config) if config is not None else "<defaults>"
         graphs = load_config_graphs(loaded, source)
-        if print_config:
-            typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False))
-            return
         count = worker_count(loaded)
+        if print_config:
+            typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False), nl=False)
+            typer.echo(f"# listen.workers: {count} process{'es' if count > 1 else ''} here")
+            return
         if count > 1:
             announce = _announce(loaded, graphs, count)
             code = serve_workers(loaded, source, count, announce, log_level)
