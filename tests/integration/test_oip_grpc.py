@@ -182,25 +182,36 @@ async def test_not_ready_while_draining(healthy_gateway, healthy_client):
     assert await off_loop(client.is_server_live)
 
 
-async def test_a_stream_answers_each_request_in_order_and_an_error_in_stream(gateway, client):
-    answers: list[tuple[Any, Any]] = []
+async def stream_answers(
+    client: grpcclient.InferenceServerClient, requests: list[tuple[str, str, np.ndarray]], answers: int
+) -> list[tuple[Any, Any]]:
+    """The (result, error) pairs a ModelStreamInfer of these (model, request id, FP32 input x)
+    requests gets, once `answers` of them have come (tritonclient calls back from its own thread)."""
+    got: list[tuple[Any, Any]] = []
     loop = asyncio.get_running_loop()
-    three = loop.create_future()
+    done = loop.create_future()
 
-    def callback(result: Any, error: Any) -> None:  # tritonclient's stream thread
-        answers.append((result, error))
-        if len(answers) == 3:
-            loop.call_soon_threadsafe(lambda: three.done() or three.set_result(None))
+    def callback(result: Any, error: Any) -> None:
+        got.append((result, error))
+        if len(got) == answers:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
     await off_loop(client.start_stream, callback, stream_timeout=CLIENT_TIMEOUT)
     try:
-        for model, request_id, value in (("echo", "s1", 1.5), ("nope", "s2", 0.0), ("echo", "s3", -2.0)):
-            x = _input("x", np.array([value, value], np.float32), "FP32")
-            await off_loop(client.async_stream_infer, model, [x], request_id=request_id)
-        await asyncio.wait_for(three, 10)
+        for model, request_id, x in requests:
+            await off_loop(client.async_stream_infer, model, [_input("x", x, "FP32")], request_id=request_id)
+        await asyncio.wait_for(done, 10)
     finally:
         await off_loop(client.stop_stream)
+    return got
 
+
+async def test_a_stream_answers_each_request_in_order_and_an_error_in_stream(gateway, client):
+    requests = [
+        (m, i, np.array([v, v], np.float32))
+        for m, i, v in (("echo", "s1", 1.5), ("nope", "s2", 0.0), ("echo", "s3", -2.0))
+    ]
+    answers = await stream_answers(client, requests, 3)
     (first, no_error), (no_result, error), (third, no_error_either) = answers
     assert no_error is None and no_error_either is None and no_result is None
     assert first.get_response().id == "s1" and first.as_numpy("x").tolist() == [3.0, 3.0]

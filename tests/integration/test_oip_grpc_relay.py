@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from aiohttp import web
 from grpc import aio
-from test_oip_grpc import CLIENT_TIMEOUT, _input, off_loop, triton_client
+from test_oip_grpc import _input, off_loop, stream_answers, triton_client
 from tritonclient.utils import InferenceServerException
 
 from modelyard.errors import ModelServerAnswered
@@ -131,24 +131,9 @@ async def test_the_route_timeout_ends_a_relayed_call(sim_workers, gateways):
 async def test_a_stream_is_relayed_whole_to_one_grpc_endpoint(sim_workers, gateways):
     workers = await sim_workers(2, oip_scale=2.0, models=["echo"], grpc_port=0)
     gateway = await gateways([_relayed("echo", workers)], listen=GRPC_LISTEN)
-    answers: list[tuple[Any, Any]] = []
-    loop = asyncio.get_running_loop()
-    three = loop.create_future()
-
-    def callback(result: Any, error: Any) -> None:  # tritonclient's stream thread
-        answers.append((result, error))
-        if len(answers) == 3:
-            loop.call_soon_threadsafe(lambda: three.done() or three.set_result(None))
-
+    requests = [("echo", i, np.array([v], np.float32)) for i, v in (("s1", 1.5), ("s2", 2.0), ("s3", -2.0))]
     async with triton_client(gateway) as client:
-        await off_loop(client.start_stream, callback, stream_timeout=CLIENT_TIMEOUT)
-        try:
-            for request_id, value in (("s1", 1.5), ("s2", 2.0), ("s3", -2.0)):
-                x = _input("x", np.array([value], np.float32), "FP32")
-                await off_loop(client.async_stream_infer, "echo", [x], request_id=request_id)
-            await asyncio.wait_for(three, 10)
-        finally:
-            await off_loop(client.stop_stream)
+        answers = await stream_answers(client, requests, 3)
     assert [(r.get_response().id, r.as_numpy("x").tolist(), e) for r, e in answers] == [
         ("s1", [3.0], None),
         ("s2", [4.0], None),
@@ -322,6 +307,13 @@ async def health_switch() -> AsyncIterator[HealthSwitch]:
     await switch.stop()
 
 
+async def _over(gateways: Any, grpc_url: str, health: HealthSwitch, **fields: Any) -> Any:
+    """A gateway whose model m has one endpoint, a: `grpc_url`, and `health`'s REST url."""
+    endpoint = {"name": "a", "url": health.url, "grpc_url": grpc_url}
+    model = {"name": "m", "endpoints": [endpoint], "health_check": {"interval": "60s"}, **fields}
+    return await gateways([model], listen=GRPC_LISTEN)
+
+
 NO_RETRIES = [{"name": "default", "destinations": [{"subset": "default"}], "retries": {"attempts": 0}}]
 
 
@@ -351,9 +343,7 @@ async def test_a_relayed_try_is_given_up_when_its_endpoint_is_taken_out(
 
 async def test_a_backends_own_unavailable_does_not_take_its_endpoint_out(gateways, scripted, health_switch):
     _server, _handler, url = await scripted("abort:UNAVAILABLE:feature store: connection refused")
-    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
-    model = {"name": "m", "endpoints": [endpoint], "routes": NO_RETRIES, "health_check": {"interval": "60s"}}
-    gateway = await gateways([model], listen=GRPC_LISTEN)
+    gateway = await _over(gateways, url, health_switch, routes=NO_RETRIES)
     async with triton_client(gateway) as client:
         with pytest.raises(InferenceServerException) as failed:
             await off_loop(client.infer, "m", [_input("x", np.ones(1, np.float32), "FP32")])
@@ -403,9 +393,7 @@ async def test_a_call_dropped_by_a_backends_shutdown_is_a_reset(
 )
 async def test_a_backends_status_comes_back_as_it_was(gateways, scripted, health_switch, code, message):
     _server, _handler, url = await scripted(f"abort:{code}:{message}")
-    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
-    model = {"name": "m", "endpoints": [endpoint], "routes": NO_RETRIES, "health_check": {"interval": "60s"}}
-    gateway = await gateways([model], listen=GRPC_LISTEN)
+    gateway = await _over(gateways, url, health_switch, routes=NO_RETRIES)
     async with triton_client(gateway) as client:
         with pytest.raises(InferenceServerException) as failed:
             await off_loop(client.infer, "m", [_input("x", np.ones(1, np.float32), "FP32")])
@@ -413,35 +401,14 @@ async def test_a_backends_status_comes_back_as_it_was(gateways, scripted, health
 
 
 async def _stream(client: Any, requests: list[tuple[str, str]], answers: int) -> list[tuple[Any, Any]]:
-    """(result, error) pairs of a ModelStreamInfer with these (model, request id)s, once `answers`
-    have come."""
-    got: list[tuple[Any, Any]] = []
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def callback(result: Any, error: Any) -> None:  # tritonclient's stream thread
-        got.append((result, error))
-        if len(got) == answers:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
-
-    await off_loop(client.start_stream, callback, stream_timeout=CLIENT_TIMEOUT)
-    try:
-        for model, request_id in requests:
-            x = _input("x", np.ones(1, np.float32), "FP32")
-            await off_loop(client.async_stream_infer, model, [x], request_id=request_id)
-        await asyncio.wait_for(done, 10)
-    finally:
-        await off_loop(client.stop_stream)
-    return got
+    return await stream_answers(client, [(m, i, np.ones(1, np.float32)) for m, i in requests], answers)
 
 
 async def test_a_decoupled_models_answers_all_come_back_through_the_stream(
     gateways, scripted, health_switch, http
 ):
     _server, _handler, url = await scripted("decoupled")
-    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
-    model = {"name": "m", "endpoints": [endpoint], "health_check": {"interval": "60s"}}
-    gateway = await gateways([model], listen=GRPC_LISTEN)
+    gateway = await _over(gateways, url, health_switch)
     async with triton_client(gateway) as client:
         got = await _stream(client, [("m", "r1"), ("m", "r2")], answers=4)
     assert [(r.get_response().id, e) for r, e in got] == [
@@ -456,9 +423,7 @@ async def test_a_decoupled_models_answers_all_come_back_through_the_stream(
 
 async def test_a_backends_error_ends_a_relayed_stream_with_its_status(gateways, scripted, health_switch):
     _server, _handler, url = await scripted("abort:FAILED_PRECONDITION:sequence not started")
-    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
-    model = {"name": "m", "endpoints": [endpoint], "health_check": {"interval": "60s"}}
-    gateway = await gateways([model], listen=GRPC_LISTEN)
+    gateway = await _over(gateways, url, health_switch)
     async with triton_client(gateway) as client:
         got = await _stream(client, [("m", "s1")], answers=2)
     (first, no_error), (no_result, error) = got
@@ -485,10 +450,7 @@ async def test_a_stream_request_that_cannot_be_read_ends_the_stream_invalid_argu
     gateways, scripted, health_switch
 ):
     _server, _handler, url = await scripted("decoupled")
-    endpoint = {"name": "a", "url": health_switch.url, "grpc_url": url}
-    gateway = await gateways(
-        [{"name": "m", "endpoints": [endpoint], "health_check": {"interval": "60s"}}], listen=GRPC_LISTEN
-    )
+    gateway = await _over(gateways, url, health_switch)
     channel, call = _raw_stream(gateway)
     try:
         await call.write(pb.ModelInferRequest(model_name="m", id="r1"))

@@ -40,7 +40,13 @@ from modelyard.upstream import Flight, UpstreamPool
 
 GRPC_CONTENT_TYPE = "application/grpc"
 # Request headers that describe the REST body, not the call: not sent as gRPC metadata.
-NOT_METADATA = frozenset({"content-type", "content-length"})
+_NOT_METADATA = frozenset({"content-type", "content-length"})
+
+
+def grpc_metadata(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The forwarded request headers as a gRPC backend's metadata (keys lower case)."""
+    return [(k.lower(), v) for k, v in headers if k.lower() not in _NOT_METADATA]
+
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics only
 
@@ -227,9 +233,10 @@ class AttemptLoop:
         self, ex: Exchange, endpoint: Endpoint, remaining: float | None, flight: Flight
     ) -> Answer:
         assert ex.grpc is not None
-        metadata = [(k.lower(), v) for k, v in ex.headers if k.lower() not in NOT_METADATA]
         limit = self._pool.time_limit(remaining)
-        pending = self._grpc.start(endpoint.grpc_url, ex.grpc.method, ex.grpc.message, metadata, limit)
+        pending = self._grpc.start(
+            endpoint.grpc_url, ex.grpc.method, ex.grpc.message, grpc_metadata(ex.headers), limit
+        )
         flight.on_abort(pending.abort)  # its endpoint taken out: given up, and retried elsewhere
         status, body = await pending.answer()
         return GrpcAnswer(status, body)

@@ -98,11 +98,7 @@ class GatewayOip:
             e.grpc_url for e in cluster.routable(ALL_SUBSETS, time.monotonic())
         ):
             return None  # no gRPC endpoint up: answered request by request, over REST
-        request_id = (
-            next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
-            or self._gateway.proxy.new_request_id()
-        )
-        sent = forwarded_request_headers(headers, request_id)
+        sent = self._forwarded(headers)
         path = _path(cluster, "", "/infer")
 
         def relay(messages: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -120,15 +116,20 @@ class GatewayOip:
         call: OipCall | None = None,
         rest_body: Callable[[], bytes] | None = None,
     ) -> Called:
-        request_id = (
-            next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
-            or self._gateway.proxy.new_request_id()
-        )
-        sent = forwarded_request_headers(headers, request_id)
+        sent = self._forwarded(headers)
         grpc = call if cluster.speaks_grpc else None
         return await self._gateway.proxy.call(
             cluster, method, path, sent, body, grpc=grpc, rest_body=rest_body
         )
+
+    def _forwarded(self, headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The call's metadata as the headers a backend gets, with the caller's x-request-id or a
+        new one."""
+        request_id = (
+            next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
+            or self._gateway.proxy.new_request_id()
+        )
+        return forwarded_request_headers(headers, request_id)
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:

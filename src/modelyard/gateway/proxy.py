@@ -23,7 +23,7 @@ from multidict import CIMultiDict
 from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
 from modelyard.errors import ModelyardError, UpstreamError, UpstreamUnreachable
-from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, NOT_METADATA, AttemptLoop
+from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, AttemptLoop, grpc_metadata
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
@@ -167,29 +167,9 @@ class Proxy:
         the model's routes, strategy, health and retries apply, as for a client request. `grpc`
         goes as it is to an endpoint with a grpc_url (`rest_body`, when given, makes the REST
         body for the others)."""
-        started = time.perf_counter()
-        lookup = CIMultiDict(headers)
-        route = cluster.route_for(lookup, None)
         tokens = tokens_in_bytes(len(body) if body is not None else len(grpc.message) if grpc else 0)
-        ex = Exchange(
-            cluster,
-            route,
-            pick_subset(route, lookup, self._rng),
-            RoutingContext(
-                RoutingRequest(model=cluster.name, prompt_tokens=tokens),
-                cluster.next_seq(),
-                now=time.monotonic(),
-            ),
-            method,
-            path,
-            headers,
-            body,
-            tokens,
-            started,
-            lookup.get(REQUEST_ID_HEADER, ""),  # the routing log's: a gRPC call's, or a graph's caller's
-            grpc=grpc,
-            rest_body=rest_body,
-        )
+        ex = self._own_exchange(cluster, method, path, headers, body, tokens)
+        ex.grpc, ex.rest_body = grpc, rest_body
         cluster.budget.request_started()
         try:
             attempt = await self._attempts.run(ex)
@@ -217,27 +197,13 @@ class Proxy:
         """A gRPC stream (ModelStreamInfer) relayed whole to one endpoint with a grpc_url, chosen
         as a request's would be (routes, strategy, health, room), held until the stream ends and
         counted then, once, with how it ended. `path` is the REST path the log and routes see."""
-        lookup = CIMultiDict(headers)
-        route = cluster.route_for(lookup, None)
-        ex = Exchange(
-            cluster,
-            route,
-            pick_subset(route, lookup, self._rng),
-            RoutingContext(RoutingRequest(model=cluster.name), cluster.next_seq(), now=time.monotonic()),
-            "POST",
-            path,
-            headers,
-            None,
-            0,
-            time.perf_counter(),
-            lookup.get(REQUEST_ID_HEADER, ""),
-        )
+        ex = self._own_exchange(cluster, "POST", path, headers, None, 0)
         cluster.budget.request_started()
         try:
             endpoint, pick = await self._attempts.hold(ex, lambda e: bool(e.grpc_url))
             code = CLIENT_CLOSED
             try:
-                metadata = [(k.lower(), v) for k, v in headers if k.lower() not in NOT_METADATA]
+                metadata = grpc_metadata(headers)
                 async for message in self._grpc.stream(endpoint.grpc_url, method, messages, metadata):
                     yield message
                 code = 200
@@ -252,6 +218,37 @@ class Proxy:
                     cluster.record_outcome(endpoint, code < 500, None, time.monotonic())
         finally:
             cluster.budget.request_ended()
+
+    def _own_exchange(
+        self,
+        cluster: Cluster,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        tokens: int,
+    ) -> Exchange:
+        """The exchange of a call the gateway makes itself (`call`, `stream`): the model's route
+        for its headers, no prompt to route on; the routing log's request id is the caller's."""
+        lookup = CIMultiDict(headers)
+        route = cluster.route_for(lookup, None)
+        return Exchange(
+            cluster,
+            route,
+            pick_subset(route, lookup, self._rng),
+            RoutingContext(
+                RoutingRequest(model=cluster.name, prompt_tokens=tokens),
+                cluster.next_seq(),
+                now=time.monotonic(),
+            ),
+            method,
+            path,
+            headers,
+            body,
+            tokens,
+            time.perf_counter(),
+            lookup.get(REQUEST_ID_HEADER, ""),  # a gRPC call's, or a graph's caller's
+        )
 
     async def close(self) -> None:
         await self._shadows.close()

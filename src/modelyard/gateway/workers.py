@@ -28,6 +28,7 @@ from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings, r
 
 log = logging.getLogger("modelyard.gateway")
 
+SHM = Path("/dev/shm")
 SHM_MARGIN = 16 << 20  # for prometheus-client's files, which grow with the metrics' series
 STOP_GRACE = 5.0  # seconds past drain_seconds + shutdown_timeout before workers still running are killed
 
@@ -130,11 +131,10 @@ def serve_workers(
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _run_parent(count: int, state_rings: bool) -> Path | None:
-    """Where the workers' shared files go: /dev/shm (tmpfs: they never touch a disk) when it has
-    room for the rings with a margin for the metrics files, else the temporary folder (None; a
+def _run_parent(count: int, state_rings: bool, shm: Path = SHM) -> Path | None:
+    """Where the workers' shared files go: `shm` (tmpfs: they never touch a disk) when it has room
+    for the rings with a margin for the metrics files, else the temporary folder (None; a
     container's /dev/shm is 64 MiB unless set)."""
-    shm = Path("/dev/shm")
     if not shm.is_dir():
         return None
     needed = rings_size(count, LOG_RING_BYTES) + (rings_size(count) if state_rings else 0) + SHM_MARGIN
@@ -144,8 +144,8 @@ def _run_parent(count: int, state_rings: bool) -> Path | None:
         return None
     if free < needed:
         log.warning(
-            "/dev/shm has %d MiB free, less than the %d MiB %d workers share: their files go to %s",
-            free >> 20, needed >> 20, count, tempfile.gettempdir(),
+            "%s has %d MiB free, less than the %d MiB %d workers share: their files go to %s",
+            shm, free >> 20, needed >> 20, count, tempfile.gettempdir(),
         )  # fmt: skip
         return None
     return shm

@@ -290,6 +290,15 @@ def _fail(cluster: Cluster, name: str, times: int, now: float) -> None:
         cluster.record_outcome(endpoint, False, None, now)
 
 
+def _ejecting_pair(tmp_path: Path, config: GatewayConfig) -> tuple[Siblings, Siblings, Cluster, Cluster]:
+    """Two workers, and the one model's cluster in each, telling the other of its ejections."""
+    first, second = _siblings(tmp_path, config)
+    (model,) = config.models
+    mine = Cluster(model, {}, on_ejected=first.publish_ejection)
+    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    return first, second, mine, theirs
+
+
 def _siblings(tmp_path: Path, config: GatewayConfig) -> tuple[Siblings, Siblings]:
     SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=True).close()
     return Siblings(config, 0, 2, tmp_path), Siblings(config, 1, 2, tmp_path)
@@ -297,10 +306,7 @@ def _siblings(tmp_path: Path, config: GatewayConfig) -> tuple[Siblings, Siblings
 
 def test_an_ejection_in_one_worker_is_taken_by_the_others(tmp_path):
     config = _ejecting_config()
-    first, second = _siblings(tmp_path, config)
-    (model,) = config.models
-    mine = Cluster(model, {}, on_ejected=first.publish_ejection)
-    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    first, second, mine, theirs = _ejecting_pair(tmp_path, config)
     now = time.monotonic()
     _fail(theirs, "b", 2, now)  # consecutive_5xx in the second worker alone
     assert theirs.outliers["b"].ejected
@@ -317,10 +323,7 @@ def test_an_ejection_in_one_worker_is_taken_by_the_others(tmp_path):
 
 def test_an_adopted_ejection_keeps_max_ejection_percent(tmp_path):
     config = _ejecting_config(percent=50)
-    first, second = _siblings(tmp_path, config)
-    (model,) = config.models
-    mine = Cluster(model, {}, on_ejected=first.publish_ejection)
-    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    first, _second, mine, theirs = _ejecting_pair(tmp_path, config)
     now = time.monotonic()
     _fail(mine, "a", 2, now)  # out here: one of two is the cap
     _fail(theirs, "b", 2, now)
@@ -379,10 +382,7 @@ def test_a_restarted_worker_takes_its_predecessors_own_ejections(tmp_path):
 
 def test_an_ejection_the_cap_kept_out_is_taken_once_there_is_room(tmp_path):
     config = _ejecting_config(percent=50)
-    first, second = _siblings(tmp_path, config)
-    (model,) = config.models
-    mine = Cluster(model, {}, on_ejected=first.publish_ejection)
-    theirs = Cluster(model, {}, on_ejected=second.publish_ejection)
+    first, _second, mine, theirs = _ejecting_pair(tmp_path, config)
     now = time.monotonic()
     _fail(mine, "a", 2, now - 29)  # out here until about now + 1 s: the cap is full
     _fail(theirs, "b", 2, now)  # out there for 30 s
@@ -393,21 +393,21 @@ def test_an_ejection_the_cap_kept_out_is_taken_once_there_is_room(tmp_path):
     assert mine.outliers["b"].ejected_until == theirs.outliers["b"].ejected_until
 
 
-def test_the_shared_files_leave_a_dev_shm_too_small_for_them(monkeypatch, caplog):
+def test_the_shared_files_leave_a_dev_shm_too_small_for_them(monkeypatch, caplog, tmp_path):
     from modelyard.gateway import workers
 
-    if not Path("/dev/shm").is_dir():
-        pytest.skip("no /dev/shm here")
+    shm = tmp_path  # stands for /dev/shm; its free space is what disk_usage says below
     needed = workers.rings_size(16) + workers.rings_size(16, LOG_RING_BYTES) + workers.SHM_MARGIN
     monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(needed - 1))
-    assert workers._run_parent(16, True) is None  # the temporary folder
-    assert "/dev/shm has" in caplog.text
+    assert workers._run_parent(16, True, shm) is None  # the temporary folder
+    assert f"{shm} has" in caplog.text and "MiB free" in caplog.text
     monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(needed))
-    assert workers._run_parent(16, True) == Path("/dev/shm")
+    assert workers._run_parent(16, True, shm) == shm
     without_state = needed - workers.rings_size(16)  # enough for the log's rings alone
     monkeypatch.setattr(workers.shutil, "disk_usage", lambda path: _Usage(without_state))
-    assert workers._run_parent(16, False) == Path("/dev/shm")  # Redis: no state rings
-    assert workers._run_parent(16, True) is None
+    assert workers._run_parent(16, False, shm) == shm  # Redis: no state rings
+    assert workers._run_parent(16, True, shm) is None
+    assert workers._run_parent(16, True, tmp_path / "absent") is None  # no tmpfs at all
 
 
 class _Usage:
