@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint browser unit integration bench proto clean
+.PHONY: demo test lint browser container-tools unit integration bench proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,13 +42,28 @@ browser:
 		echo "$(BROWSER_SKIPPED)"; \
 	fi
 
-test: lint browser
+# The image test builds the Dockerfile with podman (runc, and debootstrap for a base image, as no
+# image registry is reachable here): installed like chromium, else that test is skipped.
+CONTAINER_TOOLS := podman runc debootstrap
+container-tools:
+	@if command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null; then \
+		:; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q $(CONTAINER_TOOLS) \
+			|| { apt-get update -q && apt-get install -y -q $(CONTAINER_TOOLS); } \
+			|| echo "apt-get could not install $(CONTAINER_TOOLS): the image test will be skipped"; \
+	else \
+		echo "the image test will be skipped (it needs root with $(CONTAINER_TOOLS))"; \
+	fi
+
+test: lint browser container-tools
 	$(BIN)/pytest -q
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
-integration: $(STAMP) browser
+integration: $(STAMP) browser container-tools
 	$(BIN)/pytest -q tests/integration
 
 bench: $(VENV)/.installed

@@ -542,9 +542,9 @@ def merged_data(
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The raw config after precedence is applied, before validation."""
-    data: dict[str, Any] = _read_yaml(Path(path)) if path is not None else {}
-    data = _deep_merge(data, env_overrides(os.environ if env is None else env))
-    return _deep_merge(data, dict(overrides or {}))
+    data: dict[str, Any] = read_yaml(Path(path)) if path is not None else {}
+    data = deep_merge(data, env_overrides(os.environ if env is None else env))
+    return deep_merge(data, dict(overrides or {}))
 
 
 def validate_config(data: Any, source: str) -> GatewayConfig:
@@ -554,7 +554,7 @@ def validate_config(data: Any, source: str) -> GatewayConfig:
     try:
         config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [_describe(err) for err in exc.errors()] + problems
+        problems = [describe_problem(err) for err in exc.errors()] + problems
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -628,7 +628,8 @@ def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return result
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping ({} when empty); a ConfigError naming the file otherwise."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -647,17 +648,19 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`: mappings merge key by key, anything else replaces."""
     merged = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
+            merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value
     return merged
 
 
-def _describe(err: Mapping[str, Any]) -> str:
+def describe_problem(err: Mapping[str, Any]) -> str:
+    """One pydantic error as `field.path[0].name: what was expected (got ...)`."""
     path = ""
     for part in err["loc"]:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))

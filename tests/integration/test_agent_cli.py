@@ -37,6 +37,30 @@ def test_bad_agent_flags_print_one_line_and_exit_1():
     assert "--memory: expected bytes or a quantity like 100Ki or 1Gi, got '1Zi'" in lines[0]
 
 
+def test_an_unreadable_labels_file_prints_one_line_and_exits_1(tmp_path):
+    base = [
+        "agent",
+        "--scheduler",
+        "h:1",
+        "--server",
+        "s",
+        "--inference-url",
+        "http://h:2",
+        "--memory",
+        "1Ki",
+    ]
+    result = modelyard(*base, "--capabilities-from", str(tmp_path / "nope"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: agent options: --capabilities-from: {tmp_path / 'nope'}: No such file or directory"
+    )
+    bad = tmp_path / "labels"
+    bad.write_text("not a label line\n")
+    result = modelyard(*base, "--capabilities-from", str(bad))
+    assert result.returncode == 1
+    assert "--capabilities-from: " + str(bad) + ": line 1: expected key=" in result.stderr
+
+
 def test_bad_sim_worker_memory_prints_one_line_and_exits_1():
     result = modelyard("sim-worker", "--repository-api", "--memory", "lots")
     assert result.returncode == 1
@@ -45,7 +69,7 @@ def test_bad_sim_worker_memory_prints_one_line_and_exits_1():
     ]
 
 
-async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler():
+async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler(tmp_path):
     fake = FakeScheduler()
     server = grpc.aio.server()
     agent_pb2_grpc.add_AgentServiceServicer_to_server(fake, server)
@@ -53,6 +77,9 @@ async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler():
     await server.start()
     (sim_port,) = free_ports(1)
     python = [sys.executable, "-m", "modelyard"]
+    # The pod's labels as the Downward API writes them (deploy/: the agent beside MLServer).
+    labels = tmp_path / "labels"
+    labels.write_text('app="x"\ncapability.modelyard.io/gpu="true"\ncapability.modelyard.io/tpu="false"\n')
     sim = await asyncio.create_subprocess_exec(
         *python, "sim-worker", "--port", str(sim_port), "--repository-api", "--model-memory", "100",
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -60,7 +87,7 @@ async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler():
     agent = await asyncio.create_subprocess_exec(
         *python, "agent", "--scheduler", f"127.0.0.1:{scheduler_port}", "--server", "sim",
         "--replica", "1", "--inference-url", f"http://127.0.0.1:{sim_port}", "--memory", "1Ki",
-        "--capabilities", "sim,llm", "--unload-grace", "0",
+        "--capabilities", "sim,llm", "--capabilities-from", str(labels), "--unload-grace", "0",
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -73,7 +100,7 @@ async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler():
         request = fake.subscribes[0]
         assert (request.server_name, request.replica_idx) == ("sim", 1)
         assert request.replica_config.memory_bytes == 1024
-        assert list(request.replica_config.capabilities) == ["sim", "llm"]
+        assert list(request.replica_config.capabilities) == ["sim", "llm", "gpu"]
         fake.send(agent_pb2.ModelOperation.LOAD_MODEL, "llm", memory_bytes=100)
         loaded = await fake.event("llm", agent_pb2.ModelEvent.LOADED, within=30)
         assert loaded.available_memory_bytes == 924

@@ -91,6 +91,7 @@ class Agent:
                 config.inference_url,
                 timeout=config.proxy_timeout,
                 draining=lambda: self.draining,
+                subscribed=lambda: self.subscribed,
                 max_connections=config.max_server_connections,
             )
             listen = ListenConfig(
@@ -103,6 +104,7 @@ class Agent:
         self.subscriptions = 0  # subscribe calls sent on a connected channel so far
         self._stopping = False
         self._opened_at: float | None = None  # when the current subscription's channel opened
+        self.subscribed = False  # a subscription stream is open now (the agent's readiness)
         self._stats: asyncio.Task[None] | None = None
 
     @property
@@ -182,6 +184,8 @@ class Agent:
                 log.warning("subscription to %s: %s", self.config.scheduler, error.message)
             except Exception:  # a bug must not end the agent's only link to the scheduler: retry
                 log.exception("subscription to %s failed unexpectedly; retrying", self.config.scheduler)
+            finally:
+                self.subscribed = False
             # Only a stream that was open for a while resets the backoff: counting from before the
             # connect wait (up to connect_timeout) would reset it on every unreachable attempt.
             if self._stopping:
@@ -220,6 +224,7 @@ class Agent:
 
     def _opened(self) -> None:
         self.subscriptions += 1
+        self.subscribed = True
         self._opened_at = asyncio.get_running_loop().time()
 
     def _dispatch(self, operation: agent_pb2.ModelOperation) -> None:

@@ -88,6 +88,7 @@ class DataPlane:
         *,
         timeout: float,
         draining: Callable[[], bool],
+        subscribed: Callable[[], bool] = lambda: True,
         max_connections: int = 1024,
     ) -> None:
         self._state = state
@@ -96,11 +97,15 @@ class DataPlane:
         self._server_url = server_url
         self._timeout = timeout
         self._draining = draining
+        self._subscribed = subscribed
         self._client = Http1Client(max_connections=max_connections, connect_timeout=5.0)
 
     def app(self, max_body_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
         app.router.add_get("/metrics", self._metrics_page)
+        # The agent's own probes (Kubernetes), under /agent/ so no server path is shadowed.
+        app.router.add_get("/agent/livez", self._live)
+        app.router.add_get("/agent/readyz", self._ready)
         app.router.add_route("*", "/{tail:.*}", self._proxy)
         return app
 
@@ -111,6 +116,19 @@ class DataPlane:
         return web.Response(
             body=generate_latest(self._metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
+
+    async def _live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        """Ready while subscribed to the scheduler (it can place models here) and not draining."""
+        if self._draining():
+            return web.json_response({"ready": False, "reason": "draining"}, status=503)
+        if not self._subscribed():
+            return web.json_response(
+                {"ready": False, "reason": "not subscribed to the scheduler"}, status=503
+            )
+        return web.json_response({"ready": True})
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         path = request.path

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from modelyard.agent import Agent, AgentConfig
 from modelyard.errors import ModelyardError
+from modelyard.kube.podinfo import PodInfoError, capabilities_from_labels, labels_from_file_text
 from modelyard.serving import run, serve_until_signal
 
 _FLAGS = {
@@ -36,6 +37,13 @@ def agent(
     capabilities: Annotated[
         str, typer.Option(help="Comma-separated capabilities, matched against model requirements.")
     ] = "",
+    capabilities_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="A Downward API labels file (Kubernetes): each label capability.modelyard.io/NAME "
+            'set to "true" adds capability NAME.'
+        ),
+    ] = None,
     overcommit_percent: Annotated[
         int, typer.Option(help="How far beyond --memory the scheduler may place models, percent.")
     ] = 0,
@@ -97,6 +105,14 @@ def agent(
         typer.echo(f"error: agent options: --drain-timeout: must be above 0, got {drain_timeout:g}", err=True)
         raise typer.Exit(1)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if capabilities_from is not None:
+        try:
+            labelled = capabilities_from_labels(labels_from_file_text(capabilities_from.read_text()))
+        except (OSError, PodInfoError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            typer.echo(f"error: agent options: --capabilities-from: {capabilities_from}: {why}", err=True)
+            raise typer.Exit(1) from None
+        capabilities = ",".join([c for c in capabilities.split(",") if c.strip()] + labelled)
     try:
         config = AgentConfig(
             scheduler=scheduler,

@@ -1,4 +1,4 @@
-"""`modelyard graph validate | run | serve`."""
+"""`modelyard graph validate | run | serve | deploy`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from modelyard.errors import GraphInvalid
+from modelyard import __version__
+from modelyard.documents import DocumentError, parse_documents
+from modelyard.errors import ConfigError, GraphInvalid
 from modelyard.graph import (
     Graph,
     GraphFailure,
@@ -26,8 +28,10 @@ from modelyard.graph import (
     parse_graph,
 )
 from modelyard.graph.headers import compile_patterns
-from modelyard.graph.loader import load_graph_text
+from modelyard.graph.loader import graphs_in_documents, load_graph_text
 from modelyard.graphrouter import start_router
+from modelyard.kube.graph import graph_manifests, resolve_services
+from modelyard.kube.render import dump
 from modelyard.serving import run as run_loop
 from modelyard.serving import serve_until_signal
 from modelyard.upstream.graph_invoker import UrlInvoker
@@ -209,3 +213,83 @@ def serve(
     except OSError as exc:
         err.print("[red]error:[/red] " + escape(f"cannot listen on {host}:{port}: {exc.strerror or exc}"))
         raise typer.Exit(1) from None
+
+
+@app.command("deploy")
+def deploy(
+    file: Annotated[Path, typer.Argument(help="InferenceGraph manifest(s), as given to KServe.")],
+    image: Annotated[
+        str, typer.Option(help="The router image: modelyard's.")
+    ] = f"ghcr.io/modelyard/modelyard:{__version__}",
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace (default: the manifest's, else 'default').")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Only this graph, when the file holds several.")] = None,
+    service: ServiceOption = None,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="Path for a serviceName step with no --service: v1 (/v1/models/N:predict) or v2 "
+            "(/v2/models/N/infer), as the InferenceService speaks."
+        ),
+    ] = "v1",
+    propagate_header: Annotated[
+        list[str] | None,
+        typer.Option(help="A header (regex) every step gets: the router's PROPAGATE_HEADERS (repeatable)."),
+    ] = None,
+) -> None:
+    """Print the Deployment, Service and HPA KServe's raw deployment mode makes for each graph,
+    with `modelyard graph serve` as the router: kubectl apply -f - runs it on any cluster."""
+    if protocol not in ("v1", "v2"):
+        err.print("[red]error:[/red] " + escape(f"--protocol: expected v1 or v2, got {protocol!r}"))
+        raise typer.Exit(2)
+    services = _services(service)
+    try:
+        documents = parse_documents(file.read_text())
+    except OSError as exc:
+        err.print("[red]error:[/red] " + escape(f"{file}: cannot read file: {exc.strerror}"))
+        raise typer.Exit(1) from None
+    except DocumentError as exc:
+        err.print("[red]error:[/red] " + escape(f"{file}: {exc}"))
+        raise typer.Exit(1) from None
+    manifests = []
+    try:
+        for index, document in enumerate(documents):
+            where = str(file) if len(documents) == 1 else f"{file} (document {index + 1})"
+            metadata = document.get("metadata") if isinstance(document, dict) and "kind" in document else None
+            for graph_document in graphs_in_documents([document], where):
+                if name is not None and graph_document.name != name:
+                    continue
+                parse_graph(graph_document)  # every problem reported before anything is printed
+                meta = metadata if isinstance(metadata, dict) else {}
+                graph_namespace = namespace or str(meta.get("namespace") or "default")
+                spec, guessed = resolve_services(graph_document.spec, graph_namespace, services, protocol)
+                for guess in guessed:
+                    err.print(
+                        "[yellow]warning:[/yellow] "
+                        + escape(
+                            f"{where}: graph {graph_document.name!r}: serviceName {guess!r} goes to its "
+                            f"InferenceService's predictor in {graph_namespace!r} (KServe's raw-mode "
+                            f"address); pass --service {guess}=URL for another"
+                        ),
+                        soft_wrap=True,
+                    )
+                manifests += graph_manifests(
+                    graph_document.name,
+                    spec,
+                    meta,
+                    image=image,
+                    namespace=graph_namespace,
+                    propagate_headers=propagate_header,
+                    source=where,
+                )
+    except GraphInvalid as error:
+        raise _fail(error) from None
+    except ConfigError as error:
+        for problem in error.problems:
+            err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
+        raise typer.Exit(1) from None
+    if not manifests:
+        err.print("[red]error:[/red] " + escape(f"{file}: no graph" + (f" named {name!r}" if name else "")))
+        raise typer.Exit(1)
+    typer.echo(dump(manifests), nl=False)

@@ -18,6 +18,7 @@ from modelyard.cli.agent import agent
 from modelyard.cli.bench import bench
 from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.demo_placement import AGENT_PORT, SCHEDULER_PORT, start_demo_placement
+from modelyard.cli.deploy import deploy_app
 from modelyard.cli.graph import app as graph_app
 from modelyard.cli.model import model_app, server_app
 from modelyard.cli.scheduler import scheduler
@@ -36,6 +37,7 @@ app = typer.Typer(
 config_app = typer.Typer(no_args_is_help=True, help="Work with gateway config files.")
 app.add_typer(config_app, name="config")
 app.add_typer(graph_app, name="graph")
+app.add_typer(deploy_app, name="deploy")
 app.add_typer(model_app, name="model")
 app.add_typer(server_app, name="server")
 app.command("sim-worker")(sim_worker)

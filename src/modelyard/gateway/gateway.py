@@ -7,7 +7,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -63,6 +63,7 @@ class Gateway:
         )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
+        self.metrics.watch_requests(self._requests_in_flight)
         # The workers of one gateway show each other's requests in their routing logs and canaries.
         self._worker_log = (
             WorkerLog(siblings.run_dir, siblings.index, siblings.count) if siblings is not None else None
@@ -137,6 +138,15 @@ class Gateway:
             else None
         )
         self._retiring: set[asyncio.Task[None]] = set()
+
+    def _requests_in_flight(self) -> Iterator[tuple[str, int]]:
+        """Per model: requests being served or waiting for an endpoint, summed over the workers."""
+        for cluster in list(self.clusters.values()):
+            totals = self.siblings.model_totals(cluster) if self.siblings is not None else None
+            if totals is None:  # one process, or a placed model (the feed: one process)
+                yield cluster.name, cluster.budget.active + len(cluster.capacity)
+            else:
+                yield cluster.name, totals["active_requests"] + totals["queued"]
 
     def new_cluster(self, config: ModelConfig) -> Cluster:
         siblings = self.siblings

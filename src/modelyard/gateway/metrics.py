@@ -34,6 +34,24 @@ class _InFlightCollector(Collector):
         yield family
 
 
+class _RequestsCollector(Collector):
+    """Requests each model is serving or queueing, over every worker: what the gateway's HPA scales
+    on (through prometheus-adapter). Read at scrape time from the counters admission keeps."""
+
+    def __init__(self, totals: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "modelyard_requests_in_flight",
+            "Requests this gateway is serving or queueing now, by model (all workers)",
+            labels=["model"],
+        )
+        for model, count in self._totals():
+            family.add_metric([model], count)
+        yield family
+
+
 class _ListenerCollector(Collector):
     """The client-facing listener's counters, read at scrape time (the listener keeps plain ints)."""
 
@@ -233,6 +251,10 @@ class GatewayMetrics:
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
+
+    def watch_requests(self, totals: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """Export each model's requests in flight (`totals` read at each scrape)."""
+        self.exposition.register(_RequestsCollector(totals))
 
     def watch_listener(self, stats: Callable[[], ListenerStats]) -> None:
         """Export the counters of the listener serving this gateway (`stats` read at each scrape)."""

@@ -1,0 +1,76 @@
+"""`modelyard deploy render`'s values: defaults written out in deploy/values.yaml, errors with paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from modelyard.errors import ConfigError
+from modelyard.kube.render import render
+from modelyard.kube.values import DeployValues, load_values
+
+DEPLOY = Path(__file__).parents[3] / "deploy"
+
+
+def test_deploy_values_yaml_is_the_defaults_written_out():
+    assert load_values([DEPLOY / "values.yaml"]) == DeployValues()
+    # and nothing in it is a field the model does not have (the model would refuse it anyway)
+    assert set(yaml.safe_load((DEPLOY / "values.yaml").read_text())) == set(DeployValues.model_fields)
+
+
+def test_later_files_merge_over_earlier_ones(tmp_path):
+    first = tmp_path / "a.yaml"
+    first.write_text("gateway: {replicas: 3, autoscaling: {max_replicas: 20}}\n")
+    second = tmp_path / "b.yaml"
+    second.write_text("gateway: {autoscaling: {min_replicas: 4}}\nservers: []\n")
+    values = load_values([first, second])
+    assert values.gateway.replicas == 3
+    assert (values.gateway.autoscaling.min_replicas, values.gateway.autoscaling.max_replicas) == (4, 20)
+    assert values.servers == []
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    path = tmp_path / "values.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        render(load_values([path]), source=str(path))
+    assert caught.value.source == str(path)
+    return caught.value.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "gateway: {autoscaling: {min_replicas: 5, max_replicas: 2}}",
+            "gateway.autoscaling: max_replicas 2 is below min_replicas 5",
+        ),
+        ("servers: [{name: Bad_Name}]", "servers[0].name: String should match pattern"),
+        (
+            "servers: [{name: s, resources: {limits: {cpu: '1'}}}]",
+            "servers[0]: resources.limits.memory is needed: the agent offers it for models",
+        ),
+        ("servers: [{name: s, capabilities: [GPU!]}]", "servers[0]: capability 'GPU!' is not a DNS label"),
+        ("servers: [{name: a}, {name: a}]", "(top level): server names must be unique: a"),
+        ("redis: {deploy: false}", "redis: deploy is false: give url, the Redis the gateways share"),
+        ("redis: {url: 'redis://r:6379/0'}", "redis: set either deploy: true or url"),
+        ("scheduler: {enabled: false}", "(top level): servers need the scheduler"),
+        ("gateway: {resources: {limits: {cpu: lots}}}", "gateway.resources.limits.cpu: String should match"),
+        ("gateway: {sevice_type: LoadBalancer}", "gateway.sevice_type: unknown field"),
+        (
+            "gateway: {admin_token: {value: short}}",
+            "gateway.admin_token.value: String should have at least 16",
+        ),
+        # the gateway's own config is checked as `modelyard serve` would, its path under gateway.config
+        (
+            "gateway: {config: {listen: {port: 70000}}}",
+            "gateway.config.listen.port: Input should be less than",
+        ),
+        ("gateway: {config: {models: [{name: m}]}}", "gateway.config.models[0].endpoints: Field required"),
+    ],
+)
+def test_a_mistake_names_the_file_and_the_field_path(tmp_path, text, expected):
+    found = problems(tmp_path, text)
+    assert any(p.startswith(expected) for p in found), found
