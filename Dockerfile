@@ -8,13 +8,15 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
+# EXTRAS=storage: the agent fetches s3:// and gs:// storageUris (fsspec, s3fs, gcsfs).
+ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 RUN python3 -m venv /opt/modelyard \
     && /opt/modelyard/bin/pip install --upgrade pip \
-    && /opt/modelyard/bin/pip install .
+    && /opt/modelyard/bin/pip install ".${EXTRAS:+[$EXTRAS]}"
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="modelyard" \
