@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.errors import GraphInvalid
 from modelyard.graph import (
     Graph,
@@ -30,6 +31,7 @@ from modelyard.graph.loader import load_graph_text
 from modelyard.graphrouter import start_router
 from modelyard.serving import run as run_loop
 from modelyard.serving import serve_until_signal
+from modelyard.telemetry import build_tracer
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 
@@ -170,9 +172,12 @@ def serve(
     drain_seconds: Annotated[
         float, typer.Option(help="After SIGTERM: seconds /readyz answers 503 before exit.")
     ] = 30.0,
+    otlp_endpoint: OtlpEndpointOption = None,
+    trace_sample_ratio: SampleRatioOption = 1.0,
 ) -> None:
     """KServe's router container, as a drop-in: any path runs the graph; /readyz; PROPAGATE_HEADERS."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    telemetry = telemetry_config(otlp_endpoint, trace_sample_ratio)
     services = _services(service)
     try:
         spec = orjson.loads(graph_json)
@@ -199,7 +204,13 @@ def serve(
 
     async def main() -> None:
         router = await start_router(
-            graph, host=host, port=port, services=services, patterns=patterns, drain_seconds=drain_seconds
+            graph,
+            host=host,
+            port=port,
+            services=services,
+            patterns=patterns,
+            drain_seconds=drain_seconds,
+            tracer=build_tracer(telemetry, "modelyard-graph-router"),
         )
         typer.echo(f"graph router listening on {router.url} (graph {graph.name!r})")
         await serve_until_signal([router.server], router.stop)
