@@ -247,3 +247,31 @@ async def test_an_unreachable_collector_fails_no_request_and_delays_the_stop_at_
         started = time.monotonic()
         await gateway.stop()
     assert time.monotonic() - started < 3.0  # the export's 300 ms, and the server's own stop
+
+
+async def test_an_oip_grpc_call_is_traced_from_the_clients_metadata(sim_workers, gateways, http, receiver):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    (worker,) = await sim_workers(1, models=["echo"])
+    gateway = await gateways(
+        [model_config("echo", [worker])],
+        listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
+        telemetry={"otlp_endpoint": receiver.url},
+    )
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
+    try:
+        tensor = grpcclient.InferInput("x", [2], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+        await asyncio.to_thread(
+            client.infer, "echo", [tensor], headers={"traceparent": CLIENT_TRACEPARENT}, client_timeout=10
+        )
+    finally:
+        await asyncio.to_thread(client.close)
+    await flush(gateway)
+    request = only([s for s in receiver.spans if s.kind == "server"])
+    assert (request.trace_id, request.parent_span_id) == (TRACE_ID, CLIENT_SPAN)
+    assert request.attributes["url.path"] == "/v2/models/echo/infer"
+    assert request.attributes["http.response.status_code"] == 200
+    attempt = only(receiver.children(request))
+    assert ids((await sim_stats(http, worker))["traceparents"][-1]) == (TRACE_ID, attempt.span_id)
