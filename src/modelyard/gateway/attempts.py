@@ -205,11 +205,12 @@ class AttemptLoop:
                     failure = UpstreamError(
                         f"every endpoint of model {cluster.name!r} tried refused the connection: {names}"
                     )
-                log.warning(
-                    "model %s: request %s failed after %d tr%s (last %s): %s",
-                    cluster.name, ex.request_id or "-", ex.tries, "y" if ex.tries == 1 else "ies",
-                    endpoint.name, failure.message, extra={"request_id": ex.request_id},
-                )  # fmt: skip
+                if ex.counted:  # a shadow copy's failure is the canary's business, not the log's
+                    log.warning(
+                        "model %s: request %s failed after %d tr%s (last %s): %s",
+                        cluster.name, ex.request_id or "-", ex.tries, "y" if ex.tries == 1 else "ies",
+                        endpoint.name, failure.message, extra={"request_id": ex.request_id},
+                    )  # fmt: skip
                 raise failure
         finally:
             if charged:
