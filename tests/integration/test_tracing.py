@@ -274,3 +274,41 @@ async def test_an_oip_grpc_call_is_traced_from_the_clients_metadata(sim_workers,
     assert request.attributes["http.response.status_code"] == 200
     attempt = only(receiver.children(request))
     assert ids((await sim_stats(http, worker))["traceparents"][-1]) == (TRACE_ID, attempt.span_id)
+
+
+async def test_graph_serve_traces_each_step_and_sends_its_context(sim_workers, http):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from modelyard.config import TelemetryConfig
+    from modelyard.graph import GraphDocument, parse_graph
+    from modelyard.graphrouter import start_router
+    from modelyard.telemetry import build_tracer
+
+    (worker,) = await sim_workers(1)
+    spec = {
+        "nodes": {
+            "root": {
+                "routerType": "Sequence",
+                "steps": [{"name": "s", "serviceUrl": f"{worker.url}/v1/models/m:predict"}],
+            }
+        }
+    }
+    graph, _ = parse_graph(GraphDocument("g", spec, "test"))
+    exported = InMemorySpanExporter()
+    tracer = build_tracer(TelemetryConfig(), "modelyard-graph-router", exporter=exported)
+    router = await start_router(graph, host="127.0.0.1", port=0, mesh_probe_url=None, tracer=tracer)
+    try:
+        headers = {"traceparent": CLIENT_TRACEPARENT}
+        async with http.post(router.url + "/", json={"instances": [1]}, headers=headers) as response:
+            assert response.status == 200
+    finally:
+        await router.stop()
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    request, step = spans["graph g"], spans["step root/s"]
+    assert f"{request.parent.span_id:016x}" == CLIENT_SPAN
+    assert step.parent.span_id == request.context.span_id
+    assert request.attributes["http.response.status_code"] == 200
+    assert ids((await sim_stats(http, worker))["traceparents"][-1]) == (
+        TRACE_ID,
+        f"{step.context.span_id:016x}",
+    )
