@@ -503,6 +503,74 @@ def scheduler_url(address: str) -> str:
     return url.rstrip("/")
 
 
+OTLP_TRACES_PATH = "/v1/traces"
+
+
+class TelemetryConfig(_Strict):
+    """OpenTelemetry tracing (telemetry/): off unless `otlp_endpoint` is set. Spans go over OTLP/HTTP
+    (protobuf) to an OpenTelemetry collector, Jaeger (port 4318), Tempo, or any OTLP receiver."""
+
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP base URL (spans go to <base>/v1/traces) or a full .../v1/traces URL; "
+        "null = tracing off (OTEL_EXPORTER_OTLP_ENDPOINT is read when this is not set)",
+    )
+    service_name: str = Field(
+        "", description="the service.name of this process' spans; '' = the role's own (modelyard-gateway)"
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of new traces recorded (parent-based: a request whose client sent a sampled "
+        "traceparent is always recorded, an unsampled one never)",
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="sent with every export, e.g. an API key for a hosted backend"
+    )
+    timeout: Seconds = Field(
+        5.0,
+        gt=0,
+        description="one export, its retries included; also the most a stopping process waits to send "
+        "its last spans to a collector that does not answer",
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, url: str | None) -> str | None:
+        if url is None or not url.strip():
+            return None
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("expected an http:// or https:// URL, e.g. http://collector:4318")
+        return url.strip().rstrip("/")
+
+    @property
+    def traces_url(self) -> str | None:
+        """Where spans are posted: the endpoint as given when it names /v1/traces, else below it."""
+        if self.otlp_endpoint is None:
+            return None
+        if self.otlp_endpoint.endswith(OTLP_TRACES_PATH):
+            return self.otlp_endpoint
+        return self.otlp_endpoint + OTLP_TRACES_PATH
+
+
+class LoggingConfig(_Strict):
+    """What the gateway logs beyond its warnings: an access log line per request."""
+
+    access_log: bool = Field(
+        False,
+        description="one line per request at info on the logger modelyard.access: request id, model, "
+        "route, backend, status, attempts, duration, bytes (and trace_id with tracing on)",
+    )
+    format: Literal["json", "text"] = Field(
+        "json", description="access log lines as one JSON object, or as key=value text"
+    )
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="the gateway's log level (serve --log-level overrides it)"
+    )
+
+
 class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     models: list[ModelConfig] = Field(default_factory=list)
@@ -522,6 +590,8 @@ class GatewayConfig(_Strict):
         default_factory=list,
         description="regexes of request headers passed to every graph step (PROPAGATE_HEADERS)",
     )
+    telemetry: TelemetryConfig = TelemetryConfig()
+    logging: LoggingConfig = LoggingConfig()
 
 
 def load_config(
@@ -543,8 +613,25 @@ def merged_data(
 ) -> dict[str, Any]:
     """The raw config after precedence is applied, before validation."""
     data: dict[str, Any] = read_yaml(Path(path)) if path is not None else {}
-    data = deep_merge(data, env_overrides(os.environ if env is None else env))
-    return deep_merge(data, dict(overrides or {}))
+    environment = os.environ if env is None else env
+    data = deep_merge(data, env_overrides(environment))
+    data = deep_merge(data, dict(overrides or {}))
+    return with_otel_endpoint(data, environment)
+
+
+OTEL_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+
+
+def with_otel_endpoint(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """OpenTelemetry's standard OTEL_EXPORTER_OTLP_ENDPOINT turns tracing on when the config gives
+    no telemetry.otlp_endpoint (set in any of the file, MODELYARD_* or flags: ours wins)."""
+    endpoint = env.get(OTEL_ENDPOINT_ENV, "").strip()
+    telemetry = data.get("telemetry")
+    if not endpoint or (isinstance(telemetry, dict) and telemetry.get("otlp_endpoint") is not None):
+        return data
+    if telemetry is not None and not isinstance(telemetry, dict):
+        return data  # not a mapping: validation names the problem
+    return {**data, "telemetry": {**(telemetry or {}), "otlp_endpoint": endpoint}}
 
 
 def validate_config(data: Any, source: str) -> GatewayConfig:

@@ -275,3 +275,35 @@ def test_malformed_endpoints_are_problems_not_crashes(endpoint: dict[str, Any]) 
     with pytest.raises(ConfigError) as info:
         validate_config({"models": [{"name": "m", "endpoints": [endpoint]}]}, "<test>")
     assert all(p.startswith("models[0].endpoints[0].") for p in info.value.problems)
+
+
+def test_telemetry_and_logging_are_off_by_default() -> None:
+    config = GatewayConfig()
+    assert config.telemetry.otlp_endpoint is None
+    assert config.logging.access_log is False
+
+
+def test_bad_telemetry_and_logging_name_their_field_path() -> None:
+    problems = problems_of(
+        {
+            "telemetry": {"otlp_endpoint": "collector:4318", "sample_ratio": 2, "timeout": 0},
+            "logging": {"format": "xml", "access_log": "sometimes"},
+        }
+    )
+    assert any(p.startswith("telemetry.otlp_endpoint: expected an http:// or https:// URL") for p in problems)
+    assert any(p.startswith("telemetry.sample_ratio:") for p in problems)
+    assert any(p.startswith("telemetry.timeout:") for p in problems)
+    assert "logging.format: expected one of 'json' or 'text' (got 'xml')" in problems
+    assert any(p.startswith("logging.access_log:") for p in problems)
+
+
+def test_the_otlp_endpoint_comes_from_env_with_modelyards_own_winning(tmp_path: Path) -> None:
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318"}
+    assert load_config(None, env=otel).telemetry.otlp_endpoint == "http://otel:4318"
+    ours = {**otel, "MODELYARD_TELEMETRY__OTLP_ENDPOINT": "http://ours:4318"}
+    assert load_config(None, env=ours).telemetry.otlp_endpoint == "http://ours:4318"
+    path = write(tmp_path, "telemetry:\n  otlp_endpoint: http://file:4318\n  service_name: edge\n")
+    loaded = load_config(path, env=otel)
+    assert (loaded.telemetry.otlp_endpoint, loaded.telemetry.service_name) == ("http://file:4318", "edge")
+    assert load_config(path, env=ours).telemetry.otlp_endpoint == "http://ours:4318"
+    assert load_config(None, env={"MODELYARD_LOGGING__ACCESS_LOG": "true"}).logging.access_log is True

@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Coroutine
 from types import TracebackType
+from typing import Any
 
 from modelyard.agent.artefacts import Artefacts
 from modelyard.agent.config import AgentConfig
@@ -39,6 +41,7 @@ from modelyard.config import ListenConfig
 from modelyard.errors import Conflict, ModelyardError, NotFound, SchedulerUnavailable
 from modelyard.rpc import AgentClient, agent_pb2
 from modelyard.serving import HttpServer
+from modelyard.telemetry import TRACEPARENT, Attributes, Span, build_tracer
 from modelyard.upstream.repository import RepositoryClient
 
 log = logging.getLogger("modelyard.agent")
@@ -53,6 +56,7 @@ class Agent:
 
     def __init__(self, config: AgentConfig, *, rng: random.Random | None = None) -> None:
         self.config = config
+        self.tracer = build_tracer(config.telemetry, "modelyard-agent")
         self.state = LocalState(config.memory_bytes, config.overcommit_percent)
         self._rng = rng or random.Random()
         self._client = AgentClient(config.scheduler, connect_timeout=config.connect_timeout)
@@ -232,12 +236,26 @@ class Agent:
         stamp = self._received
         model = operation.model_version
         if operation.operation == agent_pb2.ModelOperation.LOAD_MODEL:
-            work = self._ops.load(model, stamp)
+            kind = "load"
         elif operation.operation == agent_pb2.ModelOperation.UNLOAD_MODEL:
-            work = self._ops.unload(model, stamp)
+            kind = "unload"
         else:
             log.warning("ignored operation %d for %s", operation.operation, model.name)
             return
+        span = None
+        if self.tracer is not None:  # a child of the scheduler's span that sent the operation
+            sent = [(TRACEPARENT, operation.traceparent)] if operation.traceparent else []
+            attributes: Attributes = {
+                "modelyard.model": model.name,
+                "modelyard.model_version": model.version,
+                "modelyard.server": self.config.server_name,
+                "modelyard.replica": self.config.replica_idx,
+            }
+            span = self.tracer.start(f"{kind} {model.name}", sent, "server", attributes)
+        operate = self._ops.load if kind == "load" else self._ops.unload
+        work = operate(model, stamp, span)
+        if span is not None:
+            work = _ending(work, span)
         task = asyncio.create_task(work, name=f"agent-op-{model.name}-{stamp}")
         self._tasks.add(task)
         task.add_done_callback(self._finished)
@@ -346,6 +364,8 @@ class Agent:
         if self._data_plane is not None:
             await self._data_plane.close()
         await self._server.close()
+        if self.tracer is not None:  # the spans still batched go out (blocking: off the loop)
+            await asyncio.to_thread(self.tracer.shutdown)
 
     async def __aenter__(self) -> Agent:
         await self.start()
@@ -355,6 +375,17 @@ class Agent:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+async def _ending(work: Coroutine[Any, Any, None], span: Span) -> None:
+    """Run an operation, its span ended with it (failed if it raised)."""
+    try:
+        await work
+    except Exception as error:
+        span.fail(str(error), type(error).__name__)
+        raise
+    finally:
+        span.end()
 
 
 def _loop_time() -> float:

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from modelyard.config import TelemetryConfig
 from modelyard.placement.manifest import parse_quantity
 
 Bytes = Annotated[int, BeforeValidator(parse_quantity), Field(ge=0)]
@@ -64,6 +65,10 @@ class AgentConfig(BaseModel):
     )
     max_body_bytes: Bytes = Field(
         default=100 * 2**20, description="largest request body the data plane takes"
+    )
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="tracing, as the gateway's: a span per load or unload, a child of the scheduler's",
     )
 
     @field_validator("scheduler")

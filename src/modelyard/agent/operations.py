@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from modelyard.agent.artefacts import Artefacts, instance_count
@@ -35,6 +35,7 @@ from modelyard.agent.residency import Residency
 from modelyard.agent.state import REGISTERED, HeldModel, LocalState, ModelStatus
 from modelyard.errors import ModelyardError
 from modelyard.rpc import agent_pb2
+from modelyard.telemetry import Span
 from modelyard.upstream.repository import RepositoryClient
 
 log = logging.getLogger("modelyard.agent")
@@ -76,26 +77,30 @@ class Operations:
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
-    async def load(self, model: agent_pb2.ModelVersion, stamp: int) -> None:
+    async def load(self, model: agent_pb2.ModelVersion, stamp: int, span: Span | None = None) -> None:
+        """`span`: the operation's, when tracing: the server's load call carries its context and a
+        failure reported to the scheduler marks it failed."""
         name, version = model.name, model.version
+        send = self._send if span is None else _marking(self._send, span)
+        headers = span.inject(()) if span is not None else ()
         async with self._lock(name):
             if not self._stamps.admit(name, version, stamp):
                 log.info("dropped LOAD %s v%d: a newer command for it was handled", name, version)
                 return
             held = self._state.get(name)
             if held is not None and held.version == version and held.status in REGISTERED:
-                await self._send(model, Event.LOADED, "", held.instance_count)  # a repeated LOAD
+                await send(model, Event.LOADED, "", held.instance_count)  # a repeated LOAD
                 return
             too_large = self._state.too_large(model.memory_bytes)
             if too_large:
-                await self._send(model, Event.LOAD_FAILED, too_large, 0)
+                await send(model, Event.LOAD_FAILED, too_large, 0)
                 return
             fetch = self._artefacts is not None and bool(model.storage_uri)
             replaced = self._state.begin_load(name, version, model.memory_bytes, self._now(), stamp)
             previous: list[Path] = []  # the replaced version's files, kept aside until the load ends
             try:
                 await self._residency.make_room(name)  # evicts idle models when overcommitted
-                instances = await self._load_on_server(model, fetch, replaced is not None, previous)
+                instances = await self._load_on_server(model, fetch, replaced is not None, previous, headers)
             except asyncio.CancelledError:  # the agent is stopping: leave no load half-registered
                 current = self._state.get(name)
                 if current is not None and current.version == version and current.status in _UNDER_WAY:
@@ -107,26 +112,24 @@ class Operations:
                 self._on_load(False)
                 why = _describe(error)
                 if replaced is not None and await self._kept(replaced, previous, version):
-                    await self._send(
-                        model, Event.LOAD_FAILED, f"{why}; version {replaced.version} serves on", 0
-                    )
+                    await send(model, Event.LOAD_FAILED, f"{why}; version {replaced.version} serves on", 0)
                     return
                 ours = (failed is not None and failed.fetched) or (replaced is not None and replaced.fetched)
                 await self._clean_up_failed(model, replaced is not None, ours, previous)
-                await self._send(model, Event.LOAD_FAILED, why, 0)
+                await send(model, Event.LOAD_FAILED, why, 0)
                 if replaced is not None:
                     old = agent_pb2.ModelVersion(name=name, version=replaced.version)
-                    await self._send(old, Event.UNLOADED, f"replaced by version {version}, which failed", 0)
+                    await send(old, Event.UNLOADED, f"replaced by version {version}, which failed", 0)
                 return
             if previous and self._artefacts is not None:
                 await asyncio.to_thread(self._artefacts.discard, previous[0])
             self._state.loaded_ok(name, version, self._now(), instances)
             self._on_load(True)
             if self.draining:  # as Seldon: a load that ends while draining must not attract traffic
-                await self._send(model, Event.LOAD_FAILED, "server replica is draining", 0)
+                await send(model, Event.LOAD_FAILED, "server replica is draining", 0)
                 return
             log.info("loaded %s v%d", name, version)
-            await self._send(model, Event.LOADED, "", instances)
+            await send(model, Event.LOADED, "", instances)
 
     async def _kept(self, replaced: HeldModel, previous: list[Path], failed: int) -> bool:
         """`_keep_replaced`, where anything going wrong (the files cannot be put back) means the
@@ -153,7 +156,12 @@ class Operations:
         return True
 
     async def _load_on_server(
-        self, model: agent_pb2.ModelVersion, fetch: bool, replacing: bool, previous: list[Path]
+        self,
+        model: agent_pb2.ModelVersion,
+        fetch: bool,
+        replacing: bool,
+        previous: list[Path],
+        headers: Sequence[tuple[str, str]] = (),
     ) -> int:
         """Fetch the artefact (once), then load with bounded retries; the instance count if known.
         When `replacing`, the files the fetch replaced are kept aside in `previous`."""
@@ -170,7 +178,7 @@ class Operations:
         delays = retry_delays(attempts, self._config.load_backoff, self._config.load_backoff_max, self._rng)
         for attempt in range(1, attempts + 1):
             try:
-                await self._server.load(model.name)
+                await self._server.load(model.name, headers)
                 break
             except ModelyardError as error:
                 if attempt == attempts:
@@ -196,8 +204,9 @@ class Operations:
         if ours and self._artefacts is not None:
             await asyncio.to_thread(self._artefacts.remove, model.name)
 
-    async def unload(self, model: agent_pb2.ModelVersion, stamp: int) -> None:
+    async def unload(self, model: agent_pb2.ModelVersion, stamp: int, span: Span | None = None) -> None:
         name, version = model.name, model.version
+        send = self._send if span is None else _marking(self._send, span)
         if self._config.unload_grace > 0:
             # Seldon's grace (compat §7.4, §13.14): routes stop sending before the model goes, and
             # a LOAD received meanwhile wins over this UNLOAD (the stamp check below).
@@ -208,23 +217,40 @@ class Operations:
                 return
             held = self._state.get(name)
             if held is None or held.version != version:
-                await self._send(model, Event.UNLOADED, "", 0)
+                await send(model, Event.UNLOADED, "", 0)
                 return
             evicted = held.status is ModelStatus.EVICTED  # not on the server: nothing to unload there
             self._state.begin_unload(name, version)
             try:
                 if not evicted:
-                    await self._server.unload(name)  # one attempt, as Seldon's default
+                    headers = span.inject(()) if span is not None else ()
+                    await self._server.unload(name, headers)  # one attempt, as Seldon's default
             except Exception as error:
                 self._state.unload_failed(name, version)
-                await self._send(model, Event.UNLOAD_FAILED, _describe(error), 0)
+                await send(model, Event.UNLOAD_FAILED, _describe(error), 0)
                 return
             self._state.forget(name)
             self._residency.freed()
             if held.fetched and self._artefacts is not None:
                 await asyncio.to_thread(self._artefacts.remove, name)
             log.info("unloaded %s v%d", name, version)
-            await self._send(model, Event.UNLOADED, "", 0)
+            await send(model, Event.UNLOADED, "", 0)
+
+
+_FAILED = frozenset({Event.LOAD_FAILED, Event.UNLOAD_FAILED})
+
+
+def _marking(send: SendEvent, span: Span) -> SendEvent:
+    """`send`, marking `span` failed when what it sends is a failure (the operation's outcome)."""
+
+    async def sending(
+        model: agent_pb2.ModelVersion, event: agent_pb2.ModelEvent.Event.ValueType, message: str, count: int
+    ) -> None:
+        if event in _FAILED:
+            span.fail(message or "failed", Event.Event.Name(event))
+        await send(model, event, message, count)
+
+    return sending
 
 
 def _describe(error: Exception) -> str:

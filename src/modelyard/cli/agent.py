@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from modelyard.agent import Agent, AgentConfig
+from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.errors import ModelyardError
 from modelyard.kube.podinfo import PodInfoError, capabilities_from_labels, labels_from_file_text
 from modelyard.serving import run, serve_until_signal
@@ -90,6 +91,8 @@ def agent(
         ),
     ] = 60.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    otlp_endpoint: OtlpEndpointOption = None,
+    trace_sample_ratio: SampleRatioOption = 1.0,
 ) -> None:
     """Load and unload models on one inference server (MLServer, Triton, sim-worker) as the scheduler says.
 
@@ -129,6 +132,7 @@ def agent(
             port=port,
             advertise_url=advertise_url,
             room_timeout=room_timeout,
+            telemetry=telemetry_config(otlp_endpoint, trace_sample_ratio),
         )
     except ValidationError as exc:
         problems = "; ".join(

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from modelyard import __version__
+from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.documents import DocumentError, parse_documents
 from modelyard.errors import ConfigError, GraphInvalid
 from modelyard.graph import (
@@ -34,6 +35,7 @@ from modelyard.kube.graph import graph_manifests, resolve_services
 from modelyard.kube.render import dump
 from modelyard.serving import run as run_loop
 from modelyard.serving import serve_until_signal
+from modelyard.telemetry import build_tracer
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 
@@ -174,9 +176,12 @@ def serve(
     drain_seconds: Annotated[
         float, typer.Option(help="After SIGTERM: seconds /readyz answers 503 before exit.")
     ] = 30.0,
+    otlp_endpoint: OtlpEndpointOption = None,
+    trace_sample_ratio: SampleRatioOption = 1.0,
 ) -> None:
     """KServe's router container, as a drop-in: any path runs the graph; /readyz; PROPAGATE_HEADERS."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    telemetry = telemetry_config(otlp_endpoint, trace_sample_ratio)
     services = _services(service)
     try:
         spec = orjson.loads(graph_json)
@@ -203,7 +208,13 @@ def serve(
 
     async def main() -> None:
         router = await start_router(
-            graph, host=host, port=port, services=services, patterns=patterns, drain_seconds=drain_seconds
+            graph,
+            host=host,
+            port=port,
+            services=services,
+            patterns=patterns,
+            drain_seconds=drain_seconds,
+            tracer=build_tracer(telemetry, "modelyard-graph-router"),
         )
         typer.echo(f"graph router listening on {router.url} (graph {graph.name!r})")
         await serve_until_signal([router.server], router.stop)
@@ -237,6 +248,9 @@ def deploy(
         list[str] | None,
         typer.Option(help="A header (regex) every step gets: the router's PROPAGATE_HEADERS (repeatable)."),
     ] = None,
+    otlp_endpoint: Annotated[
+        str | None, typer.Option(help="The router traces to this OTLP/HTTP endpoint (default: off).")
+    ] = None,
 ) -> None:
     """Print the Deployment, Service and HPA KServe's raw deployment mode makes for each graph,
     with `modelyard graph serve` as the router: kubectl apply -f - runs it on any cluster."""
@@ -244,6 +258,7 @@ def deploy(
         err.print("[red]error:[/red] " + escape(f"--protocol: expected v1 or v2, got {protocol!r}"))
         raise typer.Exit(2)
     services = _services(service)
+    tracing = telemetry_config(otlp_endpoint, 1.0).otlp_endpoint  # checked before anything is printed
     try:
         documents = parse_documents(file.read_text())
     except OSError as exc:
@@ -281,6 +296,7 @@ def deploy(
                     image=image,
                     namespace=graph_namespace,
                     propagate_headers=propagate_header,
+                    otlp_endpoint=tracing,
                     source=where,
                 )
     except GraphInvalid as error:

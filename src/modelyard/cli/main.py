@@ -26,6 +26,7 @@ from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data, validate_config
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import GATEWAY, start_gateway
+from modelyard.gateway.access_log import install_handler
 from modelyard.gateway.workers import serve_workers, worker_count
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.serving import run, serve_until_signal
@@ -102,11 +103,15 @@ def serve(
             "checks, ejections, affinities, the routing log, admin changes and /metrics are shared.",
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning or error (default: logging.level, info).")
+    ] = None,
 ) -> None:
     """Run the gateway. With no -c FILE and no --scheduler, start the embedded demo: three simulated
     workers and two models, and a scheduler (127.0.0.1:9004) placing models on two more."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=(log_level or "info").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     overrides = _cli_overrides(host, port, scheduler, workers)
     try:
         if config is None and not scheduler:
@@ -128,13 +133,17 @@ def serve(
         source = str(config) if config is not None else "<defaults>"
         graphs = load_config_graphs(loaded, source)
         count = worker_count(loaded)
+        level = log_level or loaded.logging.level  # the flag wins over the file
+        logging.getLogger().setLevel(level.upper())
+        if loaded.logging.access_log:
+            install_handler()
         if print_config:
             typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False), nl=False)
             typer.echo(f"# listen.workers: {count} process{'es' if count > 1 else ''} here")
             return
         if count > 1:
             announce = _announce(loaded, graphs, count)
-            code = serve_workers(loaded, source, count, announce, log_level)
+            code = serve_workers(loaded, source, count, announce, level)
             if code:
                 raise typer.Exit(code)
             return

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.scheduler import SchedulerConfig, start_scheduler
 from modelyard.scheduler.config import DEFAULT_DB
@@ -46,6 +47,8 @@ def scheduler(
         float, typer.Option(help="Seconds after any scaling of a model before it may scale down.")
     ] = 60.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    otlp_endpoint: OtlpEndpointOption = None,
+    trace_sample_ratio: SampleRatioOption = 1.0,
 ) -> None:
     """Run the scheduler: keeps models and where they are, tells agents what to load, serves the feed."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -62,6 +65,7 @@ def scheduler(
             scale_up_window=scale_up_window,
             scale_down_inactivity=scale_down_inactivity,
             scale_down_cooldown=scale_down_cooldown,
+            telemetry=telemetry_config(otlp_endpoint, trace_sample_ratio),
         )
         run(_serve(config))
     except ValidationError as error:

@@ -15,6 +15,7 @@ answer with an HTTP status, so retries, outlier detection and metrics treat them
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,10 +34,15 @@ from modelyard.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.gateway.routing_log import RoutingRecord
 from modelyard.rpc import OipChannels
+from modelyard.telemetry import Span
 from modelyard.upstream import Flight, UpstreamPool
+
+log = logging.getLogger("modelyard.gateway")
 
 GRPC_CONTENT_TYPE = "application/grpc"
 # Request headers that describe the REST body, not the call: not sent as gRPC metadata.
@@ -96,13 +102,19 @@ class GrpcAnswer:
 
 class AttemptLoop:
     def __init__(
-        self, pool: UpstreamPool, grpc: OipChannels, metrics: GatewayMetrics, rng: random.Random
+        self,
+        pool: UpstreamPool,
+        grpc: OipChannels,
+        metrics: GatewayMetrics,
+        rng: random.Random,
+        access: AccessLog | None = None,
     ) -> None:
         self._pool = pool
         self._grpc = grpc
         self._metrics = metrics
         self._log = metrics.routing_log
         self._rng = rng
+        self._access = access  # None: logging.access_log is off
 
     async def run(self, ex: Exchange) -> Attempt:
         """Try, and retry as the route allows. Returns with the endpoint acquired and the response
@@ -119,17 +131,27 @@ class AttemptLoop:
             while True:
                 endpoint, pick = await self._choose(ex, tried, deadline)
                 started = time.perf_counter()
+                ex.tries += 1
+                span = None
+                headers = ex.headers
+                if ex.span is not None:  # a span per try; the server gets its context
+                    span = _try_span(ex.span, ex, endpoint, retries)
+                    headers = span.inject(headers)
                 flight = Flight()
                 cluster.awaiting_answer(endpoint, flight)
                 try:
-                    outcome = await self._try(ex, endpoint, deadline, flight)
+                    outcome = await self._try(ex, endpoint, deadline, flight, headers)
                 except BaseException as exc:  # cancelled (the client left), or the route's time is up
                     cluster.release(endpoint, ex.tokens, id(ex))
                     code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
-                    self._observe(ex, endpoint, code, started, pick.cache_hit)
+                    if span is not None:
+                        _end_try_span(span, code, exc if isinstance(exc, ModelyardError) else None)
+                    self._observe(ex, endpoint, code, started, pick.cache_hit, final=True)
                     raise
                 finally:
                     cluster.answered(endpoint, flight)
+                if span is not None:
+                    _end_try_span(span, outcome.code, outcome.error)
                 if charged:
                     cluster.budget.retry_ended()
                     charged = False
@@ -155,7 +177,7 @@ class AttemptLoop:
                 ):
                     charge = policy.charged_to_budget(outcome.error)
                     if not charge or self._budget_allows(ex):
-                        self._observe(ex, endpoint, outcome.code, started, pick.cache_hit)
+                        self._observe(ex, endpoint, outcome.code, started, pick.cache_hit, final=False)
                         retries += 1
                         self._metrics.retries.labels(cluster.name, route.name, outcome.reason).inc()
                         if outcome.response is not None:
@@ -174,16 +196,22 @@ class AttemptLoop:
                 if outcome.response is not None:
                     outcome.response.close()
                 cluster.release(endpoint, ex.tokens, id(ex))
-                self._observe(ex, endpoint, 504 if out_of_time else outcome.code, started, pick.cache_hit)
-                if out_of_time:
-                    raise _out_of_time(ex)
-                assert outcome.error is not None
-                if outcome.reason == "connect-failure" and len(tried) > 1:
+                code = 504 if out_of_time else outcome.code
+                self._observe(ex, endpoint, code, started, pick.cache_hit, final=True)
+                failure = _out_of_time(ex) if out_of_time else outcome.error
+                assert failure is not None
+                if outcome.reason == "connect-failure" and len(tried) > 1 and not out_of_time:
                     names = ", ".join(e.name for e in tried)
-                    raise UpstreamError(
+                    failure = UpstreamError(
                         f"every endpoint of model {cluster.name!r} tried refused the connection: {names}"
                     )
-                raise outcome.error
+                if ex.counted:  # a shadow copy's failure is the canary's business, not the log's
+                    log.warning(
+                        "model %s: request %s failed after %d tr%s (last %s): %s",
+                        cluster.name, ex.request_id or "-", ex.tries, "y" if ex.tries == 1 else "ies",
+                        endpoint.name, failure.message, extra={"request_id": ex.request_id},
+                    )  # fmt: skip
+                raise failure
         finally:
             if charged:
                 cluster.budget.retry_ended()
@@ -193,9 +221,16 @@ class AttemptLoop:
         the endpoint's slot freed, the request counted once with the status it really ended with."""
         attempt.response.close()
         ex.cluster.release(attempt.endpoint, ex.tokens, id(ex))
-        self._observe(ex, attempt.endpoint, code, ex.started, attempt.pick.cache_hit)
+        self._observe(ex, attempt.endpoint, code, ex.started, attempt.pick.cache_hit, final=True)
 
-    async def _try(self, ex: Exchange, endpoint: Endpoint, deadline: float | None, flight: Flight) -> _Try:
+    async def _try(
+        self,
+        ex: Exchange,
+        endpoint: Endpoint,
+        deadline: float | None,
+        flight: Flight,
+        headers: list[tuple[str, str]],
+    ) -> _Try:
         route = ex.route
         remaining = None
         if deadline is not None:
@@ -203,13 +238,11 @@ class AttemptLoop:
             if remaining <= 0:
                 raise _out_of_time(ex)
         if ex.grpc is not None and endpoint.grpc_url:
-            sending = self._send_grpc(ex, endpoint, remaining, flight)
+            sending = self._send_grpc(ex, endpoint, remaining, flight, headers)
         else:
             if ex.rest_body is not None:
                 ex.body, ex.rest_body = ex.rest_body(), None
-            sending = self._pool.send(
-                endpoint.url, ex.method, ex.path, ex.headers, ex.body, remaining, flight
-            )
+            sending = self._pool.send(endpoint.url, ex.method, ex.path, headers, ex.body, remaining, flight)
         try:
             if route.per_try_timeout:
                 async with asyncio.timeout(route.per_try_timeout):
@@ -230,12 +263,17 @@ class AttemptLoop:
         return _Try(policy.reason_for_status(response.status, route.retries), response=response)
 
     async def _send_grpc(
-        self, ex: Exchange, endpoint: Endpoint, remaining: float | None, flight: Flight
+        self,
+        ex: Exchange,
+        endpoint: Endpoint,
+        remaining: float | None,
+        flight: Flight,
+        headers: list[tuple[str, str]],
     ) -> Answer:
         assert ex.grpc is not None
         limit = self._pool.time_limit(remaining)
         pending = self._grpc.start(
-            endpoint.grpc_url, ex.grpc.method, ex.grpc.message, grpc_metadata(ex.headers), limit
+            endpoint.grpc_url, ex.grpc.method, ex.grpc.message, grpc_metadata(headers), limit
         )
         flight.on_abort(pending.abort)  # its endpoint taken out: given up, and retried elsewhere
         status, body = await pending.answer()
@@ -250,7 +288,7 @@ class AttemptLoop:
     def let_go(self, ex: Exchange, endpoint: Endpoint, pick: Pick, code: int) -> None:
         """The end of a held stream: the slot freed, the stream counted once with how it ended."""
         ex.cluster.release(endpoint, ex.tokens, id(ex))
-        self._observe(ex, endpoint, code, ex.started, pick.cache_hit)
+        self._observe(ex, endpoint, code, ex.started, pick.cache_hit, final=True)
 
     async def _choose(
         self,
@@ -312,26 +350,77 @@ class AttemptLoop:
         return False
 
     def _observe(
-        self, ex: Exchange, endpoint: Endpoint, code: int, started: float, cache_hit: bool | None
+        self,
+        ex: Exchange,
+        endpoint: Endpoint,
+        code: int,
+        started: float,
+        cache_hit: bool | None,
+        *,
+        final: bool,
     ) -> None:
-        """Count a try that ended here, or an answer: metrics and the routing log."""
+        """Count a try that ended here, or an answer: metrics and the routing log; `final`: the
+        exchange ends with it (its access log line and its span's outcome)."""
         if ex.counted:
             seconds = time.perf_counter() - started
             cluster = ex.cluster
             strategy = cluster.strategy.name
             self._metrics.observe_request(cluster.name, endpoint.name, strategy, code, seconds)
-            self._log.record(
+            record = self._log.record(
                 cluster.name, ex.route.name, ex.subset, endpoint.name, strategy, code, seconds, cache_hit,
                 ex.request_id,
             )  # fmt: skip
+            if final and (ex.span is not None or self._access is not None):
+                self._ended(ex, record)
 
     def _unrouted(self, ex: Exchange, code: int) -> None:
         """A request that got no endpoint (none healthy, or no room in time): logged without one."""
         cluster = ex.cluster
-        self._log.record(
+        record = self._log.record(
             cluster.name, ex.route.name, ex.subset, "", cluster.strategy.name, code,
             time.perf_counter() - ex.started, None, ex.request_id,
         )  # fmt: skip
+        if ex.span is not None or self._access is not None:
+            self._ended(ex, record)
+
+    def _ended(self, ex: Exchange, record: RoutingRecord) -> None:
+        """The request's outcome, as the routing log recorded it, for its span and the access log:
+        one record, so the three never disagree."""
+        span = ex.span
+        if span is not None:
+            span.set("modelyard.route", record.route)
+            span.set("modelyard.subset", record.subset)
+            span.set("modelyard.backend", record.backend)
+            span.set("modelyard.attempts", ex.tries)
+            span.set("http.response.status_code", record.status)
+            if record.status >= 500:
+                span.fail(f"answered {record.status}", str(record.status))
+        if self._access is not None:
+            trace_id = span.trace_id if span is not None else None
+            self._access.write(record, ex.method, ex.path, ex.tries, ex.sent_bytes, trace_id)
+
+
+def _try_span(parent: Span, ex: Exchange, endpoint: Endpoint, retry: int) -> Span:
+    url = (endpoint.grpc_url if ex.grpc is not None and endpoint.grpc_url else endpoint.url) + ex.path
+    return parent.child(
+        f"{ex.method} {endpoint.name}",
+        "client",
+        {
+            "modelyard.backend": endpoint.name,
+            "modelyard.retry": retry,
+            "http.request.method": ex.method,
+            "url.full": url,
+        },
+    )
+
+
+def _end_try_span(span: Span, code: int, error: ModelyardError | None) -> None:
+    span.set("http.response.status_code", code)
+    if error is not None:
+        span.fail(error.message, type(error).__name__)
+    elif code >= 500:
+        span.fail(f"answered {code}", str(code))
+    span.end()
 
 
 def _out_of_time(ex: Exchange) -> UpstreamTimeout:

@@ -63,10 +63,17 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client went away: nothing to answer
     except Exception:
-        return render(request, internal_error(request.method, request.path))
+        request_id = request.get(REQUEST_ID) or request.headers.get("X-Request-Id")
+        return render(request, internal_error(request.method, request.path, request_id))
 
 
-def internal_error(method: str, path: str) -> ModelyardError:
-    """A bug: logged with its traceback, answered without it."""
-    log.exception("unhandled error on %s %s", method, path)
+def internal_error(method: str, path: str, request_id: str | None = None) -> ModelyardError:
+    """A bug: logged with its traceback and the request's id, answered without the traceback."""
+    log.exception(
+        "unhandled error on %s %s (request %s)",
+        method,
+        path,
+        request_id or "-",
+        extra={"request_id": request_id},
+    )
     return ModelyardError("internal gateway error; see the gateway log")

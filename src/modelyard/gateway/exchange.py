@@ -15,6 +15,7 @@ from modelyard.cluster import Endpoint
 from modelyard.config import RouteConfig
 from modelyard.gateway.cluster import Cluster
 from modelyard.rpc import OipCall
+from modelyard.telemetry import Span
 
 
 class Answer(Protocol):
@@ -53,6 +54,9 @@ class Exchange:
     # request above, its body made by `rest_body` (once) when the first such try needs it.
     grpc: OipCall | None = None
     rest_body: Callable[[], bytes] | None = None
+    tries: int = 0  # endpoints tried so far (the access log's and the span's attempts)
+    sent_bytes: int = 0  # body bytes relayed to the client (or read, for the gateway's own calls)
+    span: Span | None = None  # tracing on: the request's span, the parent of each try's span
 
     def shadow(self, route: RouteConfig, subset: str) -> Exchange:
         """A copy of this exchange for the mirror subset (marked, so servers can tell)."""

@@ -16,6 +16,7 @@ from modelyard.balancing import Need
 from modelyard.cluster import Load
 from modelyard.config import GatewayConfig, ModelConfig
 from modelyard.errors import ModelNotFound, ModelyardError, Overloaded
+from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
@@ -30,11 +31,13 @@ from modelyard.rpc import OipChannels
 from modelyard.serving import ListenerStats
 from modelyard.state import MemoryState, SharedState, open_state
 from modelyard.state.siblings import RINGS_FILE, Rings, SiblingState
+from modelyard.telemetry import Tracer, build_tracer
 from modelyard.upstream import UpstreamPool
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 from modelyard.upstream.scrape import ResourceScraper
 
+SERVICE_NAME = "modelyard-gateway"  # the spans' service.name unless telemetry.service_name says
 FOLLOW_SECONDS = 0.05
 VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
 _NOTHING = object()
@@ -51,8 +54,11 @@ class Gateway:
         seed: int | None = None,
         graphs: dict[str, Graph] | None = None,
         siblings: Siblings | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """`tracer`: instead of the one telemetry's config builds (tests read spans in-process)."""
         self.config = config
+        self.tracer = tracer if tracer is not None else build_tracer(config.telemetry, SERVICE_NAME)
         self.siblings = siblings  # the other workers of this gateway (listen.workers > 1)
         self.loads: dict[str, Load] = {}
         self.metrics = GatewayMetrics(
@@ -109,6 +115,8 @@ class Gateway:
             random.Random(seed),
             share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
             share_canary=self._worker_log.share_canary if self._worker_log is not None else None,
+            tracer=self.tracer,
+            access=AccessLog(config.logging) if config.logging.access_log else None,
         )
         # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
         self._leader = siblings is None or siblings.leader
@@ -129,6 +137,7 @@ class Gateway:
             invoker,
             config.graph_propagate_headers,
             self.metrics.graph_step,
+            self.tracer,
         )
         self.created = int(time.time())
         self.placed = PlacedModels(self, config.placement)
@@ -268,6 +277,8 @@ class Gateway:
         await self.state.close()
         if self._worker_log is not None:
             self._worker_log.close()
+        if self.tracer is not None:  # the spans still batched go out (blocking: off the loop)
+            await asyncio.to_thread(self.tracer.shutdown)
 
     @staticmethod
     async def _stop_scraper(scraper: ResourceScraper, client: Http1Client) -> None:

@@ -34,6 +34,7 @@ from modelyard.graph import (
 from modelyard.graph.headers import compile_patterns, propagated
 from modelyard.graph.loader import graphs_in_documents
 from modelyard.serving import answer_response
+from modelyard.telemetry import GraphSpans, Tracer, end_graph_span, start_graph_span
 from modelyard.upstream.graph_invoker import UrlInvoker
 
 TRACE_REQUEST_HEADER = "X-Modelyard-Trace"
@@ -71,7 +72,7 @@ class GatewayInvoker:
         if not any(n.lower() == "content-type" for n, _ in sent):
             sent.append(("Content-Type", "application/json"))
         try:
-            answer = await self._proxy.call(cluster, "POST", path, sent, body)
+            answer = await self._proxy.call(cluster, "POST", path, sent, body, span_kind="internal")
         except ModelyardError as exc:
             raise GraphFailure(500, f"model {name!r}: {exc.message}") from None
         return Outcome(answer.status, answer.body)
@@ -86,7 +87,9 @@ class GraphService:
         invoker: GatewayInvoker,
         propagate: Iterable[str],
         observe: Callable[[str, str, str, int, float], None],
+        tracer: Tracer | None = None,
     ) -> None:
+        self._tracer = tracer
         self._graphs = dict(graphs)
         self._invoker = invoker
         self._patterns: list[re.Pattern[str]] = compile_patterns(",".join(propagate))
@@ -138,12 +141,22 @@ class GraphService:
             self._observe(graph.name, node, step, status, seconds)
 
         ctx = RunContext(self._invoker, propagated(headers, self._patterns), self._rng, trace, observe)
+        span = None
+        if self._tracer is not None:  # the graph's span; each step's is its child (GraphSpans)
+            span = start_graph_span(self._tracer, name, headers, f"/v1/graphs/{name}")
+            ctx.spans = GraphSpans(span)
         result: Outcome | GraphFailure
         started = time.perf_counter()
         try:
             result = await graph.run(body, ctx)
         except GraphFailure as failure:
             result = failure
+        except BaseException:  # cancelled (the client left)
+            if span is not None:
+                end_graph_span(span, None)
+            raise
+        if span is not None:
+            end_graph_span(span, result.status)
         response = answer_response(answer(result))
         if trace is not None:
             steps = [

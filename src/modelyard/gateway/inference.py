@@ -106,7 +106,7 @@ def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.S
         reply = AiohttpReply(request)
         try:
             await route(request.app[GATEWAY], request, reply)
-        except ModelyardError:
+        except Exception:  # a ModelyardError, or a bug: either way its answer and log line carry the id
             if reply.request_id:
                 request[REQUEST_ID] = reply.request_id
             raise
@@ -132,7 +132,9 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
         except Exception:
             if reply.started:
                 raise
-            error = internal_error(request.method, request.path)
+            error = internal_error(
+                request.method, request.path, reply.request_id or request.headers.get("X-Request-Id")
+            )
         else:
             return
         request_id = reply.request_id or request.headers.get("X-Request-Id")

@@ -15,7 +15,7 @@ import itertools
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from multidict import CIMultiDict
@@ -23,6 +23,7 @@ from multidict import CIMultiDict
 from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
 from modelyard.errors import ModelyardError, UpstreamError, UpstreamUnreachable
+from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, AttemptLoop, grpc_metadata
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
@@ -33,6 +34,7 @@ from modelyard.protocols.tokens import tokens_in_bytes
 from modelyard.rpc import OipCall, OipChannels
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
+from modelyard.telemetry import Kind, Span, Tracer
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool, forwarded_request_headers, relayed_response_headers
 
@@ -67,14 +69,17 @@ class Proxy:
         *,
         share_prefix: PrefixRecorded | None = None,
         share_canary: Callable[[list[object]], None] | None = None,
+        tracer: Tracer | None = None,
+        access: AccessLog | None = None,
     ) -> None:
         self._state = state
+        self._tracer = tracer  # None: tracing off, and no span is made
         # What prefix_aware records goes to the other gateways too (prefix_sharing.py).
         self._share_prefix = share_prefix or _not_shared
         self._metrics = metrics
         self._rng = rng
         self._grpc = grpc
-        self._attempts = AttemptLoop(pool, grpc, metrics, rng)
+        self._attempts = AttemptLoop(pool, grpc, metrics, rng, access)
         self._relay = Relay(self._attempts, metrics)
         self._shadows = ShadowTraffic(self._attempts, metrics, rng, share_canary)
         # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
@@ -126,6 +131,8 @@ class Proxy:
             started,
             request_id,
         )
+        if self._tracer is not None:
+            ex.span = _request_span(self._tracer, ex, request.headers.items(), "server")
         capture = self._shadows.start(ex)
         cluster.budget.request_started()
         try:
@@ -151,6 +158,8 @@ class Proxy:
             cluster.budget.request_ended()
             if capture is not None:
                 capture.ended(time.perf_counter() - started)
+            if ex.span is not None:  # after the relay: a stream's span ends with the stream
+                ex.span.end()
 
     async def call(
         self,
@@ -162,20 +171,25 @@ class Proxy:
         *,
         grpc: OipCall | None = None,
         rest_body: Callable[[], bytes] | None = None,
+        span_kind: Kind = "server",
     ) -> Called:
         """A routed call made by the gateway itself (a graph step naming a model, an OIP gRPC call):
         the model's routes, strategy, health and retries apply, as for a client request. `grpc`
         goes as it is to an endpoint with a grpc_url (`rest_body`, when given, makes the REST
-        body for the others)."""
+        body for the others). Traced, its span is a child of the traceparent in `headers` (a gRPC
+        client's: `span_kind` server; a graph step's: internal)."""
         tokens = tokens_in_bytes(len(body) if body is not None else len(grpc.message) if grpc else 0)
         ex = self._own_exchange(cluster, method, path, headers, body, tokens)
         ex.grpc, ex.rest_body = grpc, rest_body
+        if self._tracer is not None:
+            ex.span = _request_span(self._tracer, ex, headers, span_kind)
         cluster.budget.request_started()
         try:
             attempt = await self._attempts.run(ex)
             code = CLIENT_CLOSED
             try:
                 data = await attempt.response.read()
+                ex.sent_bytes = len(data)
                 code = attempt.response.status
                 return Called(code, data, attempt.response.content_type == GRPC_CONTENT_TYPE)
             except UpstreamError as exc:
@@ -185,6 +199,8 @@ class Proxy:
                 self._attempts.finish(ex, attempt, code)
         finally:
             cluster.budget.request_ended()
+            if ex.span is not None:
+                ex.span.end()
 
     async def stream(
         self,
@@ -198,13 +214,30 @@ class Proxy:
         as a request's would be (routes, strategy, health, room), held until the stream ends and
         counted then, once, with how it ended. `path` is the REST path the log and routes see."""
         ex = self._own_exchange(cluster, "POST", path, headers, None, 0)
+        span = None
+        if self._tracer is not None:
+            ex.span = _request_span(self._tracer, ex, headers, "server")
         cluster.budget.request_started()
         try:
             endpoint, pick = await self._attempts.hold(ex, lambda e: bool(e.grpc_url))
+            ex.tries = 1
             code = CLIENT_CLOSED
             try:
-                metadata = grpc_metadata(headers)
+                sent = headers
+                if ex.span is not None:  # the one try, the whole stream: its own client span
+                    span = ex.span.child(
+                        f"{method} {endpoint.name}",
+                        "client",
+                        {
+                            "modelyard.backend": endpoint.name,
+                            "modelyard.retry": 0,
+                            "url.full": endpoint.grpc_url,
+                        },
+                    )
+                    sent = span.inject(headers)
+                metadata = grpc_metadata(sent)
                 async for message in self._grpc.stream(endpoint.grpc_url, method, messages, metadata):
+                    ex.sent_bytes += len(message)
                     yield message
                 code = 200
             except ModelyardError as exc:
@@ -213,11 +246,18 @@ class Proxy:
                     cluster.record_connection_failure(endpoint, exc.message)
                 raise
             finally:
+                if span is not None:
+                    span.set("http.response.status_code", code)
+                    if code >= 500:
+                        span.fail(f"the stream ended {code}", str(code))
+                    span.end()
                 self._attempts.let_go(ex, endpoint, pick, code)
                 if code != CLIENT_CLOSED:  # 5xx and failures count against it, as a request's do
                     cluster.record_outcome(endpoint, code < 500, None, time.monotonic())
         finally:
             cluster.budget.request_ended()
+            if ex.span is not None:
+                ex.span.end()
 
     def _own_exchange(
         self,
@@ -267,6 +307,26 @@ class Proxy:
     def new_request_id(self) -> str:
         """A fresh request id, for a request that came without one (HTTP here, gRPC in oip_grpc)."""
         return f"{self._id_prefix}{next(self._id_counter):016x}"
+
+
+def _request_span(tracer: Tracer, ex: Exchange, headers: Iterable[tuple[str, str]], kind: Kind) -> Span:
+    """The span of one routed request, a child of the caller's traceparent when it sent one; what
+    only its end knows (backend, attempts, status) is set by the attempt loop (`_ended`)."""
+    cluster = ex.cluster
+    return tracer.start(
+        f"{ex.method} {cluster.name}",
+        headers,
+        kind,
+        {
+            "http.request.method": ex.method,
+            "url.path": ex.path.partition("?")[0],
+            "modelyard.model": cluster.name,
+            "modelyard.route": ex.route.name,
+            "modelyard.subset": ex.subset,
+            "modelyard.strategy": cluster.strategy.name,
+            "modelyard.request_id": ex.request_id,
+        },
+    )
 
 
 def _not_shared(model: str, endpoint: str, chunks: Sequence[int]) -> None:

@@ -50,6 +50,7 @@ class Relay:
                 if capture is not None:
                     capture.add(data)
                 reply.whole(upstream.status, headers, data)
+                ex.sent_bytes = len(data)
                 code = upstream.status
             if capture is not None:
                 capture.finish(code, upstream.header("Content-Type"))
@@ -86,7 +87,10 @@ class Relay:
                     return upstream.status
                 except TimeoutError:
                     self._metrics.stream_idle_timeouts.labels(model).inc()
-                    log.warning("model %s: stream idle for %gs, ending it with an error event", model, idle)
+                    log.warning(
+                        "model %s: request %s: stream idle for %gs, ending it with an error event",
+                        model, ex.request_id or "-", idle, extra={"request_id": ex.request_id},
+                    )  # fmt: skip
                     error = UpstreamTimeout(f"model {model!r}: the stream sent nothing for {idle:g}s")
                     break
                 if first:
@@ -96,11 +100,15 @@ class Relay:
                     await response.write(chunk)
                 except ConnectionError:  # the client went away: nothing more to relay
                     return CLIENT_CLOSED
+                ex.sent_bytes += len(chunk)
                 tail = (tail + chunk)[-2:]
                 if capture is not None:
                     capture.add(chunk)
         except UpstreamError as exc:
-            log.warning("model %s: upstream stream broke off: %s", model, exc.message)
+            log.warning(
+                "model %s: request %s: upstream stream broke off: %s",
+                model, ex.request_id or "-", exc.message, extra={"request_id": ex.request_id},
+            )  # fmt: skip
             error = exc
         await self._end_with_error(ex.path, response, model, error, tail)
         return error.status

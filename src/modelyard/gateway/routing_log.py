@@ -149,7 +149,7 @@ class RoutingLog:
         seconds: float,
         cache_hit: bool | None,
         request_id: str,
-    ) -> None:
+    ) -> RoutingRecord:
         self._seq += 1
         entry = RoutingRecord(
             self._seq,
@@ -168,6 +168,7 @@ class RoutingLog:
         self._add(entry)
         if self.share is not None:
             self.share(entry)
+        return entry
 
     def adopt(self, shared: bytes) -> None:
         """A record another worker's log shared (`encode_shared`), added as if made here. Kept as

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from modelyard.config import AUTO_WORKERS, GatewayConfig
 from modelyard.errors import ConfigError
+from modelyard.gateway.access_log import install_handler
 from modelyard.gateway.server import start_gateway
 from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
 from modelyard.gateway.worker_log import LOG_FILE
@@ -164,6 +165,8 @@ def _worker(
     logging.basicConfig(
         level=level.upper(), format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s"
     )
+    if config.logging.access_log:
+        install_handler()  # a JSON line carries its worker; no prefix
     graphs = load_config_graphs(config, source)
 
     async def serve() -> None:

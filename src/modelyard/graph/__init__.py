@@ -3,7 +3,17 @@ Switch nodes. Pure semantics here; service calls go through an `Invoker` supplie
 
 from modelyard.errors import GraphInvalid
 from modelyard.graph.answer import Answer, answer
-from modelyard.graph.engine import MAX_DEPTH, Graph, GraphFailure, Invoker, Outcome, RunContext, StepTrace
+from modelyard.graph.engine import (
+    MAX_DEPTH,
+    Graph,
+    GraphFailure,
+    Invoker,
+    Outcome,
+    RunContext,
+    StepSpan,
+    StepSpans,
+    StepTrace,
+)
 from modelyard.graph.loader import (
     GraphDocument,
     load_config_graphs,
@@ -30,6 +40,8 @@ __all__ = [
     "Problem",
     "Report",
     "RunContext",
+    "StepSpan",
+    "StepSpans",
     "StepTrace",
     "answer",
     "load_config_graphs",

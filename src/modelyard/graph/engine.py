@@ -11,7 +11,7 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from modelyard.graph import go_json
@@ -44,6 +44,25 @@ class Invoker(Protocol):
     async def call(self, step: InferenceStep, body: bytes, headers: Sequence[tuple[str, str]]) -> Outcome: ...
 
 
+class StepSpan(Protocol):
+    """A traced step (telemetry/graph.py): `headers` are the step's call headers with its trace
+    context; `nested` traces the steps of the node a step runs; `end` records the status."""
+
+    @property
+    def headers(self) -> Sequence[tuple[str, str]]: ...
+
+    def nested(self) -> StepSpans: ...
+    def end(self, status: int) -> None: ...
+
+
+class StepSpans(Protocol):
+    """Where step spans come from, when the caller traces (the engine itself does no I/O)."""
+
+    def start(
+        self, node: str, step: str, router_type: str, target: str, headers: Sequence[tuple[str, str]]
+    ) -> StepSpan: ...
+
+
 @dataclass(slots=True)
 class StepTrace:
     node: str
@@ -61,6 +80,7 @@ class RunContext:
     trace: list[StepTrace] | None = None
     observe: Any = None  # optional callable(node, step_name, status, seconds) for metrics
     enforce_timeout: bool = True  # the gateway enforces spec.timeout; KServe's router never reads it
+    spans: StepSpans | None = None  # tracing on: a span per step, its context sent with the call
 
 
 class Graph:
@@ -113,19 +133,27 @@ class Graph:
     ) -> Outcome:
         started = time.perf_counter()
         status = 500
+        label = step.name or str(index)
+        span = None
+        headers = ctx.headers
+        if ctx.spans is not None:
+            span = ctx.spans.start(node, label, self.spec.nodes[node].router_type, step.target, headers)
+            headers = span.headers
         try:
             if step.node_name:
+                inner = ctx if span is None else replace(ctx, spans=span.nested())
                 try:
-                    outcome = await self._node(step.node_name, data, ctx, depth + 1)
+                    outcome = await self._node(step.node_name, data, inner, depth + 1)
                 except GraphFailure as failure:
                     raise GraphFailure(500, failure.cause) from None  # a child's 404 becomes 500
             else:
-                outcome = await ctx.invoker.call(step, data, ctx.headers)
+                outcome = await ctx.invoker.call(step, data, headers)
             status = outcome.status
             return outcome
         finally:
+            if span is not None:
+                span.end(status)
             seconds = time.perf_counter() - started
-            label = step.name or str(index)
             if ctx.trace is not None:
                 ctx.trace.append(StepTrace(node, label, step.target, status, round(seconds * 1000, 3)))
             if ctx.observe is not None:

@@ -13,6 +13,7 @@ from aiohttp import web
 from modelyard.graph import Graph, GraphFailure, Invoker, Outcome, RunContext, answer
 from modelyard.graph.headers import propagated
 from modelyard.serving import answer_response, draining
+from modelyard.telemetry import GraphSpans, Tracer, end_graph_span, start_graph_span
 
 
 class GraphResponder:
@@ -25,16 +26,22 @@ class GraphResponder:
         patterns: list[re.Pattern[str]],
         *,
         rng: random.Random | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.graph = graph
+        self.tracer = tracer  # None: tracing off
         self.invoker = invoker
         self.patterns = patterns
         self.rng = rng or random.SystemRandom()  # KServe draws Splitter routes from crypto/rand
 
-    async def respond(self, body: bytes, headers: list[tuple[str, str]]) -> web.Response:
+    async def respond(self, body: bytes, headers: list[tuple[str, str]], path: str = "/") -> web.Response:
         # As KServe's router: spec.timeout is not applied (Knative enforces it in front, if anyone).
         ctx = RunContext(self.invoker, propagated(headers, self.patterns), self.rng, enforce_timeout=False)
-        result: Outcome | GraphFailure
+        span = None
+        if self.tracer is not None:  # the request's span; each step's is its child
+            span = start_graph_span(self.tracer, self.graph.name, headers, path)
+            ctx.spans = GraphSpans(span)
+        result: Outcome | GraphFailure | None = None
         try:
             result = await self.graph.run(body, ctx)
         except GraphFailure as failure:
@@ -42,6 +49,10 @@ class GraphResponder:
         except Exception as exc:  # a bug of ours must still answer as KServe's router does
             log.exception("graph %s failed", self.graph.name)
             result = GraphFailure(500, str(exc))
+        finally:
+            if span is not None:
+                end_graph_span(span, result.status if result is not None else None)
+        assert result is not None
         return answer_response(answer(result))
 
 
@@ -78,7 +89,7 @@ async def _run_graph(request: web.Request) -> web.Response:
         async with asyncio.timeout(read_limit):
             body = await request.read()
         async with asyncio.timeout(started + write_limit - loop.time()):
-            return await responder.respond(body, list(request.headers.items()))
+            return await responder.respond(body, list(request.headers.items()), request.path)
     except TimeoutError:
         if request.transport is not None:
             request.transport.close()

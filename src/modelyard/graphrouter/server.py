@@ -4,6 +4,7 @@ requests keep being served for the drain period, then the server stops (the drai
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from modelyard.config import ListenConfig
 from modelyard.graph import Graph
 from modelyard.graphrouter.app import GO_SERVER_TIMEOUT, GraphResponder, create_router_app
 from modelyard.serving import HttpServer
+from modelyard.telemetry import Tracer
 from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 
@@ -33,6 +35,8 @@ class RunningRouter:
     async def stop(self) -> None:
         await self.server.stop()
         self.client.close()
+        if self.responder.tracer is not None:  # the spans still batched go out (blocking: off the loop)
+            await asyncio.to_thread(self.responder.tracer.shutdown)
 
 
 async def start_router(
@@ -45,7 +49,9 @@ async def start_router(
     seed: int | None = None,
     mesh_probe_url: str | None = ISTIO_ADMIN_URL,
     drain_seconds: float = 30.0,
+    tracer: Tracer | None = None,
 ) -> RunningRouter:
+    """`tracer`: trace each request and its steps (telemetry.build_tracer); None: off."""
     timeouts = graph.spec.router_timeouts
     client = Http1Client(max_connections=1024, connect_timeout=30.0)
     invoker = UrlInvoker(
@@ -55,7 +61,7 @@ async def start_router(
         mesh_probe_url=mesh_probe_url,
     )
     rng = random.Random(seed) if seed is not None else None
-    responder = GraphResponder(graph, invoker, patterns or [], rng=rng)
+    responder = GraphResponder(graph, invoker, patterns or [], rng=rng, tracer=tracer)
     listen = ListenConfig(
         host=host,
         port=port,

@@ -32,6 +32,7 @@ def graph_manifests(
     image: str,
     namespace: str | None = None,
     propagate_headers: list[str] | None = None,
+    otlp_endpoint: str | None = None,
     source: str = "<graph>",
 ) -> list[dict[str, Any]]:
     """Deployment, Service and HPA for one validated graph; `metadata` is the manifest's own
@@ -71,8 +72,13 @@ def graph_manifests(
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    env = []
     if propagate_headers:
-        container["env"] = [{"name": "PROPAGATE_HEADERS", "value": ",".join(propagate_headers)}]
+        env.append({"name": "PROPAGATE_HEADERS", "value": ",".join(propagate_headers)})
+    if otlp_endpoint:  # graph serve traces there (the standard variable; --otlp-endpoint reads it)
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": otlp_endpoint})
+    if env:
+        container["env"] = env
     pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "containers": [container]}
     if spec.get("affinity"):
         pod_spec["affinity"] = spec["affinity"]

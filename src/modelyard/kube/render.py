@@ -110,6 +110,11 @@ def _gateway_config(values: DeployValues, source: str) -> tuple[dict[str, Any], 
     }
     if values.scheduler.enabled:
         base["placement"] = {"scheduler": f"{SCHEDULER_SERVICE}:{SCHEDULER_PORT}"}
+    if values.telemetry.otlp_endpoint is not None:
+        base["telemetry"] = {
+            "otlp_endpoint": values.telemetry.otlp_endpoint,
+            "sample_ratio": values.telemetry.sample_ratio,
+        }
     data = deep_merge(base, values.gateway.config)
     try:
         return data, validate_config(data, source)
@@ -143,11 +148,15 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
         }
     grpc = listen.grpc_port
     token = values.gateway.admin_token
+    tracing = values.telemetry
     return {
         "namespace": values.namespace,
         "image": f"{values.image.repository}:{values.image.tag}",
         "pull_policy": values.image.pull_policy,
         "pod_security": _POD_SECURITY,
+        # The scheduler and the agents trace with flags (the gateway: its config's telemetry).
+        "tracing_endpoint": tracing.otlp_endpoint and f"--otlp-endpoint={tracing.otlp_endpoint}",
+        "tracing_ratio": tracing.otlp_endpoint and f"--trace-sample-ratio={tracing.sample_ratio:g}",
         "container_security": _CONTAINER_SECURITY,
         "gateway": {
             "labels": _labels("gateway"),

@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from modelyard import __version__
-from modelyard.config import deep_merge, describe_problem, read_yaml
+from modelyard.config import TelemetryConfig, deep_merge, describe_problem, read_yaml
 from modelyard.errors import ConfigError
 
 # Kubernetes quantities ("500m", "1.5", "512Mi", "2G"); the API server would refuse anything else.
@@ -163,6 +163,20 @@ class ServerValues(_Strict):
         return self
 
 
+class TelemetryValues(_Strict):
+    otlp_endpoint: str | None = Field(
+        None,
+        description="trace every role to this OTLP/HTTP endpoint (e.g. http://otel-collector:4318); "
+        "none: tracing off",
+    )
+    sample_ratio: float = Field(1.0, ge=0, le=1, description="share of new traces recorded")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _url(cls, url: str | None) -> str | None:
+        return TelemetryConfig(otlp_endpoint=url).otlp_endpoint  # the gateway's own check
+
+
 class DeployValues(_Strict):
     namespace: str = Field("modelyard", pattern=_DNS_LABEL)
     create_namespace: bool = True
@@ -170,6 +184,7 @@ class DeployValues(_Strict):
     gateway: GatewayValues = GatewayValues()
     redis: RedisValues = RedisValues()
     scheduler: SchedulerValues = SchedulerValues()
+    telemetry: TelemetryValues = TelemetryValues()
     servers: list[ServerValues] = Field(
         default_factory=lambda: [ServerValues(name="mlserver", capabilities=["sklearn", "xgboost"])],
     )

@@ -18,6 +18,7 @@ from modelyard.scheduler.changes import Changes
 from modelyard.scheduler.metrics import SchedulerMetrics
 from modelyard.scheduler.operations import Operation, OperationKind
 from modelyard.scheduler.state import AgentEventKind, LoadedVersion, ReplicaConfig, SchedulerState
+from modelyard.telemetry import Attributes, Span, Tracer
 
 log = logging.getLogger("modelyard.scheduler")
 
@@ -48,9 +49,19 @@ class Agents:
     scheduler's state is restored; `changes` pulses after every mutation an agent makes."""
 
     def __init__(
-        self, changes: Changes, clock: Callable[[], float], *, queue_size: int, drain_timeout: float
+        self,
+        changes: Changes,
+        clock: Callable[[], float],
+        *,
+        queue_size: int,
+        drain_timeout: float,
+        tracer: Tracer | None = None,
     ) -> None:
         self.state: SchedulerState | None = None
+        self._tracer = tracer  # None: tracing off
+        # The span of the API request being applied (`traced`), the parent of the operations it
+        # sends: state changes and their sends are synchronous, so no context needs to travel.
+        self.cause: Span | None = None
         self.autoscaler: Autoscaler | None = None  # set with the state
         self.metrics: SchedulerMetrics | None = None
         self._changes = changes
@@ -82,11 +93,32 @@ class Agents:
                 parameters=spec.parameters,
             ),
         )
+        span = None
+        if self._tracer is not None:  # the agent's span for the operation will be this one's child
+            span = self._operation_span(self._tracer, operation)
+            message.traceparent = span.traceparent()
         try:
             stream.queue.put_nowait(message)
         except asyncio.QueueFull:
+            if span is not None:
+                span.fail("the agent's operation queue is full")
+                span.end()
             return f"the agent's operation queue is full ({self._queue_size})"
+        if span is not None:
+            span.end()  # sent: the agent's span covers the work
         return None
+
+    def _operation_span(self, tracer: Tracer, operation: Operation) -> Span:
+        name = f"{operation.kind} {operation.model}"
+        attributes: Attributes = {
+            "modelyard.model": operation.model,
+            "modelyard.model_version": operation.version,
+            "modelyard.server": operation.server,
+            "modelyard.replica": operation.index,
+        }
+        if self.cause is not None:
+            return self.cause.child(name, "client", attributes)
+        return tracer.start(name, (), "client", attributes)  # the autoscaler's, a retry's: a trace of its own
 
     def close_all(self) -> None:
         """The scheduler is stopping: end every stream without processing it as a disconnect, so the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -121,7 +121,8 @@ def spec_from_body(document: object, name: str) -> ModelSpec:
 async def put_model(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     spec = spec_from_body(await _read_document(request), request.match_info["name"])
-    model, change = service.state.apply(spec, service.clock())
+    with _traced(service, request, f"apply {spec.name}", spec.name):
+        model, change = service.state.apply(spec, service.clock())
     service.changes.pulse()
     return json_response({**model_view(model), "change": change})
 
@@ -137,9 +138,32 @@ async def get_model(request: web.Request) -> web.Response:
 
 async def delete_model(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    model = service.state.delete(request.match_info["name"], service.clock())
+    name = request.match_info["name"]
+    with _traced(service, request, f"delete {name}", name):
+        model = service.state.delete(name, service.clock())
     service.changes.pulse()
     return json_response(model_view(model))
+
+
+@contextlib.contextmanager
+def _traced(service: SchedulerService, request: web.Request, name: str, model: str) -> Iterator[None]:
+    """With tracing on, a span for one model change (a child of the client's traceparent), made
+    the parent of the operations the change sends to agents. The change is synchronous: no await
+    runs between setting `agents.cause` and clearing it."""
+    tracer = service.tracer
+    if tracer is None:
+        yield
+        return
+    span = tracer.start(name, request.headers.items(), "server", {"modelyard.model": model})
+    service.agents.cause = span
+    try:
+        yield
+    except ModelyardError as error:
+        span.fail(error.message, type(error).__name__)
+        raise
+    finally:
+        service.agents.cause = None
+        span.end()
 
 
 async def get_servers(request: web.Request) -> web.Response:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from modelyard.config import TelemetryConfig
+
 DEFAULT_DB = "./modelyard-scheduler.db"
 
 
@@ -40,4 +42,8 @@ class SchedulerConfig(BaseModel):
     scaling_interval: float = Field(1.0, gt=0, description="seconds between scaling decisions")
     stats_max_age: float = Field(
         10.0, gt=0, description="an agent's usage report older than this counts as none"
+    )
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="tracing, as the gateway's: a span per model apply and per operation sent to an agent",
     )

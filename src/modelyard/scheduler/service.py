@@ -26,6 +26,7 @@ from modelyard.scheduler.metrics import SchedulerMetrics
 from modelyard.scheduler.state import SchedulerState
 from modelyard.serving import HttpServer
 from modelyard.store import Store
+from modelyard.telemetry import build_tracer
 
 log = logging.getLogger("modelyard.scheduler")
 
@@ -39,8 +40,13 @@ class SchedulerService:
         self.changes = Changes()
         self.feed = FeedHub(config.feed_queue_size)
         self.store = Store(config.db)
+        self.tracer = build_tracer(config.telemetry, "modelyard-scheduler")
         self.agents = Agents(
-            self.changes, clock, queue_size=config.agent_queue_size, drain_timeout=config.drain_timeout
+            self.changes,
+            clock,
+            queue_size=config.agent_queue_size,
+            drain_timeout=config.drain_timeout,
+            tracer=self.tracer,
         )
         try:  # a database it cannot read is a ConfigError naming it (one line from the CLI)
             self.state = SchedulerState.restore(
@@ -138,6 +144,8 @@ class RunningScheduler:
         await self.agent_server.stop(grace=1.0)
         await self.http.stop()
         self.service.store.close()
+        if self.service.tracer is not None:  # the spans still batched go out (blocking: off the loop)
+            await asyncio.to_thread(self.service.tracer.shutdown)
 
 
 async def start_scheduler(

@@ -382,7 +382,13 @@ class H1Connection(asyncio.Protocol):
         except (asyncio.CancelledError, ConnectionError):
             reply.keep_alive = False  # the client went away
         except Exception:  # a handler answers its own errors (the gateway's lean_handler); a bug
-            log.exception("unanswered error on %s %s; closing the connection", request.method, request.path)
+            log.exception(
+                "unanswered error on %s %s (request %s); closing the connection",
+                request.method,
+                request.path,
+                reply.request_id or "-",
+                extra={"request_id": reply.request_id},
+            )
             reply.keep_alive = False
         finally:
             self._task = None

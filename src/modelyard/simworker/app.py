@@ -10,6 +10,7 @@ import base64
 import struct
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 import orjson
@@ -34,6 +35,10 @@ from modelyard.simworker.text import (
 
 ENGINE = web.AppKey("modelyard_sim_engine", SimEngine)
 _REGISTRY = web.AppKey("modelyard_sim_registry", CollectorRegistry)
+TRACEPARENTS_KEPT = 32
+# The W3C traceparent of the last requests that sent one, newest last, in /sim/stats: what a
+# tracing gateway propagated is observable from outside (tests, a demo without a collector).
+_TRACEPARENTS = web.AppKey("modelyard_sim_traceparents", deque[str])
 
 _DEFAULT_MAX_TOKENS = 16
 _MAX_TOKENS_LIMIT = 1 << 17
@@ -446,7 +451,18 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 
 
 async def _sim_stats(request: web.Request) -> web.StreamResponse:
-    return _json(request.app[ENGINE].snapshot())
+    seen = request.app[_TRACEPARENTS]
+    return _json({**request.app[ENGINE].snapshot(), "traceparents": [*seen]})
+
+
+@web.middleware
+async def _remember_traceparent(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    traceparent = request.headers.get("traceparent")
+    if traceparent is not None:
+        request.app[_TRACEPARENTS].append(traceparent)
+    return await handler(request)
 
 
 async def _sim_config(request: web.Request) -> web.StreamResponse:
@@ -467,9 +483,10 @@ async def _sim_config_update(request: web.Request) -> web.StreamResponse:
 def create_sim_app(config: SimWorkerConfig) -> web.Application:
     """A fresh simulated server: its own engine, counters, cache and metrics registry."""
     gate = [only_loaded_models] if config.repository_mode else []
-    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=gate)
+    app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_remember_traceparent, *gate])
     engine = SimEngine(config)
     app[ENGINE] = engine
+    app[_TRACEPARENTS] = deque(maxlen=TRACEPARENTS_KEPT)
     repository = install_repository(app, config) if config.repository_mode else None
     app[_REGISTRY] = create_registry(engine, repository)
     v2_model = "/v2/models/{model}"

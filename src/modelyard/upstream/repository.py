@@ -13,6 +13,7 @@ upstream errors of `http1` (`UpstreamUnreachable`, `UpstreamTimeout`, `UpstreamC
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -65,16 +66,25 @@ class RepositoryClient:
         self._client = client or Http1Client(max_connections=8, connect_timeout=5.0)
 
     async def _call(
-        self, method: str, path: str, body: bytes | None, deadline: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        deadline: float | None = None,
+        extra: Sequence[tuple[str, str]] = (),
     ) -> tuple[int, bytes]:
-        headers = _JSON if body is not None else ()
+        headers: Sequence[tuple[str, str]] = _JSON if body is not None else ()
+        if extra:
+            headers = (*headers, *extra)
         response = await self._client.request(
             self.base_url, method, path, headers, body, deadline or self.timeout
         )
         return response.status, await response.read()
 
-    async def _checked(self, what: str, path: str, body: bytes | None) -> bytes:
-        status, answer = await self._call("POST", path, body)
+    async def _checked(
+        self, what: str, path: str, body: bytes | None, extra: Sequence[tuple[str, str]] = ()
+    ) -> bytes:
+        status, answer = await self._call("POST", path, body, extra=extra)
         if not 200 <= status < 300:
             text = error_text(answer)
             raise ModelServerRefused(
@@ -102,15 +112,17 @@ class RepositoryClient:
             if isinstance(e, dict) and e.get("name")
         ]
 
-    async def load(self, name: str) -> None:
-        await self._checked(f"load {name}", f"/v2/repository/models/{quote(name, safe='')}/load", b"{}")
+    async def load(self, name: str, headers: Sequence[tuple[str, str]] = ()) -> None:
+        """`headers`: sent along (an agent's trace context)."""
+        path = f"/v2/repository/models/{quote(name, safe='')}/load"
+        await self._checked(f"load {name}", path, b"{}", headers)
 
-    async def unload(self, name: str) -> bool:
+    async def unload(self, name: str, headers: Sequence[tuple[str, str]] = ()) -> bool:
         """Unload `name`; False when the server did not know it (404: already gone), as Seldon
         treats it. Triton answers 400 for an unknown model on some paths: that stays an error."""
         try:
             await self._checked(
-                f"unload {name}", f"/v2/repository/models/{quote(name, safe='')}/unload", b"{}"
+                f"unload {name}", f"/v2/repository/models/{quote(name, safe='')}/unload", b"{}", headers
             )
         except ModelServerRefused as error:
             if error.server_status == 404:

@@ -68,11 +68,16 @@ def test_the_specs_scaling_resources_affinity_and_propagated_headers_carry_over(
         "resources": {"limits": {"cpu": "2", "memory": "2Gi"}},
         "affinity": affinity,
     }
-    deployment, _service, hpa = manifests(spec, propagate_headers=["Authorization", "x-team-.*"])
+    deployment, _service, hpa = manifests(
+        spec, propagate_headers=["Authorization", "x-team-.*"], otlp_endpoint="http://collector:4318"
+    )
     pod = deployment["spec"]["template"]["spec"]
     assert pod["affinity"] == affinity
     assert pod["containers"][0]["resources"] == {"limits": {"cpu": "2", "memory": "2Gi"}}
-    assert pod["containers"][0]["env"] == [{"name": "PROPAGATE_HEADERS", "value": "Authorization,x-team-.*"}]
+    assert pod["containers"][0]["env"] == [
+        {"name": "PROPAGATE_HEADERS", "value": "Authorization,x-team-.*"},
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://collector:4318"},
+    ]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "memory"
     assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 60

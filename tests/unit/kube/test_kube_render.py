@@ -290,3 +290,21 @@ def test_a_config_change_rolls_the_gateways(tmp_path):
             "values.yaml", tmp_path=tmp_path, extra="gateway: {config: {limits: {max_body_bytes: 1000}}}"
         )
     )
+
+
+def test_every_role_traces_to_the_collector_the_values_name():
+    docs = rendered("values-production.yaml")
+    assert gateway_config(docs)["telemetry"] == {
+        "otlp_endpoint": "http://otel-collector.observability:4318",
+        "sample_ratio": 0.1,
+    }
+    flags = ["--otlp-endpoint=http://otel-collector.observability:4318", "--trace-sample-ratio=0.1"]
+    scheduler = containers(find(docs, "StatefulSet", "modelyard-scheduler"))[0]
+    assert scheduler["args"][-2:] == flags
+    for name in ("cpu-pool", "gpu-pool"):
+        agent = {c["name"]: c for c in containers(find(docs, "StatefulSet", name))}["agent"]
+        assert agent["args"][-2:] == flags
+    # off by default: no flag, no config section
+    docs = rendered("values.yaml")
+    assert "telemetry" not in gateway_config(docs)
+    assert not [a for d in pods(docs) for c in containers(d) for a in c.get("args", []) if "otlp" in a]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"modelyard/rpc/agent_v1/agent.proto\x12\x12modelyard.agent.v1\"r\n\rReplicaConfig\x12\x15\n\rinference_url\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x1e\n\x16over_commit_percentage\x18\x04 \x01(\r\"c\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x35\n\x0cruntime_info\x18\x03 \x01(\x0b\x32\x1f.modelyard.agent.v1.RuntimeInfo\"\xdf\x01\n\x10SubscribeRequest\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\x12\x0e\n\x06shared\x18\x03 \x01(\x08\x12\x39\n\x0ereplica_config\x18\x04 \x01(\x0b\x32!.modelyard.agent.v1.ReplicaConfig\x12\x36\n\rloaded_models\x18\x05 \x03(\x0b\x32\x1f.modelyard.agent.v1.LoadedModel\x12\x1e\n\x16\x61vailable_memory_bytes\x18\x06 \x01(\x04\"\xe7\x01\n\x0cModelVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0bstorage_uri\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x14\n\x0crequirements\x18\x05 \x03(\t\x12\x44\n\nparameters\x18\x06 \x03(\x0b\x32\x30.modelyard.agent.v1.ModelVersion.ParametersEntry\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x0eModelOperation\x12?\n\toperation\x18\x01 \x01(\x0e\x32,.modelyard.agent.v1.ModelOperation.Operation\x12\x37\n\rmodel_version\x18\x02 \x01(\x0b\x32 .modelyard.agent.v1.ModelVersion\"D\n\tOperation\x12\x15\n\x11UNKNOWN_OPERATION\x10\x00\x12\x0e\n\nLOAD_MODEL\x10\x01\x12\x10\n\x0cUNLOAD_MODEL\x10\x02\"%\n\x0bRuntimeInfo\x12\x16\n\x0einstance_count\x18\x01 \x01(\r\"\xd8\x02\n\nModelEvent\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\r\x12\x33\n\x05\x65vent\x18\x05 \x01(\x0e\x32$.modelyard.agent.v1.ModelEvent.Event\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x1e\n\x16\x61vailable_memory_bytes\x18\x07 \x01(\x04\x12\x35\n\x0cruntime_info\x18\x08 \x01(\x0b\x32\x1f.modelyard.agent.v1.RuntimeInfo\"X\n\x05\x45vent\x12\x11\n\rUNKNOWN_EVENT\x10\x00\x12\n\n\x06LOADED\x10\x01\x12\x0f\n\x0bLOAD_FAILED\x10\x02\x12\x0c\n\x08UNLOADED\x10\x03\x12\x11\n\rUNLOAD_FAILED\x10\x04\"\x14\n\x12ModelEventResponse\"=\n\x11\x41gentDrainRequest\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\"%\n\x12\x41gentDrainResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\"d\n\nModelStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x0e\n\x06queued\x18\x04 \x01(\r\x12\x14\n\x0cidle_seconds\x18\x05 \x01(\x01\"m\n\x11\x41gentStatsRequest\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\x12.\n\x06models\x18\x03 \x03(\x0b\x32\x1e.modelyard.agent.v1.ModelStats\"\x14\n\x12\x41gentStatsResponse2\xf7\x02\n\x0c\x41gentService\x12W\n\tSubscribe\x12$.modelyard.agent.v1.SubscribeRequest\x1a\".modelyard.agent.v1.ModelOperation0\x01\x12T\n\nAgentEvent\x12\x1e.modelyard.agent.v1.ModelEvent\x1a&.modelyard.agent.v1.ModelEventResponse\x12[\n\nAgentDrain\x12%.modelyard.agent.v1.AgentDrainRequest\x1a&.modelyard.agent.v1.AgentDrainResponse\x12[\n\nAgentStats\x12%.modelyard.agent.v1.AgentStatsRequest\x1a&.modelyard.agent.v1.AgentStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"modelyard/rpc/agent_v1/agent.proto\x12\x12modelyard.agent.v1\"r\n\rReplicaConfig\x12\x15\n\rinference_url\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x1e\n\x16over_commit_percentage\x18\x04 \x01(\r\"c\n\x0bLoadedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x35\n\x0cruntime_info\x18\x03 \x01(\x0b\x32\x1f.modelyard.agent.v1.RuntimeInfo\"\xdf\x01\n\x10SubscribeRequest\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\x12\x0e\n\x06shared\x18\x03 \x01(\x08\x12\x39\n\x0ereplica_config\x18\x04 \x01(\x0b\x32!.modelyard.agent.v1.ReplicaConfig\x12\x36\n\rloaded_models\x18\x05 \x03(\x0b\x32\x1f.modelyard.agent.v1.LoadedModel\x12\x1e\n\x16\x61vailable_memory_bytes\x18\x06 \x01(\x04\"\xe7\x01\n\x0cModelVersion\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0bstorage_uri\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x14\n\x0crequirements\x18\x05 \x03(\t\x12\x44\n\nparameters\x18\x06 \x03(\x0b\x32\x30.modelyard.agent.v1.ModelVersion.ParametersEntry\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe5\x01\n\x0eModelOperation\x12?\n\toperation\x18\x01 \x01(\x0e\x32,.modelyard.agent.v1.ModelOperation.Operation\x12\x37\n\rmodel_version\x18\x02 \x01(\x0b\x32 .modelyard.agent.v1.ModelVersion\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\"D\n\tOperation\x12\x15\n\x11UNKNOWN_OPERATION\x10\x00\x12\x0e\n\nLOAD_MODEL\x10\x01\x12\x10\n\x0cUNLOAD_MODEL\x10\x02\"%\n\x0bRuntimeInfo\x12\x16\n\x0einstance_count\x18\x01 \x01(\r\"\xd8\x02\n\nModelEvent\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\r\x12\x33\n\x05\x65vent\x18\x05 \x01(\x0e\x32$.modelyard.agent.v1.ModelEvent.Event\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x1e\n\x16\x61vailable_memory_bytes\x18\x07 \x01(\x04\x12\x35\n\x0cruntime_info\x18\x08 \x01(\x0b\x32\x1f.modelyard.agent.v1.RuntimeInfo\"X\n\x05\x45vent\x12\x11\n\rUNKNOWN_EVENT\x10\x00\x12\n\n\x06LOADED\x10\x01\x12\x0f\n\x0bLOAD_FAILED\x10\x02\x12\x0c\n\x08UNLOADED\x10\x03\x12\x11\n\rUNLOAD_FAILED\x10\x04\"\x14\n\x12ModelEventResponse\"=\n\x11\x41gentDrainRequest\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\"%\n\x12\x41gentDrainResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\"d\n\nModelStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x0e\n\x06queued\x18\x04 \x01(\r\x12\x14\n\x0cidle_seconds\x18\x05 \x01(\x01\"m\n\x11\x41gentStatsRequest\x12\x13\n\x0bserver_name\x18\x01 \x01(\t\x12\x13\n\x0breplica_idx\x18\x02 \x01(\r\x12.\n\x06models\x18\x03 \x03(\x0b\x32\x1e.modelyard.agent.v1.ModelStats\"\x14\n\x12\x41gentStatsResponse2\xf7\x02\n\x0c\x41gentService\x12W\n\tSubscribe\x12$.modelyard.agent.v1.SubscribeRequest\x1a\".modelyard.agent.v1.ModelOperation0\x01\x12T\n\nAgentEvent\x12\x1e.modelyard.agent.v1.ModelEvent\x1a&.modelyard.agent.v1.ModelEventResponse\x12[\n\nAgentDrain\x12%.modelyard.agent.v1.AgentDrainRequest\x1a&.modelyard.agent.v1.AgentDrainResponse\x12[\n\nAgentStats\x12%.modelyard.agent.v1.AgentStatsRequest\x1a&.modelyard.agent.v1.AgentStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,27 +44,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELVERSION_PARAMETERSENTRY']._serialized_start=684
   _globals['_MODELVERSION_PARAMETERSENTRY']._serialized_end=733
   _globals['_MODELOPERATION']._serialized_start=736
-  _globals['_MODELOPERATION']._serialized_end=944
-  _globals['_MODELOPERATION_OPERATION']._serialized_start=876
-  _globals['_MODELOPERATION_OPERATION']._serialized_end=944
-  _globals['_RUNTIMEINFO']._serialized_start=946
-  _globals['_RUNTIMEINFO']._serialized_end=983
-  _globals['_MODELEVENT']._serialized_start=986
-  _globals['_MODELEVENT']._serialized_end=1330
-  _globals['_MODELEVENT_EVENT']._serialized_start=1242
-  _globals['_MODELEVENT_EVENT']._serialized_end=1330
-  _globals['_MODELEVENTRESPONSE']._serialized_start=1332
-  _globals['_MODELEVENTRESPONSE']._serialized_end=1352
-  _globals['_AGENTDRAINREQUEST']._serialized_start=1354
-  _globals['_AGENTDRAINREQUEST']._serialized_end=1415
-  _globals['_AGENTDRAINRESPONSE']._serialized_start=1417
-  _globals['_AGENTDRAINRESPONSE']._serialized_end=1454
-  _globals['_MODELSTATS']._serialized_start=1456
-  _globals['_MODELSTATS']._serialized_end=1556
-  _globals['_AGENTSTATSREQUEST']._serialized_start=1558
-  _globals['_AGENTSTATSREQUEST']._serialized_end=1667
-  _globals['_AGENTSTATSRESPONSE']._serialized_start=1669
-  _globals['_AGENTSTATSRESPONSE']._serialized_end=1689
-  _globals['_AGENTSERVICE']._serialized_start=1692
-  _globals['_AGENTSERVICE']._serialized_end=2067
+  _globals['_MODELOPERATION']._serialized_end=965
+  _globals['_MODELOPERATION_OPERATION']._serialized_start=897
+  _globals['_MODELOPERATION_OPERATION']._serialized_end=965
+  _globals['_RUNTIMEINFO']._serialized_start=967
+  _globals['_RUNTIMEINFO']._serialized_end=1004
+  _globals['_MODELEVENT']._serialized_start=1007
+  _globals['_MODELEVENT']._serialized_end=1351
+  _globals['_MODELEVENT_EVENT']._serialized_start=1263
+  _globals['_MODELEVENT_EVENT']._serialized_end=1351
+  _globals['_MODELEVENTRESPONSE']._serialized_start=1353
+  _globals['_MODELEVENTRESPONSE']._serialized_end=1373
+  _globals['_AGENTDRAINREQUEST']._serialized_start=1375
+  _globals['_AGENTDRAINREQUEST']._serialized_end=1436
+  _globals['_AGENTDRAINRESPONSE']._serialized_start=1438
+  _globals['_AGENTDRAINRESPONSE']._serialized_end=1475
+  _globals['_MODELSTATS']._serialized_start=1477
+  _globals['_MODELSTATS']._serialized_end=1577
+  _globals['_AGENTSTATSREQUEST']._serialized_start=1579
+  _globals['_AGENTSTATSREQUEST']._serialized_end=1688
+  _globals['_AGENTSTATSRESPONSE']._serialized_start=1690
+  _globals['_AGENTSTATSRESPONSE']._serialized_end=1710
+  _globals['_AGENTSERVICE']._serialized_start=1713
+  _globals['_AGENTSERVICE']._serialized_end=2088
 # @@protoc_insertion_point(module_scope)

@@ -201,7 +201,13 @@ class ModelOperation(_message.Message):
 
     OPERATION_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     operation: Global___ModelOperation.Operation.ValueType
+    traceparent: _builtins.str
+    """W3C trace context of the scheduler's span that sent this operation (empty: not traced); the
+    agent's span for the operation is its child. In the message, not in gRPC metadata: the
+    operations of one Subscribe stream share its metadata.
+    """
     @_builtins.property
     def model_version(self) -> Global___ModelVersion: ...
     def __init__(
@@ -209,10 +215,11 @@ class ModelOperation(_message.Message):
         *,
         operation: Global___ModelOperation.Operation.ValueType = ...,
         model_version: Global___ModelVersion | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model_version", b"model_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model_version", b"model_version", "operation", b"operation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model_version", b"model_version", "operation", b"operation", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

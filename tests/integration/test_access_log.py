@@ -1,0 +1,121 @@
+"""The access log (logging.access_log): one JSON line per request on `modelyard.access`, built from
+the same record as the routing log; upstream error lines carry the request id."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+import pytest
+
+from modelyard.gateway import GATEWAY
+from otlp_receiver import OtlpReceiver
+from support import model_config
+
+CHAT = "/v1/chat/completions"
+ACCESS = "modelyard.access"
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, **extra}
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == ACCESS]
+
+
+async def test_one_json_line_per_request_matching_the_routing_log_and_the_trace(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    receiver = await OtlpReceiver().start()
+    try:
+        (worker,) = await sim_workers(1)
+        gateway = await gateways(
+            [model_config("m", [worker])],
+            logging={"access_log": True},
+            telemetry={"otlp_endpoint": receiver.url},
+        )
+        async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "acc-1"}) as response:
+            assert response.status == 200
+            body = await response.read()
+            backend = response.headers["X-Modelyard-Backend"]
+        tracer = gateway.app[GATEWAY].tracer
+        assert tracer is not None and await asyncio.to_thread(tracer.force_flush)
+    finally:
+        await receiver.stop()
+
+    (line,) = access_lines(caplog)
+    entry = orjson.loads(line)
+    (record,) = [r for r in gateway.app[GATEWAY].metrics.routing_log.recent() if r.request_id == "acc-1"]
+    (span,) = [s for s in receiver.spans if s.kind == "server"]
+    assert entry == {
+        "ts": entry["ts"],
+        "request_id": "acc-1",
+        "method": "POST",
+        "path": CHAT,
+        "model": record.model,
+        "route": record.route,
+        "subset": record.subset,
+        "backend": backend,
+        "strategy": record.strategy,
+        "attempts": 1,
+        "status": 200,
+        "duration_ms": record.latency_ms,
+        "bytes": len(body),
+        "trace_id": span.trace_id,
+        "worker": None,
+    }
+    assert record.backend == backend and record.status == 200
+    assert entry["ts"].endswith("+00:00")
+
+
+async def test_a_stream_is_logged_once_when_it_ends_with_its_bytes(sim_workers, gateways, http, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], logging={"access_log": True, "format": "text"})
+    async with http.post(gateway.url + CHAT, json=chat(stream=True)) as response:
+        body = await response.read()
+        request_id = response.headers["X-Request-Id"]
+    (line,) = access_lines(caplog)
+    fields = dict(part.split("=", 1) for part in line.split(" "))
+    assert fields["request_id"] == request_id
+    assert fields["bytes"] == str(len(body))
+    assert (fields["status"], fields["attempts"], fields["worker"]) == ("200", "1", "-")
+    assert "trace_id" not in fields  # tracing is off
+
+
+async def test_an_upstream_failure_is_logged_with_its_request_id(sim_workers, gateways, http, caplog):
+    caplog.set_level(logging.INFO)
+    workers = await sim_workers(1, decode_ms_per_token=200.0)  # healthy, but slower than a try may be
+    route = {
+        "name": "impatient",
+        "destinations": [{"subset": "default"}],
+        "per_try_timeout": "50ms",
+        "retries": {"attempts": 0},
+    }
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "err-1"}) as response:
+        assert response.status == 504
+    (error,) = [r for r in caplog.records if r.name == "modelyard.gateway" and r.levelno >= logging.WARNING]
+    assert error.request_id == "err-1"  # type: ignore[attr-defined]
+    assert "request err-1 failed after 1 try" in error.getMessage()
+    assert "per_try_timeout" in error.getMessage()
+    (line,) = access_lines(caplog)
+    entry = orjson.loads(line)
+    assert (entry["request_id"], entry["status"], entry["backend"], entry["attempts"]) == (
+        "err-1",
+        504,
+        "w0",
+        1,
+    )
+
+
+async def test_off_by_default_nothing_is_logged(sim_workers, gateways, http, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])])
+    async with http.post(gateway.url + CHAT, json=chat()) as response:
+        assert response.status == 200
+    assert access_lines(caplog) == []
