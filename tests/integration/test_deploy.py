@@ -4,6 +4,7 @@ rendered probes hit, answered by the real servers (issue 12 items 1 to 3)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -234,3 +235,31 @@ async def test_requests_in_flight_are_exported_for_the_autoscaler(gateways, sim_
         return await metric_value(http, gateway.url, "modelyard_requests_in_flight", model="m") == 0
 
     await wait_until(done)
+
+
+async def test_mlservers_prestop_waits_for_the_agent_to_exit(sim_workers, http):
+    """The rendered preStop hook of the MLServer container, run against a real agent: it holds
+    while the agent answers (draining included), and returns once the agent has exited."""
+    (server,) = [
+        d
+        for d in render(DeployValues())
+        if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "mlserver"
+    ]
+    containers = {c["name"]: c for c in server["spec"]["template"]["spec"]["containers"]}
+    command = containers["mlserver"]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python3", "-c"]
+    (worker,) = await sim_workers(1, repository_api=True)
+    agent = await start_agent(
+        AgentConfig(
+            scheduler="127.0.0.1:1", server_name="s", inference_url=worker.url, memory_bytes=1000, port=0
+        )
+    )
+    script = command[2].replace("127.0.0.1:9999", agent.url.removeprefix("http://"))
+    hook = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
+    try:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(hook.wait()), 1.5)
+        assert hook.returncode is None  # still waiting: the agent is up
+    finally:
+        await agent.stop()
+    assert await asyncio.wait_for(hook.wait(), 10) == 0

@@ -87,14 +87,16 @@ def image(podman: list[str]) -> str:
 def test_the_image_runs_as_a_numeric_non_root_user_on_a_read_only_root(podman, image):
     user = run([*podman, "image", "inspect", image, "--format", "{{.Config.User}}"])
     assert user.stdout.strip() == "10001:10001"  # numeric: Kubernetes' runAsNonRoot can check it
-    version = run([*podman, "run", "--rm", "--read-only", image, "version"])
+    version = run([*podman, "run", "--rm", "--read-only", "--read-only-tmpfs=false", image, "version"])
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == __version__
 
 
 def test_the_image_renders_the_same_manifests(podman, image):
     """The manifests are package data: an installed modelyard (the image's) has them."""
-    rendered = run([*podman, "run", "--rm", "--read-only", image, "deploy", "render"])
+    rendered = run(
+        [*podman, "run", "--rm", "--read-only", "--read-only-tmpfs=false", image, "deploy", "render"]
+    )
     assert rendered.returncode == 0, rendered.stderr
     assert list(yaml.safe_load_all(rendered.stdout)) == list(yaml.safe_load_all(dump(render(DeployValues()))))
 
@@ -108,7 +110,8 @@ async def test_started_as_kserve_starts_its_router_it_serves_the_graph(podman, i
     spec = {"nodes": {"root": {"routerType": "Sequence", "steps": [{"name": "a", "serviceUrl": url}]}}}
     name = f"modelyard-test-router-{port}"
     container = await asyncio.create_subprocess_exec(
-        *podman, "run", "--rm", "--name", name, "--network", "host", "--read-only", image,
+        *podman, "run", "--rm", "--name", name, "--network", "host",
+        "--read-only", "--read-only-tmpfs=false", image,
         "--graph-json", orjson.dumps(spec).decode(), "--port", str(port),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from modelyard.cli.problems import fail
 from modelyard.errors import ConfigError
 from modelyard.kube.render import dump, render
 from modelyard.kube.values import load_values
@@ -37,9 +38,7 @@ def render_command(
     try:
         documents = render(load_values(paths), source=", ".join(map(str, paths)) or "<defaults>")
     except ConfigError as error:
-        for problem in error.problems:
-            err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise fail(error) from None
     text = dump(documents)
     if output is None:
         typer.echo(text, nl=False)

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from modelyard import __version__
+from modelyard.cli.problems import fail
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.documents import DocumentError, parse_documents
 from modelyard.errors import ConfigError, GraphInvalid
@@ -302,9 +303,7 @@ def deploy(
     except GraphInvalid as error:
         raise _fail(error) from None
     except ConfigError as error:
-        for problem in error.problems:
-            err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise fail(error) from None
     if not manifests:
         err.print("[red]error:[/red] " + escape(f"{file}: no graph" + (f" named {name!r}" if name else "")))
         raise typer.Exit(1)

@@ -21,6 +21,7 @@ from modelyard.cli.demo_placement import AGENT_PORT, SCHEDULER_PORT, start_demo_
 from modelyard.cli.deploy import deploy_app
 from modelyard.cli.graph import app as graph_app
 from modelyard.cli.model import model_app, server_app
+from modelyard.cli.problems import fail
 from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
 from modelyard.config import GatewayConfig, load_config, merged_data, validate_config
@@ -47,15 +48,6 @@ app.command("agent")(agent)
 app.command("bench")(bench)
 
 err = Console(stderr=True, highlight=False)
-
-
-def _fail(error: ModelyardError) -> typer.Exit:
-    if isinstance(error, ConfigError):
-        for problem in error.problems:
-            err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
-    else:
-        err.print("[red]error:[/red] " + escape(f"{error.message}"), soft_wrap=True)
-    return typer.Exit(1)
 
 
 def _cli_overrides(
@@ -149,7 +141,7 @@ def serve(
             return
         run(_serve(loaded, graphs))
     except ModelyardError as error:
-        raise _fail(error) from None
+        raise fail(error) from None
     except OSError as error:
         err.print("[red]error:[/red] " + escape(f"cannot listen: {error.strerror or error}"), soft_wrap=True)
         raise typer.Exit(1) from None

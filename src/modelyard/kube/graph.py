@@ -22,6 +22,7 @@ GRAPH_LABEL = "serving.kserve.io/inferencegraph"
 DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "100Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 DEFAULT_SCALE_TARGET = 80  # percent; KServe's default for the raw-mode HPA
 _SCALE_METRICS = ("cpu", "memory")  # what raw deployment mode's HPA scales on
+_POD_FIELDS = ("affinity", "nodeSelector", "nodeName", "tolerations", "serviceAccountName")
 
 
 def graph_manifests(
@@ -79,9 +80,14 @@ def graph_manifests(
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": otlp_endpoint})
     if env:
         container["env"] = env
-    pod_spec: dict[str, Any] = {"automountServiceAccountToken": False, "containers": [container]}
-    if spec.get("affinity"):
-        pod_spec["affinity"] = spec["affinity"]
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # the router never calls the Kubernetes API
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }
+    for field in _POD_FIELDS:  # what KServe copies from the graph's spec into the pod
+        if spec.get(field):
+            pod_spec[field] = copy.deepcopy(spec[field])
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -114,7 +120,7 @@ def _autoscaler(name: str, spec: Mapping[str, Any], meta: dict[str, Any], source
             source,
             [f"graph {name!r}: spec.scaleMetric: raw deployment scales on cpu or memory, got {metric!r}"],
         )
-    least = int(spec.get("minReplicas") or 1)
+    least = max(1, int(spec.get("minReplicas") or 1))  # raw mode has no scale to zero: KServe uses 1
     most = max(least, int(spec.get("maxReplicas") or 0))
     target = int(spec.get("scaleTarget") or DEFAULT_SCALE_TARGET)
     return {

@@ -18,11 +18,11 @@ from typing import Any
 import yaml
 
 from modelyard import __version__
-from modelyard.config import GatewayConfig, deep_merge, validate_config
+from modelyard.config import AUTO_WORKERS, GatewayConfig, deep_merge, validate_config
 from modelyard.errors import ConfigError
 from modelyard.kube.podinfo import CAPABILITY_LABEL
 from modelyard.kube.template import fill_documents
-from modelyard.kube.values import DeployValues, Resources, ServerValues
+from modelyard.kube.values import DeployValues, Resources, ServerValues, quantity
 
 SCHEDULER_PORT = 9004  # REST API and the gateways' feed
 SCHEDULER_AGENT_PORT = 9005  # gRPC AgentService
@@ -85,6 +85,8 @@ _TEMPLATES: list[tuple[str, Callable[[DeployValues], bool]]] = [
     ("scheduler.yaml", lambda v: v.scheduler.enabled),
     ("gateway.yaml", lambda v: True),
     ("gateway-hpa.yaml", lambda v: v.gateway.autoscaling.enabled),
+    ("redis-policy.yaml", lambda v: v.network_policies and v.redis.deploy),
+    ("scheduler-policy.yaml", lambda v: v.network_policies and v.scheduler.enabled),
 ]
 
 
@@ -105,7 +107,8 @@ def _gateway_config(values: DeployValues, source: str) -> tuple[dict[str, Any], 
     """The gateway's config: what the other manifests need filled in, under what the values give.
     Validated here, so a mistake is reported at render time with its path in the values file."""
     base: dict[str, Any] = {
-        "listen": {"host": "0.0.0.0", "port": 8000, "workers": _workers(values)},
+        # drain_seconds: time for kube-proxy and load balancers to see the pod unready on SIGTERM
+        "listen": {"host": "0.0.0.0", "port": 8000, "workers": _workers(values), "drain_seconds": 10},
         "state": {"backend": "redis", "url": redis_url(values)},
     }
     if values.scheduler.enabled:
@@ -117,9 +120,26 @@ def _gateway_config(values: DeployValues, source: str) -> tuple[dict[str, Any], 
         }
     data = deep_merge(base, values.gateway.config)
     try:
-        return data, validate_config(data, source)
+        config = validate_config(data, source)
     except ConfigError as error:
         raise ConfigError(source, [f"gateway.config.{p}" for p in error.problems]) from None
+    problems = []
+    if config.listen.host not in _WILDCARDS:  # probes and the Service come from outside the pod
+        problems.append(
+            f"gateway.config.listen.host: a pod listens on 0.0.0.0 or ::, got {config.listen.host!r}"
+        )
+    workers = config.listen.workers
+    if config.placement.scheduler and isinstance(workers, int) and workers > 1:
+        problems.append(
+            "gateway.config.listen.workers: placement.scheduler (placed models) works with one worker "
+            f"only for now (got {workers})"
+        )
+    if problems:
+        raise ConfigError(source, problems)
+    return data, config
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def _workers(values: DeployValues) -> int | str:
@@ -128,8 +148,7 @@ def _workers(values: DeployValues) -> int | str:
     cpu = values.gateway.resources.limits.cpu
     if values.scheduler.enabled or cpu is None:
         return "auto"
-    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
-    return max(1, min(8, math.ceil(cores)))
+    return max(1, min(AUTO_WORKERS, math.ceil(quantity(cpu))))
 
 
 def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]) -> dict[str, Any]:
@@ -161,7 +180,8 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
         "gateway": {
             "labels": _labels("gateway"),
             "selector": _selector("gateway"),
-            "replicas": values.gateway.replicas if not autoscaling.enabled else autoscaling.min_replicas,
+            # with the HPA on, it owns the count: a re-apply must not reset it
+            "replicas": None if autoscaling.enabled else values.gateway.replicas,
             "config_yaml": config_yaml,
             "config_sha256": hashlib.sha256(config_yaml.encode()).hexdigest()[:16],
             "port": listen.port,
@@ -172,7 +192,9 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
             "grpc_service_port": None
             if grpc is None
             else {"name": "grpc", "port": grpc, "targetPort": "grpc", "protocol": "TCP"},
-            "termination_grace_seconds": math.ceil(listen.drain_seconds + listen.shutdown_timeout) + 5,
+            # the drain and the shutdown, with slack for the process' own stop
+            "termination_grace_seconds": math.ceil(listen.drain_seconds + listen.shutdown_timeout) + 15,
+            "shm_size": f"{_shm_mib(listen.workers)}Mi",
             "resources": _resources(values.gateway.resources),
             "autoscaling": autoscaling.model_dump(),
             "in_flight_metric": in_flight,
@@ -187,6 +209,10 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
             "selector": _selector("redis"),
             "image": values.redis.image,
             "resources": _resources(values.redis.resources),
+            "args": [
+                *("--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", "/data"),
+                *_redis_memory(values),
+            ],
         },
         "scheduler": {
             "labels": _labels("scheduler"),
@@ -196,6 +222,7 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
             "agent_port": SCHEDULER_AGENT_PORT,
             "agent_port_text": str(SCHEDULER_AGENT_PORT),
             "agent_address": f"{SCHEDULER_SERVICE}:{SCHEDULER_AGENT_PORT}",
+            "agents_selector": _selector("server"),
             "storage": values.scheduler.storage,
             "storage_class": values.scheduler.storage_class,
             "resources": _resources(values.scheduler.resources),
@@ -209,6 +236,7 @@ def _server_context(server: ServerValues) -> dict[str, Any]:
     capabilities = {f"{CAPABILITY_LABEL}{c}": "true" for c in server.capabilities}
     return {
         "name": server.name,
+        "model_memory_text": str(server.model_memory_bytes()),
         "labels": labels,
         "selector": selector,
         "pod_labels": labels | capabilities,
@@ -218,6 +246,21 @@ def _server_context(server: ServerValues) -> dict[str, Any]:
         "resources": _resources(server.resources),
         "agent_resources": _resources(server.agent_resources),
     }
+
+
+def _shm_mib(workers: int | str) -> int:
+    """The workers' shared files (listen.workers): N x 5 MiB + 16 MiB, with room to spare."""
+    count = workers if isinstance(workers, int) else AUTO_WORKERS
+    return max(64, count * 5 + 32)
+
+
+def _redis_memory(values: DeployValues) -> list[str]:
+    """Redis evicts least recently used keys at 3/4 of its limit rather than being OOM-killed:
+    everything in it is routing state the gateways rebuild."""
+    limit = values.redis.resources.limits.memory
+    if limit is None:
+        return []
+    return ["--maxmemory", str(int(quantity(limit) * 3 / 4)), "--maxmemory-policy", "allkeys-lru"]
 
 
 def _selector(component: str) -> dict[str, str]:

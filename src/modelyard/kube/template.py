@@ -2,8 +2,9 @@
 
 The manifests stay ordinary YAML a reader can follow (no template language around them). A string
 value that is exactly one placeholder takes the value whole, whatever its type (a mapping of resources, a
-number, a list); a placeholder inside a longer string is written in as text. A whole placeholder
-whose value is None removes its key or list item, which is how an optional field is left out.
+number, a list); a placeholder inside a longer string, or in a key, is written in as text. A whole
+placeholder value that is None removes its key or list item, which is how an optional field is
+left out.
 Working on the parsed tree rather than the text means indentation and quoting cannot go wrong.
 """
 
@@ -41,9 +42,12 @@ def _fill(node: Any, context: Mapping[str, Any], source: str) -> Any:
         mapping = {}
         for key, value in node.items():
             filled = _fill(value, context, source)
-            if filled is not _ABSENT:
-                name = _fill_text(key, context, source) if isinstance(key, str) else key
-                mapping[name] = filled
+            if filled is _ABSENT:
+                continue
+            name = _fill_text(key, context, source) if isinstance(key, str) else key
+            if name in mapping:
+                raise TemplateError(f"{source}: two keys fill to {name!r}")
+            mapping[name] = filled
         return mapping
     if isinstance(node, list):
         items = (_fill(item, context, source) for item in node)
@@ -58,7 +62,10 @@ def _fill(node: Any, context: Mapping[str, Any], source: str) -> Any:
 
 
 def _fill_text(text: str, context: Mapping[str, Any], source: str) -> str:
-    return _PLACEHOLDER.sub(lambda m: _text(m.group(1), context, source), text)
+    filled = _PLACEHOLDER.sub(lambda m: _text(m.group(1), context, source), text)
+    if "${" in _PLACEHOLDER.sub("", text):  # "${ name}", "${a" : a typo, not a value
+        raise TemplateError(f"{source}: {text!r} holds a placeholder that is not ${{name.path}}")
+    return filled
 
 
 def _text(path: str, context: Mapping[str, Any], source: str) -> str:

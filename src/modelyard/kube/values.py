@@ -18,7 +18,10 @@ from modelyard.errors import ConfigError
 
 # Kubernetes quantities ("500m", "1.5", "512Mi", "2G"); the API server would refuse anything else.
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
-_RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_RESOURCE_NAME = (
+    r"^(cpu|memory|ephemeral-storage|hugepages-[0-9]+(Ki|Mi|Gi)"
+    r"|[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$"
+)
 _STORAGE = r"^[0-9]+(Ki|Mi|Gi|Ti|M|G|T)?$"
 # DNS-1123 labels. A server's name is shorter: its StatefulSet's pods add "-N" and a revision hash
 # label that must stay within 63 characters.
@@ -26,12 +29,17 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _SERVER_NAME = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
 
 
+# Objects the render names itself: a server of the same name would replace their Services.
+RESERVED_NAMES = frozenset({"modelyard-gateway", "modelyard-redis", "modelyard-scheduler"})
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ResourceList(BaseModel):
-    """cpu and memory, and any extended resource by its name (`nvidia.com/gpu: 1`)."""
+    """cpu, memory, ephemeral-storage, hugepages-<size>, and extended resources by their domain
+    name (`nvidia.com/gpu: 1`)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     cpu: str | None = Field(None, pattern=_QUANTITY)
@@ -39,22 +47,53 @@ class ResourceList(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _extended(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, amount in data.items():
-                if name in ("cpu", "memory"):
-                    continue
-                if not isinstance(name, str) or re.match(_RESOURCE_NAME, name) is None:
-                    raise ValueError(f"{name!r} is not a resource name (domain/name, e.g. nvidia.com/gpu)")
-                if re.match(_QUANTITY, str(amount)) is None:
-                    raise ValueError(f"{name}: {amount!r} is not a quantity")
-            return {k: (v if k in ("cpu", "memory") else str(v)) for k, v in data.items()}
-        return data
+    def _names_and_amounts(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, amount in data.items():
+            if not isinstance(name, str) or re.match(_RESOURCE_NAME, name) is None:
+                raise ValueError(
+                    f"{name!r} is not a resource name (cpu, memory, ephemeral-storage, hugepages-2Mi, "
+                    "or domain/name such as nvidia.com/gpu)"
+                )
+            if amount is not None and (isinstance(amount, bool) or re.match(_QUANTITY, str(amount)) is None):
+                raise ValueError(f"{name}: {amount!r} is not a quantity")
+        # 2 and "2" are one quantity: kept as text, as Kubernetes writes them
+        return {k: None if v is None else str(v) for k, v in data.items()}
+
+    def amounts(self) -> dict[str, str]:
+        """The resources set, by name (Kubernetes' shape)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class Resources(_Strict):
     requests: ResourceList = ResourceList()
     limits: ResourceList = ResourceList()
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        requests, limits = self.requests.amounts(), self.limits.amounts()
+        for name, wanted in requests.items():
+            most = limits.get(name)
+            if "/" in name or name.startswith("hugepages-"):
+                # extended resources cannot be overcommitted: Kubernetes wants request == limit
+                if most is None or quantity(wanted) != quantity(most):
+                    raise ValueError(f"{name}: requests must equal limits (got {wanted}, limit {most})")
+            elif most is not None and quantity(wanted) > quantity(most):
+                raise ValueError(f"{name}: the request {wanted} is above the limit {most}")
+        return self
+
+
+def quantity(text: str) -> float:
+    """A Kubernetes quantity in its base unit: "500m" -> 0.5, "1Gi" -> 1073741824.0."""
+    match = re.match(r"^([0-9.]+)([a-zA-Z]*)$", text)
+    if match is None or match.group(2) not in _SUFFIX:
+        raise ValueError(f"{text!r} is not a quantity")
+    return float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+_SUFFIX = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_SUFFIX |= {f"{p}i": float(1024 ** (i + 1)) for i, p in enumerate("KMGTPE")}
 
 
 class Image(_Strict):
@@ -84,7 +123,7 @@ class Autoscaling(_Strict):
 
 class AdminToken(_Strict):
     secret_name: str = Field("modelyard-admin", pattern=_DNS_LABEL)
-    key: str = Field("token", min_length=1)
+    key: str = Field("token", pattern=r"^[-._a-zA-Z0-9]{1,253}$", description="the Secret's key")
     value: str | None = Field(
         None,
         min_length=16,
@@ -107,6 +146,16 @@ class GatewayValues(_Strict):
     min_available: int = Field(1, ge=0, description="PodDisruptionBudget: gateways kept through a drain")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     admin_token: AdminToken = AdminToken()
+
+    @model_validator(mode="after")
+    def _drainable(self) -> GatewayValues:
+        fewest = self.autoscaling.min_replicas if self.autoscaling.enabled else self.replicas
+        if self.min_available and self.min_available >= fewest:
+            raise ValueError(
+                f"min_available {self.min_available} would block every node drain with {fewest} "
+                "gateway(s): keep it below the replicas (autoscaling.min_replicas), or 0"
+            )
+        return self
 
 
 class RedisValues(_Strict):
@@ -145,6 +194,12 @@ class ServerValues(_Strict):
         default_factory=list, description="become pod labels capability.modelyard.io/<name>: 'true'"
     )
     overcommit_percent: int = Field(0, ge=0, le=1000)
+    model_memory: str | None = Field(
+        None,
+        pattern=_QUANTITY,
+        description="memory the agent offers for models; none: 3/4 of the server's memory limit "
+        "(the rest is the server's own)",
+    )
     resources: Resources = Field(
         Resources(requests=ResourceList(cpu="1", memory="2Gi"), limits=ResourceList(cpu="2", memory="2Gi")),
         description="the inference server's; limits.memory is what the agent offers for models",
@@ -155,12 +210,21 @@ class ServerValues(_Strict):
 
     @model_validator(mode="after")
     def _memory_limit(self) -> ServerValues:
-        if self.resources.limits.memory is None:
-            raise ValueError("resources.limits.memory is needed: the agent offers it for models")
+        limit = self.resources.limits.memory
+        if limit is None:
+            raise ValueError("resources.limits.memory is needed: the agent offers part of it for models")
+        if self.model_memory is not None and quantity(self.model_memory) > quantity(limit):
+            raise ValueError(f"model_memory {self.model_memory} is above resources.limits.memory {limit}")
         for capability in self.capabilities:
             if re.match(_DNS_LABEL, capability) is None:
                 raise ValueError(f"capability {capability!r} is not a DNS label (it becomes a pod label key)")
         return self
+
+    def model_memory_bytes(self) -> int:
+        """What the agent offers for models: model_memory, else 3/4 of the server's memory limit."""
+        if self.model_memory is not None:
+            return int(quantity(self.model_memory))
+        return int(quantity(str(self.resources.limits.memory)) * 3 / 4)
 
 
 class TelemetryValues(_Strict):
@@ -174,12 +238,18 @@ class TelemetryValues(_Strict):
     @field_validator("otlp_endpoint")
     @classmethod
     def _url(cls, url: str | None) -> str | None:
-        return TelemetryConfig(otlp_endpoint=url).otlp_endpoint  # the gateway's own check
+        try:
+            return TelemetryConfig(otlp_endpoint=url).otlp_endpoint  # the gateway's own check
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
 
 class DeployValues(_Strict):
     namespace: str = Field("modelyard", pattern=_DNS_LABEL)
     create_namespace: bool = True
+    network_policies: bool = Field(
+        True, description="only the gateways reach Redis; gateways and labelled clients the scheduler"
+    )
     image: Image = Image()
     gateway: GatewayValues = GatewayValues()
     redis: RedisValues = RedisValues()
@@ -194,6 +264,9 @@ class DeployValues(_Strict):
         if self.servers and not self.scheduler.enabled:
             raise ValueError("servers need the scheduler (scheduler.enabled: true) or an empty servers list")
         names = [server.name for server in self.servers]
+        taken = sorted(set(names) & RESERVED_NAMES)
+        if taken:
+            raise ValueError(f"server names {', '.join(taken)}: taken by modelyard's own objects")
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"server names must be unique: {', '.join(twice)}")

@@ -59,8 +59,12 @@ def test_deployment_service_and_hpa_as_kserve_makes_them():
 def test_the_specs_scaling_resources_affinity_and_propagated_headers_carry_over():
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["cpu"]}]}]}}}  # fmt: skip
+    tolerations = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
     spec = {
         **SPEC,
+        "nodeSelector": {"pool": "routers"},
+        "tolerations": tolerations,
+        "serviceAccountName": "graph-router",
         "minReplicas": 2,
         "maxReplicas": 6,
         "scaleMetric": "memory",
@@ -73,6 +77,8 @@ def test_the_specs_scaling_resources_affinity_and_propagated_headers_carry_over(
     )
     pod = deployment["spec"]["template"]["spec"]
     assert pod["affinity"] == affinity
+    assert pod["nodeSelector"] == {"pool": "routers"} and pod["tolerations"] == tolerations
+    assert pod["serviceAccountName"] == "graph-router"
     assert pod["containers"][0]["resources"] == {"limits": {"cpu": "2", "memory": "2Gi"}}
     assert pod["containers"][0]["env"] == [
         {"name": "PROPAGATE_HEADERS", "value": "Authorization,x-team-.*"},
@@ -108,3 +114,9 @@ def test_service_names_resolve_as_kserves_controller_does():
     assert "serviceUrl" not in spec["nodes"]["root"]["steps"][0]  # the caller's spec is left as it was
     resolved, _ = resolve_services(spec, "ml", {})
     assert resolved["nodes"]["root"]["steps"][0]["serviceUrl"].endswith("/v1/models/a:predict")
+
+
+def test_a_min_replicas_below_one_is_one_as_in_kserves_raw_mode():
+    *_, hpa = manifests({**SPEC, "minReplicas": -1})
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 1)
+    kubernetes_validate.validate(hpa, "1.30.0", strict=True)

@@ -12,10 +12,10 @@ import yaml
 
 from modelyard.config import validate_config
 from modelyard.kube.render import render
-from modelyard.kube.values import load_values
+from modelyard.kube.values import load_values, quantity
 
 DEPLOY = Path(__file__).parents[3] / "deploy"
-KUBERNETES = ("1.30.0", kubernetes_validate.latest_version())  # the oldest we support, the newest
+KUBERNETES = ("1.28.0", kubernetes_validate.latest_version())  # the oldest we support, the newest
 
 
 def rendered(*files: str, tmp_path: Path | None = None, extra: str | None = None) -> list[dict[str, Any]]:
@@ -175,9 +175,18 @@ def test_agents_subscribe_to_the_schedulers_agent_port_and_offer_mlservers_memor
         _, backing = service_port(manifests, args[args.index("--scheduler") + 1])
         scheduler_args = containers(backing)[0]["args"]
         assert named_ports(backing)["agents"] == int(scheduler_args[scheduler_args.index("--agent-port") + 1])
-        env = {e["name"]: e for e in agent["env"]}
-        assert args[args.index("--memory") + 1] == "$(MEMORY_LIMIT)"
-        assert env["MEMORY_LIMIT"]["valueFrom"]["resourceFieldRef"]["containerName"] == "mlserver"
+        # 3/4 of MLServer's memory limit: the rest is MLServer's own
+        limit = {c["name"]: c for c in containers(server)}["mlserver"]["resources"]["limits"]["memory"]
+        assert int(args[args.index("--memory") + 1]) == int(quantity(limit) * 3 / 4)
+        # gateways reach the agent by its pod's name under the headless Service
+        name, namespace = server["metadata"]["name"], server["metadata"]["namespace"]
+        assert args[args.index("--advertise-url") + 1] == f"http://$(POD_NAME).{name}.{namespace}.svc:9999"
+        assert find(manifests, "Service", name)["spec"]["publishNotReadyAddresses"] is True
+        # MLServer outlives the agent's drain, which fits in the pod's grace period
+        mlserver = {c["name"]: c for c in containers(server)}["mlserver"]
+        assert "/agent/livez" in mlserver["lifecycle"]["preStop"]["exec"]["command"][2]
+        drain = int(args[args.index("--drain-timeout") + 1])
+        assert server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain
         assert args[args.index("--inference-url") + 1] == "http://127.0.0.1:8080"
         assert named_ports(server)["http"] == 8080
         assert args[args.index("--server") + 1] == server["metadata"]["name"]
@@ -221,6 +230,8 @@ def test_the_gateway_service_pod_ports_and_config_agree(manifests):
     # the admin token comes from the Secret the values name
     (token,) = [e for e in container["env"] if e["name"] == "MODELYARD_ADMIN__TOKEN"]
     assert token["valueFrom"]["secretKeyRef"] == {"name": "modelyard-admin", "key": "token"}
+    # the HPA owns the count (a re-apply must not reset it)
+    assert "replicas" not in deployment["spec"]
     # the HPA and PDB act on these pods
     hpa = find(manifests, "HorizontalPodAutoscaler", "modelyard-gateway")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "modelyard-gateway"
@@ -308,3 +319,58 @@ def test_every_role_traces_to_the_collector_the_values_name():
     docs = rendered("values.yaml")
     assert "telemetry" not in gateway_config(docs)
     assert not [a for d in pods(docs) for c in containers(d) for a in c.get("args", []) if "otlp" in a]
+
+
+def test_without_autoscaling_the_deployment_has_its_replicas(tmp_path):
+    docs = rendered(
+        "values.yaml", tmp_path=tmp_path, extra="gateway: {replicas: 3, autoscaling: {enabled: false}}"
+    )
+    assert find(docs, "Deployment", "modelyard-gateway")["spec"]["replicas"] == 3
+    assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+
+
+def test_the_scheduler_statefulset_is_governed_by_a_headless_service(manifests):
+    statefulset = find(manifests, "StatefulSet", "modelyard-scheduler")
+    governing = find(manifests, "Service", statefulset["spec"]["serviceName"])
+    assert governing["spec"]["clusterIP"] == "None"
+
+
+def test_redis_evicts_before_its_limit():
+    redis = containers(find(rendered("values.yaml"), "Deployment", "modelyard-redis"))[0]
+    args = redis["args"]
+    assert int(args[args.index("--maxmemory") + 1]) == int(
+        quantity(redis["resources"]["limits"]["memory"]) * 3 / 4
+    )
+    assert args[args.index("--maxmemory-policy") + 1] == "allkeys-lru"
+
+
+def selects(selector: dict[str, str], doc: dict[str, Any]) -> bool:
+    return selector.items() <= doc["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_network_policies_let_through_exactly_the_roles_that_talk():
+    docs = rendered("values.yaml")
+    by_name = {d["metadata"]["name"]: d for d in pods(docs)}
+    redis = find(docs, "NetworkPolicy", "modelyard-redis")["spec"]
+    assert selects(redis["podSelector"]["matchLabels"], by_name["modelyard-redis"])
+    (rule,) = redis["ingress"]
+    (peer,) = rule["from"]
+    assert [n for n, d in by_name.items() if selects(peer["podSelector"]["matchLabels"], d)] == [
+        "modelyard-gateway"
+    ]
+    assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+
+    scheduler = find(docs, "NetworkPolicy", "modelyard-scheduler")["spec"]
+    assert selects(scheduler["podSelector"]["matchLabels"], by_name["modelyard-scheduler"])
+    rest, agents = scheduler["ingress"]
+    assert rest["ports"] == [{"port": 9004, "protocol": "TCP"}]
+    assert selects(rest["from"][0]["podSelector"]["matchLabels"], by_name["modelyard-gateway"])
+    assert rest["from"][1]["podSelector"]["matchLabels"] == {"modelyard.io/scheduler-client": "true"}
+    assert agents["ports"] == [{"port": 9005, "protocol": "TCP"}]
+    (peer,) = agents["from"]
+    assert [n for n, d in by_name.items() if selects(peer["podSelector"]["matchLabels"], d)] == ["mlserver"]
+
+
+def test_network_policies_can_be_left_out(tmp_path):
+    docs = rendered("values.yaml", tmp_path=tmp_path, extra="network_policies: false")
+    assert not [d for d in docs if d["kind"] == "NetworkPolicy"]

@@ -50,6 +50,8 @@ def test_filled_values_are_copies():
         ("a: ${name.deeper}\n", "t.yaml: ${name.deeper} names no value"),
         ("a: x-${resources}\n", "t.yaml: ${resources} is inside a string"),
         ("a: x-${absent}\n", "t.yaml: ${absent} is inside a string but is None"),
+        ("a: x-${name }\n", "t.yaml: 'x-${name }' holds a placeholder that is not ${name.path}"),
+        ("${key}: 1\ntoken: 2\n", "t.yaml: two keys fill to 'token'"),
     ],
 )
 def test_a_template_mistake_names_the_template_and_placeholder(text, message):

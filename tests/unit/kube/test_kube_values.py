@@ -50,14 +50,40 @@ def problems(tmp_path: Path, text: str) -> list[str]:
         ("servers: [{name: Bad_Name}]", "servers[0].name: String should match pattern"),
         (
             "servers: [{name: s, resources: {limits: {cpu: '1'}}}]",
-            "servers[0]: resources.limits.memory is needed: the agent offers it for models",
+            "servers[0]: resources.limits.memory is needed: the agent offers part of it for models",
         ),
         ("servers: [{name: s, capabilities: [GPU!]}]", "servers[0]: capability 'GPU!' is not a DNS label"),
         ("servers: [{name: a}, {name: a}]", "(top level): server names must be unique: a"),
         ("redis: {deploy: false}", "redis: deploy is false: give url, the Redis the gateways share"),
         ("redis: {url: 'redis://r:6379/0'}", "redis: set either deploy: true or url"),
         ("scheduler: {enabled: false}", "(top level): servers need the scheduler"),
-        ("gateway: {resources: {limits: {cpu: lots}}}", "gateway.resources.limits.cpu: String should match"),
+        (
+            "gateway: {resources: {limits: {cpu: lots}}}",
+            "gateway.resources.limits: cpu: 'lots' is not a quantity",
+        ),
+        (
+            "gateway: {resources: {requests: {cpu: '3'}, limits: {cpu: '2'}}}",
+            "gateway.resources: cpu: the request 3 is above the limit 2",
+        ),
+        (
+            "servers: [{name: g, resources: {requests: {nvidia.com/gpu: 1}, limits: {memory: 1Gi}}}]",
+            "servers[0].resources: nvidia.com/gpu: requests must equal limits (got 1, limit None)",
+        ),
+        (
+            "gateway: {resources: {limits: {gpu: 1}}}",
+            "gateway.resources.limits: 'gpu' is not a resource name",
+        ),
+        ("servers: [{name: modelyard-scheduler}]", "(top level): server names modelyard-scheduler: taken"),
+        (
+            "servers: [{name: s, model_memory: 3Gi, resources: {limits: {memory: 2Gi}}}]",
+            "servers[0]: model_memory 3Gi is above resources.limits.memory 2Gi",
+        ),
+        (
+            "gateway: {autoscaling: {min_replicas: 1}}",
+            "gateway: min_available 1 would block every node drain with 1 gateway(s)",
+        ),
+        ("gateway: {admin_token: {key: 'bad key!'}}", "gateway.admin_token.key: String should match"),
+        ("telemetry: {otlp_endpoint: 'ftp://x'}", "telemetry.otlp_endpoint: expected an http://"),
         ("gateway: {sevice_type: LoadBalancer}", "gateway.sevice_type: unknown field"),
         (
             "gateway: {admin_token: {value: short}}",
@@ -69,8 +95,32 @@ def problems(tmp_path: Path, text: str) -> list[str]:
             "gateway.config.listen.port: Input should be less than",
         ),
         ("gateway: {config: {models: [{name: m}]}}", "gateway.config.models[0].endpoints: Field required"),
+        (
+            "gateway: {config: {listen: {host: 127.0.0.1}}}",
+            "gateway.config.listen.host: a pod listens on 0.0.0.0",
+        ),
+        (
+            "gateway: {config: {listen: {workers: 4}}}",
+            "gateway.config.listen.workers: placement.scheduler (placed models) works with one worker only",
+        ),
     ],
 )
 def test_a_mistake_names_the_file_and_the_field_path(tmp_path, text, expected):
     found = problems(tmp_path, text)
     assert any(p.startswith(expected) for p in found), found
+
+
+def test_resources_take_kubernetes_names_and_plain_numbers(tmp_path):
+    path = tmp_path / "values.yaml"
+    path.write_text(
+        "servers: [{name: s, resources: {requests: {cpu: 2, memory: 1Gi, ephemeral-storage: 10Gi, "
+        "nvidia.com/gpu: 1}, limits: {cpu: 2, memory: 1Gi, nvidia.com/gpu: '1', hugepages-2Mi: 64Mi}}}]"
+    )
+    (server,) = load_values([path]).servers
+    assert server.resources.requests.amounts() == {
+        "cpu": "2",
+        "memory": "1Gi",
+        "ephemeral-storage": "10Gi",
+        "nvidia.com/gpu": "1",
+    }
+    assert server.model_memory_bytes() == 3 * 1024**3 // 4  # 3/4 of the limit by default

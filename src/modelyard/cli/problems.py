@@ -1,0 +1,21 @@
+"""How a command reports a ModelyardError: one `error:` line per problem, then exit 1."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from modelyard.errors import ConfigError, ModelyardError
+
+err = Console(stderr=True, highlight=False)
+
+
+def fail(error: ModelyardError) -> typer.Exit:
+    """Print the error (a ConfigError: each problem with its source) and return the exit to raise."""
+    if isinstance(error, ConfigError):
+        for problem in error.problems:
+            err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
+    else:
+        err.print("[red]error:[/red] " + escape(f"{error.message}"), soft_wrap=True)
+    return typer.Exit(1)
