@@ -91,6 +91,7 @@ _TEMPLATES: list[tuple[str, Callable[[DeployValues], bool]]] = [
 
 
 def template_names() -> Iterator[str]:
+    """Every manifest file the render may use."""
     yield from (name for name, _ in _TEMPLATES)
     yield "server.yaml"
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from modelyard.config import validate_config
-from modelyard.kube.render import render
+from modelyard.kube.render import render, template_names
 from modelyard.kube.values import load_values, quantity
 
 DEPLOY = Path(__file__).parents[3] / "deploy"
@@ -374,3 +374,9 @@ def test_network_policies_let_through_exactly_the_roles_that_talk():
 def test_network_policies_can_be_left_out(tmp_path):
     docs = rendered("values.yaml", tmp_path=tmp_path, extra="network_policies: false")
     assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
+
+
+def test_the_render_knows_every_manifest_the_package_ships():
+    """A file the render does not list would be a manifest no user ever gets (and no test checks)."""
+    shipped = {p.name for p in (Path(__file__).parents[3] / "src/modelyard/kube/manifests").glob("*.yaml")}
+    assert set(template_names()) == shipped
