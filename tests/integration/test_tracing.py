@@ -6,6 +6,7 @@ context of the try that called it. Export is made deterministic with the tracer'
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,8 @@ import pytest
 from modelyard.config import validate_config
 from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from otlp_receiver import OtlpReceiver, ReceivedSpan
+from raw_http import request as raw_request
+from raw_http import send
 from support import free_ports, model_config, sim_stats
 
 CHAT = "/v1/chat/completions"
@@ -312,3 +315,39 @@ async def test_graph_serve_traces_each_step_and_sends_its_context(sim_workers, h
         TRACE_ID,
         f"{step.context.span_id:016x}",
     )
+
+
+@pytest.mark.parametrize(
+    "tracestate",
+    ["k=" + "x" * 600, ",,,=,==", ",".join(f"k{i}=v" for i in range(40)), "a=1,a=2", "K=v", "k=v\u00e9"],
+)
+async def test_a_malformed_tracestate_is_dropped_without_a_log_line(
+    sim_workers, gateways, http, receiver, caplog, tracestate
+):
+    caplog.set_level(logging.DEBUG)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], telemetry={"otlp_endpoint": receiver.url})
+    headers = {"traceparent": CLIENT_TRACEPARENT, "tracestate": tracestate}
+    async with http.post(gateway.url + CHAT, json=chat(), headers=headers) as response:
+        assert response.status == 200
+    await flush(gateway)
+    request = only([s for s in receiver.spans if s.kind == "server"])
+    assert (request.trace_id, request.parent_span_id) == (TRACE_ID, CLIENT_SPAN)  # the parent is kept
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+async def test_a_request_id_that_is_not_utf8_is_traced_without_a_log_line(
+    sim_workers, gateways, receiver, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], telemetry={"otlp_endpoint": receiver.url})
+    for request_id in (b"ok-1", b"a\xffb", b"ok-2"):
+        head = raw_request(
+            "POST", CHAT, b'{"model":"m","messages":[]}', X_Request_Id="RID", Connection="close"
+        )
+        assert (await send(gateway.url, head.replace(b"RID", request_id))).status == 200
+    await flush(gateway)
+    requests = [s for s in receiver.spans if s.kind == "server"]
+    assert [s.attributes["modelyard.request_id"] for s in requests] == ["ok-1", "a\\udcffb", "ok-2"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

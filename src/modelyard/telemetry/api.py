@@ -67,6 +67,18 @@ class Tracer(Protocol):
         ...
 
 
+def safe_text(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate (how the lean listener decodes a header's bytes
+    0x80-0xFF) becomes its backslash escape, which JSON, OTLP's protobuf and a log line can carry."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
 def without_trace_context(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """`headers` less traceparent and tracestate, whatever their case."""
     return [(k, v) for k, v in headers if k.lower() not in (TRACEPARENT, TRACESTATE)]
@@ -89,6 +101,7 @@ __all__: Sequence[str] = [
     "Kind",
     "Span",
     "Tracer",
+    "safe_text",
     "trace_context",
     "without_trace_context",
 ]
