@@ -9,8 +9,10 @@ import logging
 import orjson
 import pytest
 
-from modelyard.gateway import GATEWAY
+from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
+from raw_http import Reply, send
+from raw_http import request as raw_request
 from support import model_config
 
 CHAT = "/v1/chat/completions"
@@ -119,3 +121,33 @@ async def test_off_by_default_nothing_is_logged(sim_workers, gateways, http, cap
     async with http.post(gateway.url + CHAT, json=chat()) as response:
         assert response.status == 200
     assert access_lines(caplog) == []
+
+
+async def send_raw(gateway: RunningGateway, request_id: bytes) -> Reply:
+    """A chat request whose X-Request-Id is these bytes, as a client may send them (not UTF-8)."""
+    head = raw_request("POST", CHAT, orjson.dumps(chat()), X_Request_Id="RID", Connection="close")
+    return await send(gateway.url, head.replace(b"X-Request-Id: RID", b"X-Request-Id: " + request_id))
+
+
+@pytest.mark.parametrize("format", ["json", "text"])
+async def test_a_request_id_that_is_not_utf8_is_answered_and_logged(sim_workers, gateways, caplog, format):
+    caplog.set_level(logging.INFO)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], logging={"access_log": True, "format": format})
+    for request_id in (b"ok-1", b"a\xffb", b"ok-2"):
+        assert (await send_raw(gateway, request_id)).status == 200
+    lines = access_lines(caplog)
+    assert len(lines) == 3
+    assert "a\\\\udcffb" in lines[1] if format == "json" else '"a\\\\udcffb"' in lines[1]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_failure_is_answered_with_its_status_whatever_the_request_id(sim_workers, gateways, caplog):
+    caplog.set_level(logging.INFO)
+    workers = await sim_workers(1, decode_ms_per_token=200.0)
+    route = {"name": "impatient", "destinations": [{"subset": "default"}], "per_try_timeout": "50ms"}
+    route["retries"] = {"attempts": 0}
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    assert (await send_raw(gateway, b"bad-\xfe")).status == 504
+    (line,) = access_lines(caplog)
+    assert orjson.loads(line)["status"] == 504
