@@ -13,7 +13,7 @@ from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
 from raw_http import Reply, send
 from raw_http import request as raw_request
-from support import model_config
+from support import model_config, wait_until
 
 CHAT = "/v1/chat/completions"
 ACCESS = "modelyard.access"
@@ -151,3 +151,105 @@ async def test_a_failure_is_answered_with_its_status_whatever_the_request_id(sim
     assert (await send_raw(gateway, b"bad-\xfe")).status == 504
     (line,) = access_lines(caplog)
     assert orjson.loads(line)["status"] == 504
+
+
+async def test_the_duration_is_the_whole_requests_not_its_last_trys(sim_workers, gateways, http, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    workers = await sim_workers(1, decode_ms_per_token=300.0)  # every try runs out of its 100 ms
+    retries = {"attempts": 2, "retry_on": ["gateway-error"], "base_interval": 0, "max_interval": 0}
+    route = {
+        "name": "r",
+        "destinations": [{"subset": "default"}],
+        "per_try_timeout": "100ms",
+        "retries": retries,
+    }
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "slow"}) as response:
+        assert response.status == 504
+    (line,) = access_lines(caplog)
+    entry = orjson.loads(line)
+    assert entry["attempts"] == 3 and entry["duration_ms"] >= 300
+    tries = [r for r in gateway.app[GATEWAY].metrics.routing_log.recent() if r.request_id == "slow"]
+    assert len(tries) == 3 and all(100 <= r.latency_ms < 300 for r in tries)  # the dashboard's: per try
+
+
+async def test_a_request_cancelled_while_queued_is_logged_once_as_client_closed(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1, decode_ms_per_token=20.0)
+    breakers = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "30s"}
+    gateway = await gateways(
+        [model_config("m", [worker], circuit_breakers=breakers)], logging={"access_log": True}
+    )
+    cluster = gateway.app[GATEWAY].clusters["m"]
+    long = chat(max_tokens=100_000, stream=True)
+    async with http.post(gateway.url + CHAT, json=long, headers={"X-Request-Id": "long"}) as first:
+        await first.content.readline()  # it holds the one slot
+        queued = asyncio.create_task(
+            http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "q"})
+        )
+
+        async def waiting() -> bool:
+            return len(cluster.capacity) == 1
+
+        await wait_until(waiting)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+
+        async def logged() -> bool:
+            return any(orjson.loads(line)["request_id"] == "q" for line in access_lines(caplog))
+
+        await wait_until(logged)
+        assert len(cluster.capacity) == 0
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    (entry,) = [e for e in entries if e["request_id"] == "q"]
+    assert (entry["status"], entry["attempts"], entry["backend"]) == (499, 0, "")
+    (record,) = [r for r in gateway.app[GATEWAY].metrics.routing_log.recent() if r.request_id == "q"]
+    assert record.status == 499
+
+
+async def test_a_request_cancelled_between_tries_is_logged_once_as_client_closed(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    workers = await sim_workers(1, fail_rate=1.0)
+    retries = {"attempts": 1, "retry_on": ["5xx"], "base_interval": "30s", "max_interval": "30s"}
+    route = {"name": "r", "destinations": [{"subset": "default"}], "retries": retries}
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    log = gateway.app[GATEWAY].metrics.routing_log
+    request = asyncio.create_task(http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "b"}))
+
+    async def tried() -> bool:
+        return any(r.request_id == "b" for r in log.recent())
+
+    await wait_until(tried)  # its first try answered 500: it waits out its backoff
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+
+    async def logged() -> bool:
+        return bool(access_lines(caplog))
+
+    await wait_until(logged)
+    (line,) = access_lines(caplog)
+    entry = orjson.loads(line)
+    assert (entry["request_id"], entry["status"], entry["attempts"]) == ("b", 499, 1)
+    assert [r.status for r in log.recent() if r.request_id == "b"] == [500, 499]
+
+
+async def test_failed_requests_warn_once_per_endpoint_a_while_each_in_the_access_log(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO)
+    workers = await sim_workers(1, decode_ms_per_token=200.0)
+    route = {"name": "impatient", "destinations": [{"subset": "default"}], "per_try_timeout": "50ms"}
+    route["retries"] = {"attempts": 0}
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    for n in range(3):
+        async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": f"f{n}"}) as response:
+            assert response.status == 504
+    (warning,) = [r for r in caplog.records if r.name == "modelyard.gateway" and r.levelno >= logging.WARNING]
+    assert "request f0 failed" in warning.getMessage()
+    assert [orjson.loads(line)["request_id"] for line in access_lines(caplog)] == ["f0", "f1", "f2"]

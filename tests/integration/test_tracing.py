@@ -18,7 +18,7 @@ from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from raw_http import request as raw_request
 from raw_http import send
-from support import free_ports, model_config, sim_stats
+from support import free_ports, model_config, sim_stats, wait_until
 
 CHAT = "/v1/chat/completions"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -351,3 +351,37 @@ async def test_a_request_id_that_is_not_utf8_is_traced_without_a_log_line(
     requests = [s for s in receiver.spans if s.kind == "server"]
     assert [s.attributes["modelyard.request_id"] for s in requests] == ["ok-1", "a\\udcffb", "ok-2"]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_request_cancelled_while_queued_ends_its_span_as_client_closed(
+    sim_workers, gateways, http, receiver
+):
+    (worker,) = await sim_workers(1, decode_ms_per_token=20.0)
+    breakers = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "30s"}
+    gateway = await gateways(
+        [model_config("m", [worker], circuit_breakers=breakers)], telemetry={"otlp_endpoint": receiver.url}
+    )
+    cluster = gateway.app[GATEWAY].clusters["m"]
+    long = chat(max_tokens=100_000, stream=True)
+    async with http.post(gateway.url + CHAT, json=long, headers={"X-Request-Id": "long"}) as first:
+        await first.content.readline()
+        queued = asyncio.create_task(
+            http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "q"})
+        )
+
+        async def waiting() -> bool:
+            return len(cluster.capacity) == 1
+
+        await wait_until(waiting)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+
+        async def gone() -> bool:
+            return len(cluster.capacity) == 0
+
+        await wait_until(gone)
+        await flush(gateway)
+    request = only([s for s in receiver.spans if s.attributes.get("modelyard.request_id") == "q"])
+    assert request.attributes["http.response.status_code"] == 499
+    assert request.attributes["modelyard.attempts"] == 0 and receiver.children(request) == []
