@@ -239,6 +239,72 @@ async def test_a_request_cancelled_between_tries_is_logged_once_as_client_closed
     assert [r.status for r in log.recent() if r.request_id == "b"] == [500, 499]
 
 
+async def test_a_graph_request_has_a_line_and_its_steps_carry_its_request_id(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    graph = {
+        "nodes": {
+            "root": {
+                "routerType": "Sequence",
+                "steps": [{"name": "first", "serviceName": "m"}, {"name": "second", "serviceName": "m"}],
+            }
+        }
+    }
+    gateway = await gateways(
+        [model_config("m", [worker], protocol="v2")], graphs={"g": graph}, logging={"access_log": True}
+    )
+    inputs = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    async with http.post(
+        gateway.url + "/v1/graphs/g", json=inputs, headers={"X-Request-Id": "g-1"}
+    ) as response:
+        assert response.status == 200
+        assert response.headers["X-Request-Id"] == "g-1"
+        body = await response.read()
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    assert [(e["request_id"], e["model"], e["path"]) for e in entries] == [
+        ("g-1", "m", "/v2/models/m/infer"),
+        ("g-1", "m", "/v2/models/m/infer"),
+        ("g-1", "g", "/v1/graphs/g"),
+    ]
+    graph_line = entries[-1]
+    assert (graph_line["status"], graph_line["backend"], graph_line["bytes"]) == (200, "graph", len(body))
+    assert graph_line["duration_ms"] >= max(e["duration_ms"] for e in entries[:2])
+
+    caplog.clear()
+    async with http.post(gateway.url + "/v1/graphs/g", json=inputs) as response:  # no id: one is made
+        request_id = response.headers["X-Request-Id"]
+    assert request_id and {orjson.loads(line)["request_id"] for line in access_lines(caplog)} == {request_id}
+
+
+async def test_requests_refused_before_routing_have_one_line_each(sim_workers, gateways, http, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways(
+        [model_config("m", [worker])], logging={"access_log": True}, limits={"max_body_bytes": 1000}
+    )
+    refused = [
+        (CHAT, orjson.dumps({"model": "nope", "messages": []}), 404),
+        (CHAT, b"{bad", 400),
+        (CHAT, orjson.dumps(chat(pad="x" * 2000)), 413),
+        ("/v2/models/nope/infer", b"{}", 404),
+        ("/v1/graphs/nope", b"{}", 404),
+    ]
+    for path, body, status in refused:
+        async with http.post(
+            gateway.url + path, data=body, headers={"X-Request-Id": f"r{status}"}
+        ) as response:
+            assert response.status == status
+    async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "routed"}) as response:
+        assert response.status == 200
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    assert [(e["request_id"], e["path"], e["status"], e["model"], e["backend"]) for e in entries] == [
+        *[(f"r{status}", path, status, "", "") for path, _, status in refused],
+        ("routed", CHAT, 200, "m", "w0"),
+    ]
+
+
 async def test_failed_requests_warn_once_per_endpoint_a_while_each_in_the_access_log(
     sim_workers, gateways, http, caplog
 ):
