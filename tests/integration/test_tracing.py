@@ -18,7 +18,7 @@ from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from raw_http import request as raw_request
 from raw_http import send
-from support import free_ports, model_config, sim_stats, wait_until
+from support import free_ports, metric_value, model_config, sim_stats, wait_until
 
 CHAT = "/v1/chat/completions"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -315,6 +315,42 @@ async def test_graph_serve_traces_each_step_and_sends_its_context(sim_workers, h
         TRACE_ID,
         f"{step.context.span_id:016x}",
     )
+
+
+async def test_a_shadow_copy_has_a_span_of_its_own_not_a_try_of_the_request(
+    sim_workers, gateways, http, receiver
+):
+    (primary,) = await sim_workers(1)
+    (canary,) = await sim_workers(1)
+    config = model_config("m", [primary, canary])
+    config["endpoints"][0]["subset"], config["endpoints"][1]["subset"] = "v1", "v2"
+    destinations = [{"subset": "v1", "weight": 1}, {"subset": "v2", "weight": 0}]
+    config["routes"] = [
+        {"name": "shadowed", "destinations": destinations, "mirror": {"subset": "v2", "percent": 100}}
+    ]
+    gateway = await gateways([config], telemetry={"otlp_endpoint": receiver.url})
+    headers = {"traceparent": CLIENT_TRACEPARENT}
+    async with http.post(gateway.url + CHAT, json=chat(), headers=headers) as response:
+        assert response.status == 200
+        await response.read()
+
+    async def compared() -> bool:  # the copy has ended (its outcome counted for the canary)
+        name = "modelyard_canary_requests_total"
+        return await metric_value(http, gateway.url, name, subset="v2") == 1
+
+    await wait_until(compared)
+    await flush(gateway)
+    request = only([s for s in receiver.spans if s.kind == "server"])
+    children = receiver.children(request)
+    attempt = only([s for s in children if "modelyard.retry" in s.attributes])
+    assert attempt.attributes["modelyard.backend"] == "w0" and request.attributes["modelyard.attempts"] == 1
+    shadow = only([s for s in children if s.attributes.get("modelyard.shadow")])
+    assert (shadow.name, shadow.attributes["modelyard.subset"]) == ("shadow m", "v2")
+    assert shadow.attributes["http.response.status_code"] == 200 and not shadow.error
+    assert receiver.children(shadow) == []  # no try span of its own to count
+    # The canary joins the trace under the shadow span, not as the request's try (nor the client's).
+    assert (await sim_stats(http, canary))["traceparents"] == [f"00-{TRACE_ID}-{shadow.span_id}-01"]
+    assert (await sim_stats(http, primary))["traceparents"] == [f"00-{TRACE_ID}-{attempt.span_id}-01"]
 
 
 @pytest.mark.parametrize(
