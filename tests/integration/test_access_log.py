@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import signal
+import sys
 
 import orjson
 import pytest
+import yaml
 
 from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
@@ -319,3 +323,43 @@ async def test_failed_requests_warn_once_per_endpoint_a_while_each_in_the_access
     (warning,) = [r for r in caplog.records if r.name == "modelyard.gateway" and r.levelno >= logging.WARNING]
     assert "request f0 failed" in warning.getMessage()
     assert [orjson.loads(line)["request_id"] for line in access_lines(caplog)] == ["f0", "f1", "f2"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_serve_writes_access_lines_to_stdout_and_its_other_logs_to_stderr(
+    sim_workers, http, tmp_path, workers
+):
+    (worker,) = await sim_workers(1, decode_ms_per_token=200.0)
+    route = {"name": "impatient", "destinations": [{"subset": "default"}], "per_try_timeout": "50ms"}
+    route["retries"] = {"attempts": 0}
+    config = {
+        "listen": {"host": "127.0.0.1", "port": 0, "drain_seconds": 0},
+        "models": [model_config("m", [worker], routes=[route])],
+        "logging": {"access_log": True},
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "modelyard", "serve", "-c", str(path), "--workers", str(workers),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            while not (match := re.search(rb"listening on (http://\S+)", await process.stdout.readline())):
+                assert process.returncode is None
+        url = match.group(1).decode()
+        async with http.post(url + CHAT, json=chat(), headers={"X-Request-Id": "timed-out"}) as response:
+            assert response.status == 504
+        async with http.post(
+            url + CHAT, json=chat(model="nope"), headers={"X-Request-Id": "unknown"}
+        ) as response:
+            assert response.status == 404
+    finally:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+    lines = [orjson.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
+    # (with two workers, two writer threads: either line may come first)
+    assert sorted((e["request_id"], e["status"]) for e in lines) == [("timed-out", 504), ("unknown", 404)]
+    assert "request timed-out failed" in stderr.decode()  # the warning: on stderr, not stdout
+    assert '"request_id"' not in stderr.decode() and "failed after" not in stdout.decode()
