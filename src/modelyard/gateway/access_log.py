@@ -8,16 +8,16 @@ the attempt loop holds None instead of an AccessLog.
 
 Writing never raises: client text (a request id, a path) is made valid UTF-8 and quoted where it
 could forge a field or a line, and a line that still cannot be made is counted and dropped. `serve`
-hands the lines to a thread (`install_handler`): the event loop only queues them.
+hands the lines to a thread (`install_handler`): the event loop only appends them to a deque.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import logging.handlers
-import queue
 import sys
+import threading
+from collections import deque
 from datetime import UTC, datetime
 from typing import IO
 
@@ -29,6 +29,7 @@ from modelyard.telemetry import safe_text
 
 LOGGER = "modelyard.access"
 QUEUE_SIZE = 10_000  # lines waiting for the writer thread; more are dropped (and counted)
+FLUSH_SECONDS = 0.05  # how often the writer thread writes what is waiting
 _LINE_BREAKS = ("\u2028", "\u2029", "\x85")  # valid raw in JSON, but line ends to many readers
 
 log = logging.getLogger("modelyard.gateway")
@@ -116,7 +117,8 @@ class AccessLog:
                         text = text.replace(char, f"\\u{ord(char):04x}")
             else:
                 text = " ".join(f"{k}={_text(v)}" for k, v in line.items())
-            self._log.info("%s", text)
+            # Logger.handle with a record made here: `info` would also look up its caller's frame
+            self._log.handle(self._log.makeRecord(LOGGER, logging.INFO, __file__, 0, "%s", (text,), None))
         except Exception:  # never the request's problem: its answer is already decided
             self.failed += 1
             if self.failed == 1:
@@ -135,35 +137,40 @@ def _text(value: object) -> str:
     return text
 
 
-class _DroppingQueueHandler(logging.handlers.QueueHandler):
-    """Queues a line for the writer thread; when the queue is full the line is dropped and counted,
-    never waited for: the event loop must not block on a slow stdout."""
+class _Lines(logging.Handler):
+    """Keeps each line for the writer thread: the loop appends to a deque (no lock taken, no thread
+    woken); past QUEUE_SIZE lines waiting, a line is dropped and counted, never waited for."""
 
-    def __init__(self, lines: queue.Queue[logging.LogRecord]) -> None:
-        super().__init__(lines)
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.waiting: deque[logging.LogRecord] = deque()
+        self.limit = limit
         self.dropped = 0
 
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        return record  # the message is formatted on the writer thread (the line alone: "%(message)s")
+    def handle(self, record: logging.LogRecord) -> bool:  # no handler lock: deque appends are atomic
+        self.emit(record)
+        return True
 
-    def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.waiting) < self.limit:
+            self.waiting.append(record)
+        else:
             self.dropped += 1
 
 
 class AccessOutput:
-    """Access lines to stdout, written by a thread of their own: the loop only queues (bounded)."""
+    """Access lines to stdout, written by a thread of their own every FLUSH_SECONDS, each batch in
+    one write: the event loop only appends to a bounded deque. (A QueueListener's thread is woken
+    for every line, and each wake-up fights the loop for the GIL: it cost the loop as much as
+    writing the line itself.)"""
 
     def __init__(self, stream: IO[str] | None = None) -> None:
-        self._queue: queue.Queue[logging.LogRecord] = queue.Queue(QUEUE_SIZE)
-        self.handler = _DroppingQueueHandler(self._queue)
-        writer = logging.StreamHandler(stream or sys.stdout)
-        writer.setFormatter(logging.Formatter("%(message)s"))
-        self._listener = logging.handlers.QueueListener(self._queue, writer)
-        self._started = False
+        self.handler = _Lines(QUEUE_SIZE)
+        self._stream = stream or sys.stdout
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
         self._was: tuple[int, bool] = (logging.NOTSET, True)  # the logger's level and propagate
+        self.failed = 0  # batches the stream refused (a closed stdout)
 
     @property
     def dropped(self) -> int:
@@ -175,21 +182,42 @@ class AccessOutput:
         logger.addHandler(self.handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False  # the line alone, not also through the root logger's format
-        self._listener.start()
-        self._started = True
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="modelyard-access-log", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
-        """Write what is queued, then stop the thread (blocking, for a moment: at exit)."""
-        if not self._started:
+        """Write what is waiting, then stop the thread (blocking, for a moment: at exit)."""
+        if self._thread is None:
             return
-        self._started = False
         logger = logging.getLogger(LOGGER)
         logger.removeHandler(self.handler)
         logger.setLevel(self._was[0])
         logger.propagate = self._was[1]
-        self._listener.stop()
+        self._stopping.set()
+        self._thread.join()
+        self._thread = None
         if self.handler.dropped:
-            log.warning("the access log dropped %d lines (its queue was full)", self.handler.dropped)
+            log.warning(
+                "the access log dropped %d lines (too many waited to be written)", self.handler.dropped
+            )
+
+    def _run(self) -> None:
+        while not self._stopping.wait(FLUSH_SECONDS):
+            self._write()
+        self._write()
+
+    def _write(self) -> None:
+        waiting = self.handler.waiting
+        lines = []
+        while waiting:
+            lines.append(waiting.popleft().getMessage())
+        if lines:
+            try:
+                self._stream.write("\n".join(lines) + "\n")
+                self._stream.flush()
+            except Exception:  # stdout closed or full: nothing better to do with the lines
+                self.failed += 1
 
 
 def install_handler() -> AccessOutput:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
+import sys
 import threading
 
 import orjson
@@ -132,28 +134,29 @@ def test_a_line_that_cannot_be_made_is_counted_not_raised(caplog: pytest.LogCapt
 def test_lines_go_to_stdout_from_a_thread_and_a_full_queue_drops(capsys: pytest.CaptureFixture[str]) -> None:
     logger = logging.getLogger(LOGGER)
     was = (logger.level, logger.propagate, list(logger.handlers))
-    output = AccessOutput()  # sys.stdout: capsys's
-    writer_threads: set[str] = set()
+    writers: set[str] = set()
 
-    class Watch(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            writer_threads.add(threading.current_thread().name)
+    class Stdout(io.StringIO):  # sys.stdout (capsys's), noting which thread writes to it
+        def write(self, text: str) -> int:
+            writers.add(threading.current_thread().name)
+            return sys.stdout.write(text)
 
-    output._listener.handlers = (*output._listener.handlers, Watch())
+    output = AccessOutput(Stdout())
     output.start()
     try:
         access = AccessLog(LoggingConfig(access_log=True))
         for n in range(3):
             access.write(record_of(RoutingLog(), request_id=f"r{n}"), "POST", "/v1/x", 1, 0, None)
     finally:
-        output.stop()
+        output.stop()  # writes what waits
     lines = capsys.readouterr().out.splitlines()
     assert [orjson.loads(line)["request_id"] for line in lines] == ["r0", "r1", "r2"]
-    assert writer_threads and threading.current_thread().name not in writer_threads
+    assert writers == {"modelyard-access-log"}
     assert (logger.level, logger.propagate, logger.handlers) == was  # stopped: as it was
+    assert AccessOutput().handler.waiting is not None and AccessOutput()._stream is sys.stdout
 
-    full = AccessOutput()  # not started: nothing takes lines off its queue
+    full = AccessOutput()  # not started: nothing takes lines away
     record = logging.LogRecord(LOGGER, logging.INFO, __file__, 1, "line", None, None)
     for _ in range(QUEUE_SIZE + 5):
         full.handler.handle(record)
-    assert full.dropped == 5
+    assert full.dropped == 5 and len(full.handler.waiting) == QUEUE_SIZE
