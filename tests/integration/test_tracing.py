@@ -421,3 +421,45 @@ async def test_a_request_cancelled_while_queued_ends_its_span_as_client_closed(
     request = only([s for s in receiver.spans if s.attributes.get("modelyard.request_id") == "q"])
     assert request.attributes["http.response.status_code"] == 499
     assert request.attributes["modelyard.attempts"] == 0 and receiver.children(request) == []
+
+
+async def test_a_try_relayed_as_grpc_has_rpc_attributes_and_a_rest_trys_url_no_query(
+    sim_workers, gateways, http, receiver
+):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    (worker,) = await sim_workers(1, models=["echo"], grpc_port=0)
+    endpoints = [{"name": "w0", "url": worker.url, "grpc_url": worker.grpc_url}]
+    gateway = await gateways(
+        [{"name": "echo", "endpoints": endpoints, "health_check": {"interval": "60s"}}],
+        listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
+        telemetry={"otlp_endpoint": receiver.url},
+    )
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
+    try:
+        tensor = grpcclient.InferInput("x", [2], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+        await asyncio.to_thread(client.infer, "echo", [tensor], client_timeout=10)
+    finally:
+        await asyncio.to_thread(client.close)
+    inputs = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    async with http.post(gateway.url + "/v2/models/echo/infer?token=secret", json=inputs) as response:
+        assert response.status == 200
+    await flush(gateway)
+    tries = [only(receiver.children(s)) for s in receiver.spans if s.kind == "server"]
+    (grpc_try,) = [t for t in tries if "rpc.system" in t.attributes]
+    (rest_try,) = [t for t in tries if "rpc.system" not in t.attributes]
+    port = int(worker.grpc_url.rsplit(":", 1)[1])
+    assert grpc_try.attributes == {
+        "modelyard.backend": "w0",
+        "modelyard.retry": 0,
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "server.address": "127.0.0.1",
+        "server.port": port,
+        "http.response.status_code": 200,
+    }
+    assert rest_try.attributes["url.full"] == worker.url + "/v2/models/echo/infer"
+    assert not [s for s in receiver.spans if any("secret" in str(v) for v in s.attributes.values())]

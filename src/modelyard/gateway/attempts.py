@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from modelyard.balancing import Pick
 from modelyard.balancing import retry as policy
@@ -440,17 +441,27 @@ class AttemptLoop:
 
 
 def _try_span(parent: Span, ex: Exchange, endpoint: Endpoint, retry: int) -> Span:
-    url = (endpoint.grpc_url if ex.grpc is not None and endpoint.grpc_url else endpoint.url) + ex.path
-    return parent.child(
-        f"{ex.method} {endpoint.name}",
-        "client",
-        {
-            "modelyard.backend": endpoint.name,
-            "modelyard.retry": retry,
-            "http.request.method": ex.method,
-            "url.full": url,
-        },
-    )
+    attributes: dict[str, str | int] = {"modelyard.backend": endpoint.name, "modelyard.retry": retry}
+    if ex.grpc is not None and endpoint.grpc_url:  # relayed as gRPC: OTel's rpc attributes, not a URL
+        attributes.update(grpc_attributes(endpoint.grpc_url, ex.grpc.method))
+    else:
+        attributes["http.request.method"] = ex.method
+        attributes["url.full"] = endpoint.url + ex.path.partition("?")[0]  # a query may hold secrets
+    return parent.child(f"{ex.method} {endpoint.name}", "client", attributes)
+
+
+def grpc_attributes(grpc_url: str, method: str) -> dict[str, str | int]:
+    """A gRPC call's span attributes (OTel's rpc conventions): `method` is the call's path,
+    /inference.GRPCInferenceService/ModelInfer; `grpc_url` is grpc://host:port."""
+    service, _, name = method.strip("/").rpartition("/")
+    parts = urlsplit(grpc_url)
+    return {
+        "rpc.system": "grpc",
+        "rpc.service": service,
+        "rpc.method": name,
+        "server.address": parts.hostname or "",
+        "server.port": parts.port or 0,
+    }
 
 
 def _end_try_span(span: Span, code: int, error: ModelyardError | None) -> None:
