@@ -363,3 +363,37 @@ async def test_serve_writes_access_lines_to_stdout_and_its_other_logs_to_stderr(
     assert sorted((e["request_id"], e["status"]) for e in lines) == [("timed-out", 504), ("unknown", 404)]
     assert "request timed-out failed" in stderr.decode()  # the warning: on stderr, not stdout
     assert '"request_id"' not in stderr.decode() and "failed after" not in stdout.decode()
+
+
+async def test_a_graph_request_the_client_gave_up_is_logged_as_client_closed(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1, decode_ms_per_token=30_000.0)  # its one step does not answer in time
+    graph = {"nodes": {"root": {"routerType": "Sequence", "steps": [{"name": "only", "serviceName": "m"}]}}}
+    gateway = await gateways(
+        [model_config("m", [worker], protocol="v2")], graphs={"g": graph}, logging={"access_log": True}
+    )
+    inputs = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    request = asyncio.create_task(
+        http.post(gateway.url + "/v1/graphs/g", json=inputs, headers={"X-Request-Id": "gone"})
+    )
+    cluster = gateway.app[GATEWAY].clusters["m"]
+
+    async def stepping() -> bool:  # its step's model call is in flight
+        return cluster.budget.active == 1
+
+    await wait_until(stepping)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+
+    async def logged() -> bool:
+        return len(access_lines(caplog)) == 2
+
+    await wait_until(logged)
+    entries = sorted((orjson.loads(line) for line in access_lines(caplog)), key=lambda e: e["path"])
+    assert [(e["request_id"], e["path"], e["status"]) for e in entries] == [
+        ("gone", "/v1/graphs/g", 499),
+        ("gone", "/v2/models/m/infer", 499),
+    ]

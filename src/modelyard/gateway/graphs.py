@@ -164,10 +164,12 @@ class GraphService:
             result = await graph.run(body, ctx)
         except GraphFailure as failure:
             result = failure
-        except BaseException:  # cancelled (the client left)
+        except BaseException as exc:  # cancelled (the client left), or a bug (answered 500)
             if span is not None:
                 end_graph_span(span, None)
-            self._log(request_id, path, CLIENT_CLOSED, started, 0, span)
+            self._log(
+                request_id, path, 500 if isinstance(exc, Exception) else CLIENT_CLOSED, started, 0, span
+            )
             raise
         if span is not None:
             end_graph_span(span, result.status)
