@@ -11,10 +11,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from modelyard.config import validate_config
 from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
+from modelyard.state.memory import MemoryState
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from raw_http import request as raw_request
 from raw_http import send
@@ -463,3 +465,35 @@ async def test_a_try_relayed_as_grpc_has_rpc_attributes_and_a_rest_trys_url_no_q
     }
     assert rest_try.attributes["url.full"] == worker.url + "/v2/models/echo/infer"
     assert not [s for s in receiver.spans if any("secret" in str(v) for v in s.attributes.values())]
+
+
+class SlowState(MemoryState):
+    """A store that takes 200 ms to answer a lookup (a far Redis): before the request's span."""
+
+    async def get(self, key: str) -> str | None:
+        await asyncio.sleep(0.2)
+        return await super().get(key)
+
+
+async def test_the_request_span_and_access_line_cover_the_whole_request_from_its_arrival(
+    sim_workers, http, receiver, caplog
+):
+    caplog.set_level(logging.INFO, logger="modelyard.access")
+    (worker,) = await sim_workers(1)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "models": [model_config("m", [worker], strategy="kv_aware")],  # looks up the prompt's affinity
+        "telemetry": {"otlp_endpoint": receiver.url},
+        "logging": {"access_log": True},
+    }
+    gateway = await start_gateway(validate_config(config, "<test>"), state=SlowState())
+    try:
+        async with http.post(gateway.url + CHAT, json=chat()) as response:
+            assert response.status == 200
+        await flush(gateway)
+    finally:
+        await gateway.stop()
+    request = only([s for s in receiver.spans if s.kind == "server"])
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "modelyard.access"]
+    assert request.seconds >= 0.2
+    assert orjson.loads(line)["duration_ms"] >= 200

@@ -329,6 +329,7 @@ def _request_span(tracer: Tracer, ex: Exchange, headers: Iterable[tuple[str, str
             "modelyard.strategy": cluster.strategy.name,
             "modelyard.request_id": ex.request_id,
         },
+        started=ex.started,  # the whole request's time: the affinity lookup before it too
     )
 
 

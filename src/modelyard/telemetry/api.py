@@ -53,9 +53,11 @@ class Tracer(Protocol):
         headers: Iterable[tuple[str, str]] = (),
         kind: Kind = "server",
         attributes: Attributes | None = None,
+        started: float | None = None,
     ) -> Span:
         """A span whose parent is the traceparent in `headers` (a client's, or a caller's
-        in-process), or the root of a new trace when there is none or it is malformed."""
+        in-process), or the root of a new trace when there is none or it is malformed. `started`:
+        when the operation began (time.perf_counter()), if before now."""
         ...
 
     def force_flush(self, timeout_seconds: float = 10.0) -> bool:

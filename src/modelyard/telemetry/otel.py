@@ -10,6 +10,7 @@ request path only creates and ends spans.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -115,11 +116,19 @@ class OtelTracer:
         headers: Iterable[tuple[str, str]] = (),
         kind: Kind = "server",
         attributes: Attributes | None = None,
+        started: float | None = None,
     ) -> OtelSpan:
         carrier = _valid_context(trace_context(headers))
         context = _PROPAGATOR.extract(carrier) if carrier else None
+        start_time = None
+        if started is not None:  # the SDK's clock is the epoch's, in ns
+            start_time = time.time_ns() - int((time.perf_counter() - started) * 1e9)
         span = self._tracer.start_span(
-            safe_text(name), context=context, kind=_KINDS[kind], attributes=_safe(attributes)
+            safe_text(name),
+            context=context,
+            kind=_KINDS[kind],
+            attributes=_safe(attributes),
+            start_time=start_time,
         )
         return OtelSpan(span, self._tracer)
 
