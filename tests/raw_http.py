@@ -96,3 +96,15 @@ class Client:
 
     def close(self) -> None:
         self.writer.close()
+
+
+async def send(url: str, data: bytes) -> Reply:
+    """`data` (a whole request, which may hold bytes no HTTP client would send) on a connection of
+    its own to `url` (http://host:port), and the reply."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        return await read_reply(reader)
+    finally:
+        writer.close()

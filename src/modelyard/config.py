@@ -538,12 +538,7 @@ class TelemetryConfig(_Strict):
     @field_validator("otlp_endpoint")
     @classmethod
     def _otlp_url(cls, url: str | None) -> str | None:
-        if url is None or not url.strip():
-            return None
-        parts = urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("expected an http:// or https:// URL, e.g. http://collector:4318")
-        return url.strip().rstrip("/")
+        return otlp_url(url)
 
     @property
     def traces_url(self) -> str | None:
@@ -620,17 +615,40 @@ def merged_data(
 
 
 OTEL_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_DISABLED_ENV = "OTEL_SDK_DISABLED"
+
+
+def otlp_url(url: str | None) -> str | None:
+    """An OTLP endpoint as given (None or blank: tracing off); ValueError when it is not a URL."""
+    if url is None or not url.strip():
+        return None
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http:// or https:// URL, e.g. http://collector:4318")
+    return url.strip().rstrip("/")
+
+
+def otel_disabled(env: Mapping[str, str]) -> bool:
+    """OpenTelemetry's standard OTEL_SDK_DISABLED=true: tracing off, whatever else turns it on."""
+    return env.get(OTEL_DISABLED_ENV, "").strip().lower() == "true"
 
 
 def with_otel_endpoint(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """OpenTelemetry's standard OTEL_EXPORTER_OTLP_ENDPOINT turns tracing on when the config gives
-    no telemetry.otlp_endpoint (set in any of the file, MODELYARD_* or flags: ours wins)."""
-    endpoint = env.get(OTEL_ENDPOINT_ENV, "").strip()
+    no telemetry.otlp_endpoint (set in any of the file, MODELYARD_* or flags: ours wins); a bad one
+    is reported naming the variable. OTEL_SDK_DISABLED=true turns tracing off."""
     telemetry = data.get("telemetry")
-    if not endpoint or (isinstance(telemetry, dict) and telemetry.get("otlp_endpoint") is not None):
-        return data
     if telemetry is not None and not isinstance(telemetry, dict):
         return data  # not a mapping: validation names the problem
+    if otel_disabled(env):
+        return {**data, "telemetry": {**(telemetry or {}), "otlp_endpoint": None}}
+    endpoint = env.get(OTEL_ENDPOINT_ENV, "").strip()
+    if not endpoint or (telemetry is not None and telemetry.get("otlp_endpoint") is not None):
+        return data
+    try:
+        otlp_url(endpoint)
+    except ValueError as exc:
+        raise ConfigError(OTEL_ENDPOINT_ENV, [f"{exc} (got {endpoint!r})"]) from None
     return {**data, "telemetry": {**(telemetry or {}), "otlp_endpoint": endpoint}}
 
 

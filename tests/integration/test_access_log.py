@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import signal
+import sys
 
 import orjson
 import pytest
+import yaml
 
-from modelyard.gateway import GATEWAY
+from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
-from support import model_config
+from raw_http import Reply, send
+from raw_http import request as raw_request
+from support import model_config, wait_until
 
 CHAT = "/v1/chat/completions"
 ACCESS = "modelyard.access"
@@ -119,3 +125,275 @@ async def test_off_by_default_nothing_is_logged(sim_workers, gateways, http, cap
     async with http.post(gateway.url + CHAT, json=chat()) as response:
         assert response.status == 200
     assert access_lines(caplog) == []
+
+
+async def send_raw(gateway: RunningGateway, request_id: bytes) -> Reply:
+    """A chat request whose X-Request-Id is these bytes, as a client may send them (not UTF-8)."""
+    head = raw_request("POST", CHAT, orjson.dumps(chat()), X_Request_Id="RID", Connection="close")
+    return await send(gateway.url, head.replace(b"X-Request-Id: RID", b"X-Request-Id: " + request_id))
+
+
+@pytest.mark.parametrize("format", ["json", "text"])
+async def test_a_request_id_that_is_not_utf8_is_answered_and_logged(sim_workers, gateways, caplog, format):
+    caplog.set_level(logging.INFO)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], logging={"access_log": True, "format": format})
+    for request_id in (b"ok-1", b"a\xffb", b"ok-2"):
+        assert (await send_raw(gateway, request_id)).status == 200
+    lines = access_lines(caplog)
+    assert len(lines) == 3
+    assert "a\\\\udcffb" in lines[1] if format == "json" else '"a\\\\udcffb"' in lines[1]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_failure_is_answered_with_its_status_whatever_the_request_id(sim_workers, gateways, caplog):
+    caplog.set_level(logging.INFO)
+    workers = await sim_workers(1, decode_ms_per_token=200.0)
+    route = {"name": "impatient", "destinations": [{"subset": "default"}], "per_try_timeout": "50ms"}
+    route["retries"] = {"attempts": 0}
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    assert (await send_raw(gateway, b"bad-\xfe")).status == 504
+    (line,) = access_lines(caplog)
+    assert orjson.loads(line)["status"] == 504
+
+
+async def test_the_duration_is_the_whole_requests_not_its_last_trys(sim_workers, gateways, http, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    workers = await sim_workers(1, decode_ms_per_token=300.0)  # every try runs out of its 100 ms
+    retries = {"attempts": 2, "retry_on": ["gateway-error"], "base_interval": 0, "max_interval": 0}
+    route = {
+        "name": "r",
+        "destinations": [{"subset": "default"}],
+        "per_try_timeout": "100ms",
+        "retries": retries,
+    }
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "slow"}) as response:
+        assert response.status == 504
+    (line,) = access_lines(caplog)
+    entry = orjson.loads(line)
+    assert entry["attempts"] == 3 and entry["duration_ms"] >= 300
+    tries = [r for r in gateway.app[GATEWAY].metrics.routing_log.recent() if r.request_id == "slow"]
+    assert len(tries) == 3 and all(100 <= r.latency_ms < 300 for r in tries)  # the dashboard's: per try
+
+
+async def test_a_request_cancelled_while_queued_is_logged_once_as_client_closed(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1, decode_ms_per_token=20.0)
+    breakers = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "30s"}
+    gateway = await gateways(
+        [model_config("m", [worker], circuit_breakers=breakers)], logging={"access_log": True}
+    )
+    cluster = gateway.app[GATEWAY].clusters["m"]
+    long = chat(max_tokens=100_000, stream=True)
+    async with http.post(gateway.url + CHAT, json=long, headers={"X-Request-Id": "long"}) as first:
+        await first.content.readline()  # it holds the one slot
+        queued = asyncio.create_task(
+            http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "q"})
+        )
+
+        async def waiting() -> bool:
+            return len(cluster.capacity) == 1
+
+        await wait_until(waiting)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+
+        async def logged() -> bool:
+            return any(orjson.loads(line)["request_id"] == "q" for line in access_lines(caplog))
+
+        await wait_until(logged)
+        assert len(cluster.capacity) == 0
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    (entry,) = [e for e in entries if e["request_id"] == "q"]
+    assert (entry["status"], entry["attempts"], entry["backend"]) == (499, 0, "")
+    (record,) = [r for r in gateway.app[GATEWAY].metrics.routing_log.recent() if r.request_id == "q"]
+    assert record.status == 499
+
+
+async def test_a_request_cancelled_between_tries_is_logged_once_as_client_closed(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    workers = await sim_workers(1, fail_rate=1.0)
+    retries = {"attempts": 1, "retry_on": ["5xx"], "base_interval": "30s", "max_interval": "30s"}
+    route = {"name": "r", "destinations": [{"subset": "default"}], "retries": retries}
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    log = gateway.app[GATEWAY].metrics.routing_log
+    request = asyncio.create_task(http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "b"}))
+
+    async def tried() -> bool:
+        return any(r.request_id == "b" for r in log.recent())
+
+    await wait_until(tried)  # its first try answered 500: it waits out its backoff
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+
+    async def logged() -> bool:
+        return bool(access_lines(caplog))
+
+    await wait_until(logged)
+    (line,) = access_lines(caplog)
+    entry = orjson.loads(line)
+    assert (entry["request_id"], entry["status"], entry["attempts"]) == ("b", 499, 1)
+    assert [r.status for r in log.recent() if r.request_id == "b"] == [500, 499]
+
+
+async def test_a_graph_request_has_a_line_and_its_steps_carry_its_request_id(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    graph = {
+        "nodes": {
+            "root": {
+                "routerType": "Sequence",
+                "steps": [{"name": "first", "serviceName": "m"}, {"name": "second", "serviceName": "m"}],
+            }
+        }
+    }
+    gateway = await gateways(
+        [model_config("m", [worker], protocol="v2")], graphs={"g": graph}, logging={"access_log": True}
+    )
+    inputs = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    async with http.post(
+        gateway.url + "/v1/graphs/g", json=inputs, headers={"X-Request-Id": "g-1"}
+    ) as response:
+        assert response.status == 200
+        assert response.headers["X-Request-Id"] == "g-1"
+        body = await response.read()
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    assert [(e["request_id"], e["model"], e["path"]) for e in entries] == [
+        ("g-1", "m", "/v2/models/m/infer"),
+        ("g-1", "m", "/v2/models/m/infer"),
+        ("g-1", "g", "/v1/graphs/g"),
+    ]
+    graph_line = entries[-1]
+    assert (graph_line["status"], graph_line["backend"], graph_line["bytes"]) == (200, "graph", len(body))
+    assert graph_line["duration_ms"] >= max(e["duration_ms"] for e in entries[:2])
+
+    caplog.clear()
+    async with http.post(gateway.url + "/v1/graphs/g", json=inputs) as response:  # no id: one is made
+        request_id = response.headers["X-Request-Id"]
+    assert request_id and {orjson.loads(line)["request_id"] for line in access_lines(caplog)} == {request_id}
+
+
+async def test_requests_refused_before_routing_have_one_line_each(sim_workers, gateways, http, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways(
+        [model_config("m", [worker])], logging={"access_log": True}, limits={"max_body_bytes": 1000}
+    )
+    refused = [
+        (CHAT, orjson.dumps({"model": "nope", "messages": []}), 404),
+        (CHAT, b"{bad", 400),
+        (CHAT, orjson.dumps(chat(pad="x" * 2000)), 413),
+        ("/v2/models/nope/infer", b"{}", 404),
+        ("/v1/graphs/nope", b"{}", 404),
+    ]
+    for path, body, status in refused:
+        async with http.post(
+            gateway.url + path, data=body, headers={"X-Request-Id": f"r{status}"}
+        ) as response:
+            assert response.status == status
+    async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "routed"}) as response:
+        assert response.status == 200
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    assert [(e["request_id"], e["path"], e["status"], e["model"], e["backend"]) for e in entries] == [
+        *[(f"r{status}", path, status, "", "") for path, _, status in refused],
+        ("routed", CHAT, 200, "m", "w0"),
+    ]
+
+
+async def test_failed_requests_warn_once_per_endpoint_a_while_each_in_the_access_log(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO)
+    workers = await sim_workers(1, decode_ms_per_token=200.0)
+    route = {"name": "impatient", "destinations": [{"subset": "default"}], "per_try_timeout": "50ms"}
+    route["retries"] = {"attempts": 0}
+    gateway = await gateways([model_config("m", workers, routes=[route])], logging={"access_log": True})
+    for n in range(3):
+        async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": f"f{n}"}) as response:
+            assert response.status == 504
+    (warning,) = [r for r in caplog.records if r.name == "modelyard.gateway" and r.levelno >= logging.WARNING]
+    assert "request f0 failed" in warning.getMessage()
+    assert [orjson.loads(line)["request_id"] for line in access_lines(caplog)] == ["f0", "f1", "f2"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_serve_writes_access_lines_to_stdout_and_its_other_logs_to_stderr(
+    sim_workers, http, tmp_path, workers
+):
+    (worker,) = await sim_workers(1, decode_ms_per_token=200.0)
+    route = {"name": "impatient", "destinations": [{"subset": "default"}], "per_try_timeout": "50ms"}
+    route["retries"] = {"attempts": 0}
+    config = {
+        "listen": {"host": "127.0.0.1", "port": 0, "drain_seconds": 0},
+        "models": [model_config("m", [worker], routes=[route])],
+        "logging": {"access_log": True},
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "modelyard", "serve", "-c", str(path), "--workers", str(workers),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            while not (match := re.search(rb"listening on (http://\S+)", await process.stdout.readline())):
+                assert process.returncode is None
+        url = match.group(1).decode()
+        async with http.post(url + CHAT, json=chat(), headers={"X-Request-Id": "timed-out"}) as response:
+            assert response.status == 504
+        async with http.post(
+            url + CHAT, json=chat(model="nope"), headers={"X-Request-Id": "unknown"}
+        ) as response:
+            assert response.status == 404
+    finally:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+    lines = [orjson.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
+    # (with two workers, two writer threads: either line may come first)
+    assert sorted((e["request_id"], e["status"]) for e in lines) == [("timed-out", 504), ("unknown", 404)]
+    assert "request timed-out failed" in stderr.decode()  # the warning: on stderr, not stdout
+    assert '"request_id"' not in stderr.decode() and "failed after" not in stdout.decode()
+
+
+async def test_a_graph_request_the_client_gave_up_is_logged_as_client_closed(
+    sim_workers, gateways, http, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1, decode_ms_per_token=30_000.0)  # its one step does not answer in time
+    graph = {"nodes": {"root": {"routerType": "Sequence", "steps": [{"name": "only", "serviceName": "m"}]}}}
+    gateway = await gateways(
+        [model_config("m", [worker], protocol="v2")], graphs={"g": graph}, logging={"access_log": True}
+    )
+    inputs = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    request = asyncio.create_task(
+        http.post(gateway.url + "/v1/graphs/g", json=inputs, headers={"X-Request-Id": "gone"})
+    )
+    cluster = gateway.app[GATEWAY].clusters["m"]
+
+    async def stepping() -> bool:  # its step's model call is in flight
+        return cluster.budget.active == 1
+
+    await wait_until(stepping)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+
+    async def logged() -> bool:
+        return len(access_lines(caplog)) == 2
+
+    await wait_until(logged)
+    entries = sorted((orjson.loads(line) for line in access_lines(caplog)), key=lambda e: e["path"])
+    assert [(e["request_id"], e["path"], e["status"]) for e in entries] == [
+        ("gone", "/v1/graphs/g", 499),
+        ("gone", "/v2/models/m/infer", 499),
+    ]

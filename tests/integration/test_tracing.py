@@ -6,16 +6,21 @@ context of the try that called it. Export is made deterministic with the tracer'
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from modelyard.config import validate_config
 from modelyard.gateway import GATEWAY, RunningGateway, start_gateway
+from modelyard.state.memory import MemoryState
 from otlp_receiver import OtlpReceiver, ReceivedSpan
-from support import free_ports, model_config, sim_stats
+from raw_http import request as raw_request
+from raw_http import send
+from support import free_ports, metric_value, model_config, sim_stats, wait_until
 
 CHAT = "/v1/chat/completions"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -312,3 +317,183 @@ async def test_graph_serve_traces_each_step_and_sends_its_context(sim_workers, h
         TRACE_ID,
         f"{step.context.span_id:016x}",
     )
+
+
+async def test_a_shadow_copy_has_a_span_of_its_own_not_a_try_of_the_request(
+    sim_workers, gateways, http, receiver
+):
+    (primary,) = await sim_workers(1)
+    (canary,) = await sim_workers(1)
+    config = model_config("m", [primary, canary])
+    config["endpoints"][0]["subset"], config["endpoints"][1]["subset"] = "v1", "v2"
+    destinations = [{"subset": "v1", "weight": 1}, {"subset": "v2", "weight": 0}]
+    config["routes"] = [
+        {"name": "shadowed", "destinations": destinations, "mirror": {"subset": "v2", "percent": 100}}
+    ]
+    gateway = await gateways([config], telemetry={"otlp_endpoint": receiver.url})
+    headers = {"traceparent": CLIENT_TRACEPARENT}
+    async with http.post(gateway.url + CHAT, json=chat(), headers=headers) as response:
+        assert response.status == 200
+        await response.read()
+
+    async def compared() -> bool:  # the copy has ended (its outcome counted for the canary)
+        name = "modelyard_canary_requests_total"
+        return await metric_value(http, gateway.url, name, subset="v2") == 1
+
+    await wait_until(compared)
+    await flush(gateway)
+    request = only([s for s in receiver.spans if s.kind == "server"])
+    children = receiver.children(request)
+    attempt = only([s for s in children if "modelyard.retry" in s.attributes])
+    assert attempt.attributes["modelyard.backend"] == "w0" and request.attributes["modelyard.attempts"] == 1
+    shadow = only([s for s in children if s.attributes.get("modelyard.shadow")])
+    assert (shadow.name, shadow.attributes["modelyard.subset"]) == ("shadow m", "v2")
+    assert shadow.attributes["http.response.status_code"] == 200 and not shadow.error
+    assert receiver.children(shadow) == []  # no try span of its own to count
+    # The canary joins the trace under the shadow span, not as the request's try (nor the client's).
+    assert (await sim_stats(http, canary))["traceparents"] == [f"00-{TRACE_ID}-{shadow.span_id}-01"]
+    assert (await sim_stats(http, primary))["traceparents"] == [f"00-{TRACE_ID}-{attempt.span_id}-01"]
+
+
+@pytest.mark.parametrize(
+    "tracestate",
+    ["k=" + "x" * 600, ",,,=,==", ",".join(f"k{i}=v" for i in range(40)), "a=1,a=2", "K=v", "k=v\u00e9"],
+)
+async def test_a_malformed_tracestate_is_dropped_without_a_log_line(
+    sim_workers, gateways, http, receiver, caplog, tracestate
+):
+    caplog.set_level(logging.DEBUG)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], telemetry={"otlp_endpoint": receiver.url})
+    headers = {"traceparent": CLIENT_TRACEPARENT, "tracestate": tracestate}
+    async with http.post(gateway.url + CHAT, json=chat(), headers=headers) as response:
+        assert response.status == 200
+    await flush(gateway)
+    request = only([s for s in receiver.spans if s.kind == "server"])
+    assert (request.trace_id, request.parent_span_id) == (TRACE_ID, CLIENT_SPAN)  # the parent is kept
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+async def test_a_request_id_that_is_not_utf8_is_traced_without_a_log_line(
+    sim_workers, gateways, receiver, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], telemetry={"otlp_endpoint": receiver.url})
+    for request_id in (b"ok-1", b"a\xffb", b"ok-2"):
+        head = raw_request(
+            "POST", CHAT, b'{"model":"m","messages":[]}', X_Request_Id="RID", Connection="close"
+        )
+        assert (await send(gateway.url, head.replace(b"RID", request_id))).status == 200
+    await flush(gateway)
+    requests = [s for s in receiver.spans if s.kind == "server"]
+    assert [s.attributes["modelyard.request_id"] for s in requests] == ["ok-1", "a\\udcffb", "ok-2"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_request_cancelled_while_queued_ends_its_span_as_client_closed(
+    sim_workers, gateways, http, receiver
+):
+    (worker,) = await sim_workers(1, decode_ms_per_token=20.0)
+    breakers = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "30s"}
+    gateway = await gateways(
+        [model_config("m", [worker], circuit_breakers=breakers)], telemetry={"otlp_endpoint": receiver.url}
+    )
+    cluster = gateway.app[GATEWAY].clusters["m"]
+    long = chat(max_tokens=100_000, stream=True)
+    async with http.post(gateway.url + CHAT, json=long, headers={"X-Request-Id": "long"}) as first:
+        await first.content.readline()
+        queued = asyncio.create_task(
+            http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "q"})
+        )
+
+        async def waiting() -> bool:
+            return len(cluster.capacity) == 1
+
+        await wait_until(waiting)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+
+        async def gone() -> bool:
+            return len(cluster.capacity) == 0
+
+        await wait_until(gone)
+        await flush(gateway)
+    request = only([s for s in receiver.spans if s.attributes.get("modelyard.request_id") == "q"])
+    assert request.attributes["http.response.status_code"] == 499
+    assert request.attributes["modelyard.attempts"] == 0 and receiver.children(request) == []
+
+
+async def test_a_try_relayed_as_grpc_has_rpc_attributes_and_a_rest_trys_url_no_query(
+    sim_workers, gateways, http, receiver
+):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    (worker,) = await sim_workers(1, models=["echo"], grpc_port=0)
+    endpoints = [{"name": "w0", "url": worker.url, "grpc_url": worker.grpc_url}]
+    gateway = await gateways(
+        [{"name": "echo", "endpoints": endpoints, "health_check": {"interval": "60s"}}],
+        listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
+        telemetry={"otlp_endpoint": receiver.url},
+    )
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
+    try:
+        tensor = grpcclient.InferInput("x", [2], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+        await asyncio.to_thread(client.infer, "echo", [tensor], client_timeout=10)
+    finally:
+        await asyncio.to_thread(client.close)
+    inputs = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    async with http.post(gateway.url + "/v2/models/echo/infer?token=secret", json=inputs) as response:
+        assert response.status == 200
+    await flush(gateway)
+    tries = [only(receiver.children(s)) for s in receiver.spans if s.kind == "server"]
+    (grpc_try,) = [t for t in tries if "rpc.system" in t.attributes]
+    (rest_try,) = [t for t in tries if "rpc.system" not in t.attributes]
+    port = int(worker.grpc_url.rsplit(":", 1)[1])
+    assert grpc_try.attributes == {
+        "modelyard.backend": "w0",
+        "modelyard.retry": 0,
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "server.address": "127.0.0.1",
+        "server.port": port,
+        "http.response.status_code": 200,
+    }
+    assert rest_try.attributes["url.full"] == worker.url + "/v2/models/echo/infer"
+    assert not [s for s in receiver.spans if any("secret" in str(v) for v in s.attributes.values())]
+
+
+class SlowState(MemoryState):
+    """A store that takes 200 ms to answer a lookup (a far Redis): before the request's span."""
+
+    async def get(self, key: str) -> str | None:
+        await asyncio.sleep(0.2)
+        return await super().get(key)
+
+
+async def test_the_request_span_and_access_line_cover_the_whole_request_from_its_arrival(
+    sim_workers, http, receiver, caplog
+):
+    caplog.set_level(logging.INFO, logger="modelyard.access")
+    (worker,) = await sim_workers(1)
+    config = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "models": [model_config("m", [worker], strategy="kv_aware")],  # looks up the prompt's affinity
+        "telemetry": {"otlp_endpoint": receiver.url},
+        "logging": {"access_log": True},
+    }
+    gateway = await start_gateway(validate_config(config, "<test>"), state=SlowState())
+    try:
+        async with http.post(gateway.url + CHAT, json=chat()) as response:
+            assert response.status == 200
+        await flush(gateway)
+    finally:
+        await gateway.stop()
+    request = only([s for s in receiver.spans if s.kind == "server"])
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "modelyard.access"]
+    assert request.seconds >= 0.2
+    assert orjson.loads(line)["duration_ms"] >= 200

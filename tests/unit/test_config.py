@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 
+from modelyard.cli.telemetry import telemetry_config
 from modelyard.config import GatewayConfig, env_overrides, load_config, merged_data, validate_config
 from modelyard.errors import ConfigError
 
@@ -307,3 +309,40 @@ def test_the_otlp_endpoint_comes_from_env_with_modelyards_own_winning(tmp_path: 
     assert (loaded.telemetry.otlp_endpoint, loaded.telemetry.service_name) == ("http://file:4318", "edge")
     assert load_config(path, env=ours).telemetry.otlp_endpoint == "http://ours:4318"
     assert load_config(None, env={"MODELYARD_LOGGING__ACCESS_LOG": "true"}).logging.access_log is True
+
+
+def test_a_bad_otel_endpoint_is_reported_naming_the_variable() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, env={"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
+    assert str(raised.value).startswith("OTEL_EXPORTER_OTLP_ENDPOINT: expected an http:// or https:// URL")
+    assert "'collector:4318'" in str(raised.value)
+    ours = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318",
+        "MODELYARD_TELEMETRY__OTLP_ENDPOINT": "http://a:1",
+    }
+    assert load_config(None, env=ours).telemetry.otlp_endpoint == "http://a:1"  # not used: not checked
+
+
+def test_otel_sdk_disabled_turns_tracing_off_however_it_was_turned_on(tmp_path: Path) -> None:
+    path = write(tmp_path, "telemetry:\n  otlp_endpoint: http://file:4318\n")
+    for env in (
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318"},
+        {"MODELYARD_TELEMETRY__OTLP_ENDPOINT": "http://ours:4318"},
+        {},
+    ):
+        assert load_config(path, env={**env, "OTEL_SDK_DISABLED": "TRUE"}).telemetry.otlp_endpoint is None
+        assert (
+            load_config(path, env={**env, "OTEL_SDK_DISABLED": "false"}).telemetry.otlp_endpoint is not None
+        )
+
+
+def test_the_flag_roles_tracing_honours_otel_sdk_disabled_and_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert telemetry_config("http://collector:4318", 1.0).otlp_endpoint is None
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")
+    with pytest.raises(typer.Exit):
+        telemetry_config("collector:4318", 1.0)  # typer read it from the variable
+    assert capsys.readouterr().err.startswith("error: OTEL_EXPORTER_OTLP_ENDPOINT: expected an http://")

@@ -127,8 +127,6 @@ def serve(
         count = worker_count(loaded)
         level = log_level or loaded.logging.level  # the flag wins over the file
         logging.getLogger().setLevel(level.upper())
-        if loaded.logging.access_log:
-            install_handler()
         if print_config:
             typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False), nl=False)
             typer.echo(f"# listen.workers: {count} process{'es' if count > 1 else ''} here")
@@ -139,7 +137,12 @@ def serve(
             if code:
                 raise typer.Exit(code)
             return
-        run(_serve(loaded, graphs))
+        output = install_handler() if loaded.logging.access_log else None  # workers: one each
+        try:
+            run(_serve(loaded, graphs))
+        finally:
+            if output is not None:
+                output.stop()
     except ModelyardError as error:
         raise fail(error) from None
     except OSError as error:

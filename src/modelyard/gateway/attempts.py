@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from modelyard.balancing import Pick
 from modelyard.balancing import retry as policy
@@ -39,7 +40,7 @@ from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.routing_log import RoutingRecord
 from modelyard.rpc import OipChannels
-from modelyard.telemetry import Span
+from modelyard.telemetry import Span, safe_text
 from modelyard.upstream import Flight, UpstreamPool
 
 log = logging.getLogger("modelyard.gateway")
@@ -54,7 +55,9 @@ def grpc_metadata(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k.lower(), v) for k, v in headers if k.lower() not in _NOT_METADATA]
 
 
-CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics only
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request": metrics, routing and access log
+WARN_EVERY = 10.0  # seconds between warnings about requests failed on one endpoint
+_MAX_WARNED = 1024  # endpoints remembered for that; more (placed models coming and going) start afresh
 
 
 @dataclass(slots=True)
@@ -115,6 +118,7 @@ class AttemptLoop:
         self._log = metrics.routing_log
         self._rng = rng
         self._access = access  # None: logging.access_log is off
+        self._warned: dict[tuple[str, str], tuple[float, int]] = {}  # (model, endpoint): (when, not logged)
 
     async def run(self, ex: Exchange) -> Attempt:
         """Try, and retry as the route allows. Returns with the endpoint acquired and the response
@@ -189,7 +193,11 @@ class AttemptLoop:
                         pause = policy.backoff(retries_policy, retries, self._rng)
                         if deadline is not None:
                             pause = max(0.0, min(pause, deadline - time.monotonic()))
-                        await asyncio.sleep(pause)
+                        try:
+                            await asyncio.sleep(pause)
+                        except asyncio.CancelledError:  # the client left between tries
+                            self._given_up(ex, CLIENT_CLOSED)
+                            raise
                         continue
                 if outcome.response is not None and not out_of_time:
                     return Attempt(endpoint, pick, outcome.response)  # not retried: relay it as it is
@@ -206,11 +214,7 @@ class AttemptLoop:
                         f"every endpoint of model {cluster.name!r} tried refused the connection: {names}"
                     )
                 if ex.counted:  # a shadow copy's failure is the canary's business, not the log's
-                    log.warning(
-                        "model %s: request %s failed after %d tr%s (last %s): %s",
-                        cluster.name, ex.request_id or "-", ex.tries, "y" if ex.tries == 1 else "ies",
-                        endpoint.name, failure.message, extra={"request_id": ex.request_id},
-                    )  # fmt: skip
+                    self._warn_failed(ex, endpoint, failure)
                 raise failure
         finally:
             if charged:
@@ -342,6 +346,9 @@ class AttemptLoop:
                     self._metrics.overloaded.labels(cluster.name).inc()
                     self._unrouted(ex, exc.status)
                 raise
+            except asyncio.CancelledError:  # the client left while its request waited for room
+                self._given_up(ex, CLIENT_CLOSED)
+                raise
 
     def _budget_allows(self, ex: Exchange) -> bool:
         if ex.cluster.budget.allows_retry():
@@ -362,7 +369,8 @@ class AttemptLoop:
         """Count a try that ended here, or an answer: metrics and the routing log; `final`: the
         exchange ends with it (its access log line and its span's outcome)."""
         if ex.counted:
-            seconds = time.perf_counter() - started
+            now = time.perf_counter()
+            seconds = now - started
             cluster = ex.cluster
             strategy = cluster.strategy.name
             self._metrics.observe_request(cluster.name, endpoint.name, strategy, code, seconds)
@@ -371,21 +379,53 @@ class AttemptLoop:
                 ex.request_id,
             )  # fmt: skip
             if final and (ex.span is not None or self._access is not None):
-                self._ended(ex, record)
+                self._ended(ex, record, now - ex.started)
+
+    def _given_up(self, ex: Exchange, code: int) -> None:
+        """A request that ended between tries or before its first (cancelled while it waited for
+        room or for its backoff): counted, unless a try of it already was, and logged without an
+        endpoint."""
+        if ex.counted:
+            if ex.tries == 0:
+                seconds = time.perf_counter() - ex.started
+                self._metrics.observe_request(ex.cluster.name, "", ex.cluster.strategy.name, code, seconds)
+            self._unrouted(ex, code)
+
+    def _warn_failed(self, ex: Exchange, endpoint: Endpoint, failure: ModelyardError) -> None:
+        """A request that failed for good: a warning, at most one per endpoint every WARN_EVERY
+        seconds (an outage must not flood stderr from the loop); the next one says how many were
+        not logged. Every failed request is in the access log with its request id."""
+        key = (ex.cluster.name, endpoint.name)
+        now = time.monotonic()
+        last, quiet = self._warned.get(key, (-WARN_EVERY, 0))
+        if now - last < WARN_EVERY:
+            self._warned[key] = (last, quiet + 1)
+            return
+        if len(self._warned) >= _MAX_WARNED:
+            self._warned.clear()
+        self._warned[key] = (now, 0)
+        more = f" ({quiet} more failed on it in the last {WARN_EVERY:g}s, not logged)" if quiet else ""
+        log.warning(
+            "model %s: request %s failed after %d tr%s (last %s): %s%s",
+            ex.cluster.name, safe_text(ex.request_id) or "-", ex.tries, "y" if ex.tries == 1 else "ies",
+            endpoint.name, failure.message, more, extra={"request_id": safe_text(ex.request_id)},
+        )  # fmt: skip
 
     def _unrouted(self, ex: Exchange, code: int) -> None:
         """A request that got no endpoint (none healthy, or no room in time): logged without one."""
         cluster = ex.cluster
+        seconds = time.perf_counter() - ex.started
         record = self._log.record(
-            cluster.name, ex.route.name, ex.subset, "", cluster.strategy.name, code,
-            time.perf_counter() - ex.started, None, ex.request_id,
+            cluster.name, ex.route.name, ex.subset, "", cluster.strategy.name, code, seconds, None,
+            ex.request_id,
         )  # fmt: skip
         if ex.span is not None or self._access is not None:
-            self._ended(ex, record)
+            self._ended(ex, record, seconds)
 
-    def _ended(self, ex: Exchange, record: RoutingRecord) -> None:
+    def _ended(self, ex: Exchange, record: RoutingRecord, seconds: float) -> None:
         """The request's outcome, as the routing log recorded it, for its span and the access log:
-        one record, so the three never disagree."""
+        one record, so the three never disagree. `seconds`: the whole request's (the record's
+        latency is its last try's, which is the dashboard's)."""
         span = ex.span
         if span is not None:
             span.set("modelyard.route", record.route)
@@ -397,21 +437,31 @@ class AttemptLoop:
                 span.fail(f"answered {record.status}", str(record.status))
         if self._access is not None:
             trace_id = span.trace_id if span is not None else None
-            self._access.write(record, ex.method, ex.path, ex.tries, ex.sent_bytes, trace_id)
+            self._access.write(record, ex.method, ex.path, ex.tries, ex.sent_bytes, trace_id, seconds * 1000)
 
 
 def _try_span(parent: Span, ex: Exchange, endpoint: Endpoint, retry: int) -> Span:
-    url = (endpoint.grpc_url if ex.grpc is not None and endpoint.grpc_url else endpoint.url) + ex.path
-    return parent.child(
-        f"{ex.method} {endpoint.name}",
-        "client",
-        {
-            "modelyard.backend": endpoint.name,
-            "modelyard.retry": retry,
-            "http.request.method": ex.method,
-            "url.full": url,
-        },
-    )
+    attributes: dict[str, str | int] = {"modelyard.backend": endpoint.name, "modelyard.retry": retry}
+    if ex.grpc is not None and endpoint.grpc_url:  # relayed as gRPC: OTel's rpc attributes, not a URL
+        attributes.update(grpc_attributes(endpoint.grpc_url, ex.grpc.method))
+    else:
+        attributes["http.request.method"] = ex.method
+        attributes["url.full"] = endpoint.url + ex.path.partition("?")[0]  # a query may hold secrets
+    return parent.child(f"{ex.method} {endpoint.name}", "client", attributes)
+
+
+def grpc_attributes(grpc_url: str, method: str) -> dict[str, str | int]:
+    """A gRPC call's span attributes (OTel's rpc conventions): `method` is the call's path,
+    /inference.GRPCInferenceService/ModelInfer; `grpc_url` is grpc://host:port."""
+    service, _, name = method.strip("/").rpartition("/")
+    parts = urlsplit(grpc_url)
+    return {
+        "rpc.system": "grpc",
+        "rpc.service": service,
+        "rpc.method": name,
+        "server.address": parts.hostname or "",
+        "server.port": parts.port or 0,
+    }
 
 
 def _end_try_span(span: Span, code: int, error: ModelyardError | None) -> None:

@@ -59,13 +59,15 @@ class Exchange:
     span: Span | None = None  # tracing on: the request's span, the parent of each try's span
 
     def shadow(self, route: RouteConfig, subset: str) -> Exchange:
-        """A copy of this exchange for the mirror subset (marked, so servers can tell)."""
+        """A copy of this exchange for the mirror subset (marked, so servers can tell). It has no
+        span: its tries are not the request's (the shadow traffic gives it a span of its own)."""
         return replace(
             self,
             route=route,
             subset=subset,
             headers=[*self.headers, ("X-Modelyard-Shadow", "true")],
             counted=False,
+            span=None,
         )
 
 

@@ -107,6 +107,7 @@ class Gateway:
             if shared and config.state.share_prefix_index
             else None
         )
+        self.access = AccessLog(config.logging) if config.logging.access_log else None
         self.proxy = Proxy(
             self.pool,
             self.grpc_channels,
@@ -116,7 +117,7 @@ class Gateway:
             share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
             share_canary=self._worker_log.share_canary if self._worker_log is not None else None,
             tracer=self.tracer,
-            access=AccessLog(config.logging) if config.logging.access_log else None,
+            access=self.access,
         )
         # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
         self._leader = siblings is None or siblings.leader
@@ -138,6 +139,8 @@ class Gateway:
             config.graph_propagate_headers,
             self.metrics.graph_step,
             self.tracer,
+            self.access,
+            self.proxy.new_request_id,
         )
         self.created = int(time.time())
         self.placed = PlacedModels(self, config.placement)

@@ -18,8 +18,10 @@ import orjson
 from aiohttp import web
 
 from modelyard.errors import GraphInvalid, ModelNotPlaced, ModelyardError, NotFound
+from modelyard.gateway.access_log import AccessLog
+from modelyard.gateway.attempts import CLIENT_CLOSED
 from modelyard.gateway.cluster import Cluster
-from modelyard.gateway.proxy import Proxy
+from modelyard.gateway.proxy import REQUEST_ID_HEADER, Proxy
 from modelyard.graph import (
     Graph,
     GraphDocument,
@@ -34,11 +36,12 @@ from modelyard.graph import (
 from modelyard.graph.headers import compile_patterns, propagated
 from modelyard.graph.loader import graphs_in_documents
 from modelyard.serving import answer_response
-from modelyard.telemetry import GraphSpans, Tracer, end_graph_span, start_graph_span
+from modelyard.telemetry import GraphSpans, Span, Tracer, end_graph_span, start_graph_span
 from modelyard.upstream.graph_invoker import UrlInvoker
 
 TRACE_REQUEST_HEADER = "X-Modelyard-Trace"
 TRACE_RESPONSE_HEADER = "X-Modelyard-Graph-Trace"
+_REQUEST_ID = REQUEST_ID_HEADER.lower()
 
 
 class GatewayInvoker:
@@ -88,8 +91,12 @@ class GraphService:
         propagate: Iterable[str],
         observe: Callable[[str, str, str, int, float], None],
         tracer: Tracer | None = None,
+        access: AccessLog | None = None,
+        new_request_id: Callable[[], str] = lambda: "",
     ) -> None:
         self._tracer = tracer
+        self._access = access  # None: logging.access_log is off
+        self._new_request_id = new_request_id
         self._graphs = dict(graphs)
         self._invoker = invoker
         self._patterns: list[re.Pattern[str]] = compile_patterns(",".join(propagate))
@@ -140,10 +147,16 @@ class GraphService:
         def observe(node: str, step: str, status: int, seconds: float) -> None:
             self._observe(graph.name, node, step, status, seconds)
 
-        ctx = RunContext(self._invoker, propagated(headers, self._patterns), self._rng, trace, observe)
+        # The graph's request id goes to every step, so that a step's model call is logged with it.
+        request_id = next((v for k, v in headers if k.lower() == _REQUEST_ID), "") or self._new_request_id()
+        sent = [(k, v) for k, v in propagated(headers, self._patterns) if k.lower() != _REQUEST_ID]
+        if request_id:
+            sent.append((REQUEST_ID_HEADER, request_id))
+        ctx = RunContext(self._invoker, sent, self._rng, trace, observe)
         span = None
+        path = f"/v1/graphs/{name}"
         if self._tracer is not None:  # the graph's span; each step's is its child (GraphSpans)
-            span = start_graph_span(self._tracer, name, headers, f"/v1/graphs/{name}")
+            span = start_graph_span(self._tracer, name, headers, path)
             ctx.spans = GraphSpans(span)
         result: Outcome | GraphFailure
         started = time.perf_counter()
@@ -151,13 +164,26 @@ class GraphService:
             result = await graph.run(body, ctx)
         except GraphFailure as failure:
             result = failure
-        except BaseException:  # cancelled (the client left)
+        except BaseException as exc:  # cancelled (the client left), or a bug (answered 500)
             if span is not None:
                 end_graph_span(span, None)
+            self._log(
+                request_id, path, 500 if isinstance(exc, Exception) else CLIENT_CLOSED, started, 0, span
+            )
             raise
         if span is not None:
             end_graph_span(span, result.status)
         response = answer_response(answer(result))
+        if request_id:
+            response.headers[REQUEST_ID_HEADER] = request_id
+        self._log(
+            request_id,
+            path,
+            result.status,
+            started,
+            len(response.body) if isinstance(response.body, bytes) else 0,
+            span,
+        )
         if trace is not None:
             steps = [
                 {"node": t.node, "step": t.step, "target": t.target, "status": t.status, "ms": t.ms}
@@ -168,3 +194,16 @@ class GraphService:
                 {"graph": name, "ms": total_ms, "steps": steps}
             ).decode()
         return response
+
+    def _log(
+        self, request_id: str, path: str, status: int, started: float, size: int, span: Span | None
+    ) -> None:
+        """The graph request's access line: its steps' model calls have lines of their own."""
+        if self._access is not None:
+            duration_ms = (time.perf_counter() - started) * 1000
+            trace_id = span.trace_id if span is not None else None
+            name = path.rsplit("/", 1)[1]
+            self._access.write_fields(
+                time.time(), request_id, "POST", path, name, "", "", "graph", "", 0, status, duration_ms,
+                size, trace_id,
+            )  # fmt: skip

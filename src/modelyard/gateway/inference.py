@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
@@ -104,11 +105,16 @@ def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.S
 
     async def view(request: web.Request) -> web.StreamResponse:
         reply = AiohttpReply(request)
+        started = time.perf_counter()
+        gateway = request.app[GATEWAY]
         try:
-            await route(request.app[GATEWAY], request, reply)
-        except Exception:  # a ModelyardError, or a bug: either way its answer and log line carry the id
+            await route(gateway, request, reply)
+        except Exception as exc:  # a ModelyardError, or a bug: its answer and log line carry the id
             if reply.request_id:
                 request[REQUEST_ID] = reply.request_id
+            else:
+                status = exc.status if isinstance(exc, ModelyardError | web.HTTPException) else 500
+                refused(gateway, request, status, started)
             raise
         assert reply.response is not None
         return reply.response
@@ -121,6 +127,7 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
     here as the error middleware answers them."""
 
     async def handle(request: H1Request, reply: Reply) -> None:
+        started = time.perf_counter()
         try:
             await route(gateway, request, reply)
         except ModelyardError as exc:
@@ -139,9 +146,21 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
             return
         request_id = reply.request_id or request.headers.get("X-Request-Id")
         headers, body = error_answer(request.path, error, request_id)
+        if not reply.request_id:
+            refused(gateway, request, error.status, started)
         reply.whole(error.status, headers, body)
 
     return handle
+
+
+def refused(gateway: Gateway, request: Inbound, status: int, started: float) -> None:
+    """The access line of a request refused before routing (an unknown model, a malformed or too
+    large body): no model, route or backend. A routed request's line is the attempt loop's."""
+    if gateway.access is not None:
+        gateway.access.write_fields(
+            time.time(), request.headers.get("X-Request-Id", ""), request.method, request.raw_path,
+            "", "", "", "", "", 0, status, (time.perf_counter() - started) * 1000, 0,
+        )  # fmt: skip
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -171,10 +190,16 @@ async def oip_ready(request: web.Request) -> web.Response:
 
 async def run_graph(request: web.Request) -> web.Response:
     """Run a graph; `X-Modelyard-Trace: 1` adds `X-Modelyard-Graph-Trace` (every step, its status and ms)."""
-    service = request.app[GATEWAY].graphs
+    gateway = request.app[GATEWAY]
+    service = gateway.graphs
     name = request.match_info["name"]
-    service.get(name)  # 404 before reading the body
-    body = await read_body(request)
+    started = time.perf_counter()
+    try:
+        service.get(name)  # 404 before reading the body
+        body = await read_body(request)
+    except (ModelyardError, web.HTTPException) as exc:  # the graph's run writes its own access line
+        refused(gateway, request, exc.status, started)
+        raise
     want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
     return await service.run(name, body, list(request.headers.items()), want_trace)
 

@@ -24,7 +24,13 @@ from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
 from modelyard.errors import ModelyardError, UpstreamError, UpstreamUnreachable
 from modelyard.gateway.access_log import AccessLog
-from modelyard.gateway.attempts import CLIENT_CLOSED, GRPC_CONTENT_TYPE, AttemptLoop, grpc_metadata
+from modelyard.gateway.attempts import (
+    CLIENT_CLOSED,
+    GRPC_CONTENT_TYPE,
+    AttemptLoop,
+    grpc_attributes,
+    grpc_metadata,
+)
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
@@ -225,15 +231,12 @@ class Proxy:
             try:
                 sent = headers
                 if ex.span is not None:  # the one try, the whole stream: its own client span
-                    span = ex.span.child(
-                        f"{method} {endpoint.name}",
-                        "client",
-                        {
-                            "modelyard.backend": endpoint.name,
-                            "modelyard.retry": 0,
-                            "url.full": endpoint.grpc_url,
-                        },
-                    )
+                    attributes: dict[str, str | int] = {
+                        "modelyard.backend": endpoint.name,
+                        "modelyard.retry": 0,
+                    }
+                    attributes.update(grpc_attributes(endpoint.grpc_url, method))
+                    span = ex.span.child(f"{method} {endpoint.name}", "client", attributes)
                     sent = span.inject(headers)
                 metadata = grpc_metadata(sent)
                 async for message in self._grpc.stream(endpoint.grpc_url, method, messages, metadata):
@@ -326,6 +329,7 @@ def _request_span(tracer: Tracer, ex: Exchange, headers: Iterable[tuple[str, str
             "modelyard.strategy": cluster.strategy.name,
             "modelyard.request_id": ex.request_id,
         },
+        started=ex.started,  # the whole request's time: the affinity lookup before it too
     )
 
 

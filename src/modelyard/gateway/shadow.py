@@ -16,10 +16,11 @@ from modelyard.balancing.routes import mirrors
 from modelyard.cluster.canary import answer_text, exact_match, rouge_l
 from modelyard.config import RetryPolicy
 from modelyard.errors import ModelyardError
-from modelyard.gateway.attempts import AttemptLoop
+from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Exchange
 from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.telemetry import Span
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -88,7 +89,15 @@ class ShadowTraffic:
             return None
         primary = Capture(ex.subset, done=asyncio.get_running_loop().create_future())
         copy = ex.shadow(ex.route.model_copy(update={"retries": _NO_RETRIES}), mirror.subset)
-        task = asyncio.create_task(self._shadow(copy, primary))
+        span = None
+        if ex.span is not None:  # the copy's own span under the request's: the canary joins it, not a try
+            span = ex.span.child(
+                f"shadow {ex.cluster.name}",
+                "client",
+                {"modelyard.shadow": True, "modelyard.subset": mirror.subset},
+            )
+            copy.headers = span.inject(copy.headers)
+        task = asyncio.create_task(self._shadow(copy, primary, span))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return primary
@@ -100,7 +109,7 @@ class ShadowTraffic:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _shadow(self, ex: Exchange, primary: Capture) -> None:
+    async def _shadow(self, ex: Exchange, primary: Capture, span: Span | None) -> None:
         cluster, route = ex.cluster, ex.route
         mirrored = Capture(ex.subset)
         try:
@@ -113,6 +122,13 @@ class ShadowTraffic:
                     self._attempts.finish(ex, attempt, attempt.response.status)
         except (ModelyardError, TimeoutError) as exc:
             log.debug("model %s: shadow request to %s failed: %s", cluster.name, ex.subset, exc)
+            mirrored.status = exc.status if isinstance(exc, ModelyardError) else 504
+        finally:
+            if span is not None:
+                span.set("http.response.status_code", mirrored.status or CLIENT_CLOSED)
+                if mirrored.status >= 500:
+                    span.fail(f"the shadow copy answered {mirrored.status}", str(mirrored.status))
+                span.end()
         mirrored.seconds = time.perf_counter() - ex.started
         assert primary.done is not None
         await primary.done

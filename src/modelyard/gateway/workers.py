@@ -165,8 +165,7 @@ def _worker(
     logging.basicConfig(
         level=level.upper(), format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s"
     )
-    if config.logging.access_log:
-        install_handler()  # a JSON line carries its worker; no prefix
+    output = install_handler() if config.logging.access_log else None  # a JSON line carries its worker
     graphs = load_config_graphs(config, source)
 
     async def serve() -> None:
@@ -179,4 +178,8 @@ def _worker(
 
         await serve_until_signal([gateway.server], gateway.stop)
 
-    run(serve())
+    try:
+        run(serve())
+    finally:
+        if output is not None:
+            output.stop()

@@ -17,6 +17,7 @@ from modelyard.telemetry.api import (
     Kind,
     Span,
     Tracer,
+    safe_text,
     trace_context,
     without_trace_context,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Tracer",
     "build_tracer",
     "end_graph_span",
+    "safe_text",
     "start_graph_span",
     "trace_context",
     "without_trace_context",

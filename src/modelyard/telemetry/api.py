@@ -53,9 +53,11 @@ class Tracer(Protocol):
         headers: Iterable[tuple[str, str]] = (),
         kind: Kind = "server",
         attributes: Attributes | None = None,
+        started: float | None = None,
     ) -> Span:
         """A span whose parent is the traceparent in `headers` (a client's, or a caller's
-        in-process), or the root of a new trace when there is none or it is malformed."""
+        in-process), or the root of a new trace when there is none or it is malformed. `started`:
+        when the operation began (time.perf_counter()), if before now."""
         ...
 
     def force_flush(self, timeout_seconds: float = 10.0) -> bool:
@@ -65,6 +67,18 @@ class Tracer(Protocol):
     def shutdown(self) -> None:
         """Flush and stop exporting (blocking: run it off the event loop)."""
         ...
+
+
+def safe_text(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate (how the lean listener decodes a header's bytes
+    0x80-0xFF) becomes its backslash escape, which JSON, OTLP's protobuf and a log line can carry."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def without_trace_context(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -89,6 +103,7 @@ __all__: Sequence[str] = [
     "Kind",
     "Span",
     "Tracer",
+    "safe_text",
     "trace_context",
     "without_trace_context",
 ]

@@ -9,6 +9,8 @@ request path only creates and ends spans.
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,10 +31,21 @@ from modelyard.telemetry.api import (
     Attributes,
     Kind,
     Value,
+    safe_text,
     trace_context,
     without_trace_context,
 )
 
+# W3C Trace Context's tracestate list member (the SDK's grammar): a client's tracestate that is not a
+# list of these, at most 32 and 512 characters, is dropped before the SDK sees it, which would log
+# a warning echoing the client's text on every such request.
+_TRACESTATE_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+_TRACESTATE_MAX_LENGTH = 512
+_TRACESTATE_MAX_MEMBERS = 32
+_TRACEPARENT_MAX_LENGTH = 512  # the SDK's: longer is dropped, with a warning per request
 _KINDS = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent/tracestate, nothing else (no baggage)
 
@@ -49,7 +62,7 @@ class OtelSpan:
         return f"{self._span.get_span_context().trace_id:032x}"
 
     def set(self, key: str, value: Value) -> None:
-        self._span.set_attribute(key, value)
+        self._span.set_attribute(key, safe_text(value) if isinstance(value, str) else value)
 
     def fail(self, description: str, error_type: str = "") -> None:
         if error_type:
@@ -58,7 +71,9 @@ class OtelSpan:
 
     def child(self, name: str, kind: Kind = "internal", attributes: Attributes | None = None) -> OtelSpan:
         context = trace.set_span_in_context(self._span)
-        span = self._tracer.start_span(name, context=context, kind=_KINDS[kind], attributes=attributes)
+        span = self._tracer.start_span(
+            safe_text(name), context=context, kind=_KINDS[kind], attributes=_safe(attributes)
+        )
         return OtelSpan(span, self._tracer)
 
     def traceparent(self) -> str:
@@ -101,10 +116,20 @@ class OtelTracer:
         headers: Iterable[tuple[str, str]] = (),
         kind: Kind = "server",
         attributes: Attributes | None = None,
+        started: float | None = None,
     ) -> OtelSpan:
-        carrier = trace_context(headers)
+        carrier = _valid_context(trace_context(headers))
         context = _PROPAGATOR.extract(carrier) if carrier else None
-        span = self._tracer.start_span(name, context=context, kind=_KINDS[kind], attributes=attributes)
+        start_time = None
+        if started is not None:  # the SDK's clock is the epoch's, in ns
+            start_time = time.time_ns() - int((time.perf_counter() - started) * 1e9)
+        span = self._tracer.start_span(
+            safe_text(name),
+            context=context,
+            kind=_KINDS[kind],
+            attributes=_safe(attributes),
+            start_time=start_time,
+        )
         return OtelSpan(span, self._tracer)
 
     def force_flush(self, timeout_seconds: float = 10.0) -> bool:
@@ -112,3 +137,40 @@ class OtelTracer:
 
     def shutdown(self) -> None:
         self._provider.shutdown()
+
+
+def _safe(attributes: Attributes | None) -> Attributes | None:
+    """`attributes` with their strings valid UTF-8 (OTLP's protobuf refuses the others, and with
+    them the whole batch, logging an error each time)."""
+    if not attributes:
+        return attributes
+    return {k: safe_text(v) if isinstance(v, str) else v for k, v in attributes.items()}
+
+
+def _valid_context(carrier: dict[str, str]) -> dict[str, str]:
+    """A client's trace context less what the SDK would log a warning about (and ignore anyway): a
+    traceparent over its length, a tracestate that is not a valid list."""
+    parent = carrier.get(TRACEPARENT)
+    if parent is None or len(parent) > _TRACEPARENT_MAX_LENGTH:
+        return {}
+    state = carrier.get(TRACESTATE)
+    if state is not None and not _valid_tracestate(state):
+        return {TRACEPARENT: parent}
+    return carrier
+
+
+def _valid_tracestate(value: str) -> bool:
+    if len(value) > _TRACESTATE_MAX_LENGTH:
+        return False
+    keys: set[str] = set()
+    for member in value.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        if _TRACESTATE_MEMBER.fullmatch(member) is None:
+            return False
+        key = member.partition("=")[0]
+        if key in keys:
+            return False
+        keys.add(key)
+    return len(keys) <= _TRACESTATE_MAX_MEMBERS

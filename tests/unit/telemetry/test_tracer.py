@@ -3,6 +3,7 @@ traceparent, what goes into outgoing headers, sampling, and graph step spans."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -162,3 +163,29 @@ async def test_a_graph_step_span_per_step_nested_under_the_step_that_runs_a_node
     # Each service call carried its step's context, and the propagated headers.
     assert sent["a"] == [("x-keep", "1"), ("traceparent", f"00-{TRACE_ID}-{ids(step_a)[1]}-01")]
     assert sent["c"][-1] == ("traceparent", f"00-{TRACE_ID}-{ids(step_c)[1]}-01")
+
+
+def test_a_valid_tracestate_is_kept_and_an_invalid_one_dropped_without_a_warning(exported, caplog) -> None:
+    tracer = tracer_for(exported)
+    valid = "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7,,tenant@vendor=x"
+    span = tracer.start("kept", [("traceparent", SAMPLED), ("tracestate", valid)])
+    sent = dict(span.inject([]))
+    assert sent["tracestate"] == "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7,tenant@vendor=x"
+    span.end()
+    for invalid in ("k=" + "x" * 600, ",,,=,==", ",".join(f"k{i}=v" for i in range(40)), "a=1,a=2", "K=v"):
+        span = tracer.start("dropped", [("traceparent", SAMPLED), ("tracestate", invalid)])
+        sent = dict(span.inject([]))
+        assert sent["traceparent"].split("-")[1] == TRACE_ID and "tracestate" not in sent
+        span.end()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_attribute_strings_that_are_not_utf8_are_escaped(exported) -> None:
+    tracer = tracer_for(exported)
+    span = tracer.start("r\udcff", attributes={"modelyard.request_id": "a\udcffb"})
+    span.set("url.path", "/\udc80")
+    span.child("c", "client", {"k": "\udcfe"}).end()
+    span.end()
+    child, parent = exported.get_finished_spans()
+    assert parent.name == "r\\udcff" and child.attributes == {"k": "\\udcfe"}
+    assert parent.attributes == {"modelyard.request_id": "a\\udcffb", "url.path": "/\\udc80"}
