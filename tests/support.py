@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -83,3 +87,30 @@ async def wait_for_model(
     except AssertionError:
         raise AssertionError(f"{name}: {what} never happened; last: {json.dumps(seen)}") from None
     return seen
+
+
+def run_modelyard(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`modelyard ARGS` as a user runs it (this checkout's code), its output captured; a wide
+    terminal so that rich does not wrap the lines the tests read."""
+    return subprocess.run(
+        [sys.executable, "-m", "modelyard", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+
+
+async def wait_answering(http: aiohttp.ClientSession, url: str, process: asyncio.subprocess.Process) -> None:
+    """Until `url` answers 200 (a server `process` started); fails if the process exits first."""
+
+    async def answering() -> bool:
+        try:
+            async with http.get(url) as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return process.returncode is not None
+
+    await wait_until(answering, attempts=3000)
+    assert process.returncode is None, f"exited with {process.returncode} before {url} answered"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -12,17 +11,11 @@ import grpc
 
 from fake_agent_scheduler import FakeScheduler
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
-from support import free_ports, wait_until
+from support import free_ports, run_modelyard, wait_until
 
 
 def modelyard(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "modelyard", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_modelyard(*args)
 
 
 def test_bad_agent_flags_print_one_line_and_exit_1():

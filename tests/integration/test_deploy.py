@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import kubernetes_validate
 import yaml
 
@@ -19,21 +17,14 @@ from modelyard.agent import AgentConfig, start_agent
 from modelyard.kube.render import render
 from modelyard.kube.values import DeployValues
 from modelyard.scheduler import SchedulerConfig, start_scheduler
-from support import free_ports, metric_value, wait_until
+from support import free_ports, metric_value, run_modelyard, wait_answering, wait_until
 
 ROOT = Path(__file__).parents[2]
 PIPELINE = ROOT / "examples" / "graphs" / "pipeline.yaml"
 
 
 def modelyard(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "modelyard", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "COLUMNS": "250"},
-    )
+    return run_modelyard(*args, cwd=ROOT)
 
 
 def valid(text: str) -> list[dict[str, Any]]:
@@ -135,16 +126,7 @@ async def test_the_rendered_graph_router_serves_its_graph(sim_workers, http, tmp
     )  # fmt: skip
     probe = container["readinessProbe"]["httpGet"]
     try:
-
-        async def ready() -> bool:
-            try:
-                async with http.get(f"http://127.0.0.1:{port}{probe['path']}") as response:
-                    return response.status == 200
-            except aiohttp.ClientError:
-                return router.returncode is not None
-
-        await wait_until(ready, attempts=3000)
-        assert router.returncode is None
+        await wait_answering(http, f"http://127.0.0.1:{port}{probe['path']}", router)
         body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
         async with http.post(f"http://127.0.0.1:{port}/", json=body) as response:
             assert response.status == 200, await response.text()

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 import yaml
@@ -25,7 +24,7 @@ import yaml
 from modelyard import __version__
 from modelyard.kube.render import dump, render
 from modelyard.kube.values import DeployValues
-from support import free_ports, wait_until
+from support import free_ports, wait_answering
 
 ROOT = Path(__file__).parents[2]
 BASE = "localhost/modelyard-test-base:bookworm"
@@ -116,16 +115,7 @@ async def test_started_as_kserve_starts_its_router_it_serves_the_graph(podman, i
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-
-        async def ready() -> bool:
-            try:
-                async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-                    return response.status == 200
-            except aiohttp.ClientError:
-                return container.returncode is not None
-
-        await wait_until(ready, attempts=3000)
-        assert container.returncode is None
+        await wait_answering(http, f"http://127.0.0.1:{port}/readyz", container)
         body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
         async with http.post(f"http://127.0.0.1:{port}/", json=body) as response:
             assert response.status == 200
