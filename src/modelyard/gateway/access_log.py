@@ -220,6 +220,11 @@ class AccessOutput:
                 self.failed += 1
 
 
+def dropped_lines() -> int:
+    """Lines the access log has dropped in this process (its writer fell behind), for /metrics."""
+    return sum(h.dropped for h in logging.getLogger(LOGGER).handlers if isinstance(h, _Lines))
+
+
 def install_handler() -> AccessOutput:
     """Access lines to stdout as they are (no level or logger prefix: a JSON line stays parseable),
     written off the event loop; the caller stops it when the gateway has stopped. For the CLI: a

@@ -11,6 +11,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from modelyard.cluster import Load
+from modelyard.gateway.access_log import dropped_lines
 from modelyard.gateway.routing_log import DEFAULT_MAX_SUBSCRIBERS, RoutingLog
 from modelyard.serving import ListenerStats
 
@@ -50,6 +51,24 @@ class _RequestsCollector(Collector):
         for model, count in self._totals():
             family.add_metric([model], count)
         yield family
+
+
+class _AccessLogCollector(Collector):
+    """Access log lines dropped because the writer fell behind (logging.access_log), read at scrape
+    time from the handler's count. With workers: the answering worker's, labelled with it."""
+
+    def __init__(self, worker: int | None) -> None:
+        self._labels = ([], []) if worker is None else (["worker"], [str(worker)])
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        names, values = self._labels
+        dropped = CounterMetricFamily(
+            "modelyard_access_log_dropped",
+            "Access log lines dropped: more waited to be written than the queue holds",
+            labels=names,
+        )
+        dropped.add_metric(values, dropped_lines())
+        yield dropped
 
 
 class _ListenerCollector(Collector):
@@ -248,6 +267,7 @@ class GatewayMetrics:
         )
         self.exposition.register(_InFlightCollector(loads))
         self.exposition.register(_RoutingLogCollector(self.routing_log, worker))
+        self.exposition.register(_AccessLogCollector(worker))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}

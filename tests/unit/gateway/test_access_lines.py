@@ -11,9 +11,11 @@ import threading
 
 import orjson
 import pytest
+from prometheus_client import generate_latest
 
 from modelyard.config import LoggingConfig
 from modelyard.gateway.access_log import LOGGER, QUEUE_SIZE, AccessLog, AccessOutput
+from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.routing_log import RoutingLog
 
 
@@ -160,3 +162,20 @@ def test_lines_go_to_stdout_from_a_thread_and_a_full_queue_drops(capsys: pytest.
     for _ in range(QUEUE_SIZE + 5):
         full.handler.handle(record)
     assert full.dropped == 5 and len(full.handler.waiting) == QUEUE_SIZE
+
+
+def test_dropped_lines_are_on_the_gateways_metrics() -> None:
+    """A writer that falls behind drops lines: /metrics says how many (the answering process's)."""
+    metrics = GatewayMetrics(lambda: ())
+    output = AccessOutput()  # its handler on the access logger, but no thread taking lines away
+    logger = logging.getLogger(LOGGER)
+    logger.addHandler(output.handler)
+    try:
+        record = logging.LogRecord(LOGGER, logging.INFO, __file__, 1, "line", None, None)
+        for _ in range(QUEUE_SIZE + 7):
+            output.handler.handle(record)
+        page = generate_latest(metrics.exposition).decode()
+    finally:
+        logger.removeHandler(output.handler)
+    assert "modelyard_access_log_dropped_total 7.0" in page
+    assert "modelyard_access_log_dropped_total 0.0" in generate_latest(metrics.exposition).decode()
