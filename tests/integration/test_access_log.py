@@ -361,6 +361,8 @@ async def test_serve_writes_access_lines_to_stdout_and_its_other_logs_to_stderr(
     lines = [orjson.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
     # (with two workers, two writer threads: either line may come first)
     assert sorted((e["request_id"], e["status"]) for e in lines) == [("timed-out", 504), ("unknown", 404)]
+    # every line names the process that wrote it, the refused one (no routing record) too
+    assert all((e["worker"] is None) == (workers == 1) for e in lines), lines
     assert "request timed-out failed" in stderr.decode()  # the warning: on stderr, not stdout
     assert '"request_id"' not in stderr.decode() and "failed after" not in stdout.decode()
 

@@ -85,9 +85,11 @@ def test_print_config_applies_env_and_cli_precedence():
 
 
 async def test_embedded_demo_serves_chat_and_oip():
+    # with the access log on: its lines go to stdout, as with a config file
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "modelyard", "serve", "--port", "0",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "MODELYARD_LOGGING__ACCESS_LOG": "true"},
     )  # fmt: skip
     try:
         url = None
@@ -125,5 +127,8 @@ async def test_embedded_demo_serves_chat_and_oip():
             assert [len(s["replicas"]) for s in servers] == [2]
     finally:
         process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(process.wait(), 30)
+        rest, errors = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0
+    paths = {orjson.loads(line)["path"] for line in rest.decode().splitlines() if line.startswith("{")}
+    assert {"/v1/chat/completions", "/v2/models/demo-echo/infer", "/v1/graphs/demo-pipeline"} <= paths
+    assert b'"request_id"' not in errors

@@ -108,8 +108,9 @@ def serve(
     try:
         if config is None and not scheduler:
             base = merged_data(None, overrides=overrides)
-            listen = validate_config({"listen": base.get("listen", {})}, "the embedded demo").listen
-            if listen.workers not in (1, "auto"):  # validated: "1" from the environment is one worker
+            parts = {k: base[k] for k in ("listen", "logging") if k in base}  # the rest is the demo's
+            demo = validate_config(parts, "the embedded demo")
+            if demo.listen.workers not in (1, "auto"):  # validated: "1" from the environment is one worker
                 problem = "listen.workers: the demo runs one worker; use -c FILE"
                 raise ConfigError("the embedded demo", [problem])
             if print_config:
@@ -119,7 +120,12 @@ def serve(
                     + f"# placement: follows the demo's scheduler on 127.0.0.1:{SCHEDULER_PORT}"
                 )
                 return
-            run(_serve_demo(base))
+            output = install_handler() if demo.logging.access_log else None
+            try:
+                run(_serve_demo(base))
+            finally:
+                if output is not None:
+                    output.stop()
             return
         loaded = load_config(config, overrides=overrides)
         source = str(config) if config is not None else "<defaults>"

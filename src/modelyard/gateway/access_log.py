@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import select
 import sys
 import threading
 from collections import deque
@@ -30,14 +32,17 @@ from modelyard.telemetry import safe_text
 LOGGER = "modelyard.access"
 QUEUE_SIZE = 10_000  # lines waiting for the writer thread; more are dropped (and counted)
 FLUSH_SECONDS = 0.05  # how often the writer thread writes what is waiting
+STOP_SECONDS = 5.0  # how long a stopping gateway waits for its lines to be written
+_PIPE_BUF = select.PIPE_BUF  # writes up to this many bytes to a pipe are atomic (POSIX)
 _LINE_BREAKS = ("\u2028", "\u2029", "\x85")  # valid raw in JSON, but line ends to many readers
 
 log = logging.getLogger("modelyard.gateway")
 
 
 class AccessLog:
-    def __init__(self, config: LoggingConfig) -> None:
+    def __init__(self, config: LoggingConfig, worker: int | None = None) -> None:
         self._json = config.format == "json"
+        self._worker = worker  # the `--workers` process, for lines made without a routing record
         self._log = logging.getLogger(LOGGER)
         self.failed = 0  # lines that could not be written (a bug: logged once, at debug after)
 
@@ -109,7 +114,7 @@ class AccessLog:
             }
             if trace_id is not None:
                 line["trace_id"] = trace_id
-            line["worker"] = worker
+            line["worker"] = self._worker if worker is None else worker
             if self._json:
                 text = orjson.dumps(line).decode()
                 if not text.isascii():
@@ -167,10 +172,10 @@ class AccessOutput:
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.handler = _Lines(QUEUE_SIZE)
         self._stream = stream or sys.stdout
+        self._fd = _fileno(self._stream)  # written to directly, in whole-line chunks
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._was: tuple[int, bool] = (logging.NOTSET, True)  # the logger's level and propagate
-        self.failed = 0  # batches the stream refused (a closed stdout)
 
     @property
     def dropped(self) -> int:
@@ -195,8 +200,9 @@ class AccessOutput:
         logger.setLevel(self._was[0])
         logger.propagate = self._was[1]
         self._stopping.set()
-        self._thread.join()
+        self._thread.join(STOP_SECONDS)  # a stdout nobody reads must not keep the process alive
         self._thread = None
+        self.handler.dropped += len(self.handler.waiting)  # still waiting: lost at exit
         if self.handler.dropped:
             log.warning(
                 "the access log dropped %d lines (too many waited to be written)", self.handler.dropped
@@ -208,16 +214,40 @@ class AccessOutput:
         self._write()
 
     def _write(self) -> None:
+        """What waits, in writes of whole lines of at most PIPE_BUF bytes: the `--workers` processes
+        share one stdout, and only such writes to a pipe are never torn by another's."""
         waiting = self.handler.waiting
-        lines = []
+        chunk: list[bytes] = []
+        size = 0
         while waiting:
-            lines.append(waiting.popleft().getMessage())
-        if lines:
-            try:
-                self._stream.write("\n".join(lines) + "\n")
+            line = waiting.popleft().getMessage().encode("utf-8", "backslashreplace") + b"\n"
+            if chunk and size + len(line) > _PIPE_BUF:
+                self._send(chunk)
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line)
+        if chunk:
+            self._send(chunk)
+
+    def _send(self, lines: list[bytes]) -> None:
+        try:
+            data = b"".join(lines)
+            if self._fd is None:
+                self._stream.write(data.decode())
                 self._stream.flush()
-            except Exception:  # stdout closed or full: nothing better to do with the lines
-                self.failed += 1
+            else:
+                while data:  # a blocking write of up to PIPE_BUF bytes is whole; a longer line may not be
+                    data = data[os.write(self._fd, data) :]
+        except Exception:  # stdout closed or broken: the lines are lost, and counted as dropped
+            self.handler.dropped += len(lines)
+
+
+def _fileno(stream: IO[str]) -> int | None:
+    try:
+        stream.flush()
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # a StringIO, a closed stream
+        return None
 
 
 def dropped_lines() -> int:

@@ -404,7 +404,7 @@ class AttemptLoop:
         if len(self._warned) >= _MAX_WARNED:
             self._warned.clear()
         self._warned[key] = (now, 0)
-        more = f" ({quiet} more failed on it in the last {WARN_EVERY:g}s, not logged)" if quiet else ""
+        more = f" ({quiet} more failed on it since the last warning, not logged)" if quiet else ""
         log.warning(
             "model %s: request %s failed after %d tr%s (last %s): %s%s",
             ex.cluster.name, safe_text(ex.request_id) or "-", ex.tries, "y" if ex.tries == 1 else "ies",

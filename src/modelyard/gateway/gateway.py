@@ -107,7 +107,11 @@ class Gateway:
             if shared and config.state.share_prefix_index
             else None
         )
-        self.access = AccessLog(config.logging) if config.logging.access_log else None
+        self.access = (
+            AccessLog(config.logging, siblings.index if siblings is not None else None)
+            if config.logging.access_log
+            else None
+        )
         self.proxy = Proxy(
             self.pool,
             self.grpc_channels,
