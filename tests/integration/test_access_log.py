@@ -174,7 +174,8 @@ async def test_the_duration_is_the_whole_requests_not_its_last_trys(sim_workers,
     entry = orjson.loads(line)
     assert entry["attempts"] == 3 and entry["duration_ms"] >= 300
     tries = [r for r in gateway.app[GATEWAY].metrics.routing_log.recent() if r.request_id == "slow"]
-    assert len(tries) == 3 and all(100 <= r.latency_ms < 300 for r in tries)  # the dashboard's: per try
+    # the dashboard's records: one per try, each with its own time, shorter than the whole
+    assert len(tries) == 3 and all(100 <= r.latency_ms < entry["duration_ms"] for r in tries)
 
 
 async def test_a_request_cancelled_while_queued_is_logged_once_as_client_closed(
