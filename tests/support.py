@@ -114,3 +114,41 @@ async def wait_answering(http: aiohttp.ClientSession, url: str, process: asyncio
 
     await wait_until(answering, attempts=3000)
     assert process.returncode is None, f"exited with {process.returncode} before {url} answered"
+
+
+# circuit_breakers for a model with one slot: a second request waits in its queue
+ONE_SLOT = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "30s"}
+
+
+async def cancel_while_queued(http: aiohttp.ClientSession, url: str, cluster: Any, request_id: str) -> None:
+    """A client that gives up while its request waits for room: with the model's one slot
+    (ONE_SLOT) held by a stream, the request named `request_id` is queued, then cancelled; returns
+    once it has left the queue, the stream still open."""
+    chat = "/v1/chat/completions"
+
+    def body(**extra: object) -> dict[str, object]:
+        return {"model": cluster.name, "messages": [{"role": "user", "content": "hello"}], **extra}
+
+    long = body(max_tokens=100_000, stream=True)
+    async with http.post(url + chat, json=long, headers={"X-Request-Id": "long"}) as first:
+        await first.content.readline()  # it holds the one slot
+        queued = asyncio.create_task(
+            http.post(url + chat, json=body(max_tokens=3), headers={"X-Request-Id": request_id})
+        )
+
+        async def waiting() -> bool:
+            return len(cluster.capacity) == 1
+
+        await wait_until(waiting)
+        queued.cancel()
+        try:
+            await queued
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("the queued request was answered: it was never cancelled while queued")
+
+        async def gone() -> bool:
+            return len(cluster.capacity) == 0
+
+        await wait_until(gone)

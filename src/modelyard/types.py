@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 
@@ -32,3 +34,37 @@ class RoutingRequest:
     fields: dict[str, Any] | None = field(
         default=None, compare=False, repr=False
     )  # the parsed body, for route matches
+
+
+# Kubernetes quantities: memory ("100Ki", "1.5Gi", "2G"), CPU ("500m", "2"), any resource count.
+_QUANTITY = re.compile(r"([+]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?")
+_SUFFIX = {
+    None: Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def quantity(text: str) -> Decimal:
+    """A Kubernetes quantity in its base unit ("500m" -> 0.5, "1Gi" -> 1073741824); ValueError
+    for anything else."""
+    match = _QUANTITY.fullmatch(text.strip())
+    if match:
+        try:
+            number = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+        except InvalidOperation:
+            number = None
+        if number is not None and number.is_finite():
+            return number
+    raise ValueError(f"{text!r} is not a quantity")

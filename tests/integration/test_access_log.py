@@ -17,7 +17,7 @@ from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
 from raw_http import Reply, send
 from raw_http import request as raw_request
-from support import model_config, wait_until
+from support import ONE_SLOT, cancel_while_queued, model_config, wait_until
 
 CHAT = "/v1/chat/completions"
 ACCESS = "modelyard.access"
@@ -183,31 +183,17 @@ async def test_a_request_cancelled_while_queued_is_logged_once_as_client_closed(
 ):
     caplog.set_level(logging.INFO, logger=ACCESS)
     (worker,) = await sim_workers(1, decode_ms_per_token=20.0)
-    breakers = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "30s"}
     gateway = await gateways(
-        [model_config("m", [worker], circuit_breakers=breakers)], logging={"access_log": True}
+        [model_config("m", [worker], circuit_breakers=ONE_SLOT)], logging={"access_log": True}
     )
     cluster = gateway.app[GATEWAY].clusters["m"]
-    long = chat(max_tokens=100_000, stream=True)
-    async with http.post(gateway.url + CHAT, json=long, headers={"X-Request-Id": "long"}) as first:
-        await first.content.readline()  # it holds the one slot
-        queued = asyncio.create_task(
-            http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "q"})
-        )
+    await cancel_while_queued(http, gateway.url, cluster, "q")
 
-        async def waiting() -> bool:
-            return len(cluster.capacity) == 1
+    async def logged() -> bool:
+        return any(orjson.loads(line)["request_id"] == "q" for line in access_lines(caplog))
 
-        await wait_until(waiting)
-        queued.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await queued
-
-        async def logged() -> bool:
-            return any(orjson.loads(line)["request_id"] == "q" for line in access_lines(caplog))
-
-        await wait_until(logged)
-        assert len(cluster.capacity) == 0
+    await wait_until(logged)
+    assert len(cluster.capacity) == 0
     entries = [orjson.loads(line) for line in access_lines(caplog)]
     (entry,) = [e for e in entries if e["request_id"] == "q"]
     assert (entry["status"], entry["attempts"], entry["backend"]) == (499, 0, "")

@@ -20,7 +20,15 @@ from modelyard.state.memory import MemoryState
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 from raw_http import request as raw_request
 from raw_http import send
-from support import free_ports, metric_value, model_config, sim_stats, wait_until
+from support import (
+    ONE_SLOT,
+    cancel_while_queued,
+    free_ports,
+    metric_value,
+    model_config,
+    sim_stats,
+    wait_until,
+)
 
 CHAT = "/v1/chat/completions"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -50,6 +58,20 @@ async def receiver() -> AsyncIterator[OtlpReceiver]:
 
 def chat(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, **extra}
+
+
+async def grpc_infer(port: int | None, headers: dict[str, str] | None = None) -> None:
+    """One ModelInfer of model `echo` through the gateway's gRPC port, with tritonclient."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+    try:
+        tensor = grpcclient.InferInput("x", [2], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+        await asyncio.to_thread(client.infer, "echo", [tensor], headers=headers, client_timeout=10)
+    finally:
+        await asyncio.to_thread(client.close)
 
 
 async def flush(gateway: RunningGateway) -> None:
@@ -254,24 +276,13 @@ async def test_an_unreachable_collector_fails_no_request_and_delays_the_stop_at_
 
 
 async def test_an_oip_grpc_call_is_traced_from_the_clients_metadata(sim_workers, gateways, http, receiver):
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
     (worker,) = await sim_workers(1, models=["echo"])
     gateway = await gateways(
         [model_config("echo", [worker])],
         listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
         telemetry={"otlp_endpoint": receiver.url},
     )
-    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
-    try:
-        tensor = grpcclient.InferInput("x", [2], "FP32")
-        tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
-        await asyncio.to_thread(
-            client.infer, "echo", [tensor], headers={"traceparent": CLIENT_TRACEPARENT}, client_timeout=10
-        )
-    finally:
-        await asyncio.to_thread(client.close)
+    await grpc_infer(gateway.grpc_port, {"traceparent": CLIENT_TRACEPARENT})
     await flush(gateway)
     request = only([s for s in receiver.spans if s.kind == "server"])
     assert (request.trace_id, request.parent_span_id) == (TRACE_ID, CLIENT_SPAN)
@@ -395,31 +406,11 @@ async def test_a_request_cancelled_while_queued_ends_its_span_as_client_closed(
     sim_workers, gateways, http, receiver
 ):
     (worker,) = await sim_workers(1, decode_ms_per_token=20.0)
-    breakers = {"max_requests": 1, "max_pending_requests": 4, "queue_timeout": "30s"}
     gateway = await gateways(
-        [model_config("m", [worker], circuit_breakers=breakers)], telemetry={"otlp_endpoint": receiver.url}
+        [model_config("m", [worker], circuit_breakers=ONE_SLOT)], telemetry={"otlp_endpoint": receiver.url}
     )
-    cluster = gateway.app[GATEWAY].clusters["m"]
-    long = chat(max_tokens=100_000, stream=True)
-    async with http.post(gateway.url + CHAT, json=long, headers={"X-Request-Id": "long"}) as first:
-        await first.content.readline()
-        queued = asyncio.create_task(
-            http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "q"})
-        )
-
-        async def waiting() -> bool:
-            return len(cluster.capacity) == 1
-
-        await wait_until(waiting)
-        queued.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await queued
-
-        async def gone() -> bool:
-            return len(cluster.capacity) == 0
-
-        await wait_until(gone)
-        await flush(gateway)
+    await cancel_while_queued(http, gateway.url, gateway.app[GATEWAY].clusters["m"], "q")
+    await flush(gateway)
     request = only([s for s in receiver.spans if s.attributes.get("modelyard.request_id") == "q"])
     assert request.attributes["http.response.status_code"] == 499
     assert request.attributes["modelyard.attempts"] == 0 and receiver.children(request) == []
@@ -428,9 +419,6 @@ async def test_a_request_cancelled_while_queued_ends_its_span_as_client_closed(
 async def test_a_try_relayed_as_grpc_has_rpc_attributes_and_a_rest_trys_url_no_query(
     sim_workers, gateways, http, receiver
 ):
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
     (worker,) = await sim_workers(1, models=["echo"], grpc_port=0)
     endpoints = [{"name": "w0", "url": worker.url, "grpc_url": worker.grpc_url}]
     gateway = await gateways(
@@ -438,13 +426,7 @@ async def test_a_try_relayed_as_grpc_has_rpc_attributes_and_a_rest_trys_url_no_q
         listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
         telemetry={"otlp_endpoint": receiver.url},
     )
-    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
-    try:
-        tensor = grpcclient.InferInput("x", [2], "FP32")
-        tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
-        await asyncio.to_thread(client.infer, "echo", [tensor], client_timeout=10)
-    finally:
-        await asyncio.to_thread(client.close)
+    await grpc_infer(gateway.grpc_port)
     inputs = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
     async with http.post(gateway.url + "/v2/models/echo/infer?token=secret", json=inputs) as response:
         assert response.status == 200

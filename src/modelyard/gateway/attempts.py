@@ -139,7 +139,8 @@ class AttemptLoop:
                 span = None
                 headers = ex.headers
                 if ex.span is not None:  # a span per try; the server gets its context
-                    span = _try_span(ex.span, ex, endpoint, retries)
+                    relayed = ex.grpc.method if ex.grpc is not None and endpoint.grpc_url else None
+                    span = try_span(ex.span, ex, endpoint, retries, relayed)
                     headers = span.inject(headers)
                 flight = Flight()
                 cluster.awaiting_answer(endpoint, flight)
@@ -149,13 +150,15 @@ class AttemptLoop:
                     cluster.release(endpoint, ex.tokens, id(ex))
                     code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
                     if span is not None:
-                        _end_try_span(span, code, exc if isinstance(exc, ModelyardError) else None)
+                        span.answered(code, exc if isinstance(exc, ModelyardError) else None)
+                        span.end()
                     self._observe(ex, endpoint, code, started, pick.cache_hit, final=True)
                     raise
                 finally:
                     cluster.answered(endpoint, flight)
                 if span is not None:
-                    _end_try_span(span, outcome.code, outcome.error)
+                    span.answered(outcome.code, outcome.error)
+                    span.end()
                 if charged:
                     cluster.budget.retry_ended()
                     charged = False
@@ -432,25 +435,24 @@ class AttemptLoop:
             span.set("modelyard.subset", record.subset)
             span.set("modelyard.backend", record.backend)
             span.set("modelyard.attempts", ex.tries)
-            span.set("http.response.status_code", record.status)
-            if record.status >= 500:
-                span.fail(f"answered {record.status}", str(record.status))
+            span.answered(record.status)
         if self._access is not None:
             trace_id = span.trace_id if span is not None else None
             self._access.write(record, ex.method, ex.path, ex.tries, ex.sent_bytes, trace_id, seconds * 1000)
 
 
-def _try_span(parent: Span, ex: Exchange, endpoint: Endpoint, retry: int) -> Span:
+def try_span(parent: Span, ex: Exchange, endpoint: Endpoint, retry: int, grpc_method: str | None) -> Span:
+    """A try's client span under the request's; `grpc_method`: the try goes as that gRPC call."""
     attributes: dict[str, str | int] = {"modelyard.backend": endpoint.name, "modelyard.retry": retry}
-    if ex.grpc is not None and endpoint.grpc_url:  # relayed as gRPC: OTel's rpc attributes, not a URL
-        attributes.update(grpc_attributes(endpoint.grpc_url, ex.grpc.method))
+    if grpc_method is not None:  # relayed as gRPC: OTel's rpc attributes, not a URL
+        attributes.update(_grpc_attributes(endpoint.grpc_url, grpc_method))
     else:
         attributes["http.request.method"] = ex.method
         attributes["url.full"] = endpoint.url + ex.path.partition("?")[0]  # a query may hold secrets
     return parent.child(f"{ex.method} {endpoint.name}", "client", attributes)
 
 
-def grpc_attributes(grpc_url: str, method: str) -> dict[str, str | int]:
+def _grpc_attributes(grpc_url: str, method: str) -> dict[str, str | int]:
     """A gRPC call's span attributes (OTel's rpc conventions): `method` is the call's path,
     /inference.GRPCInferenceService/ModelInfer; `grpc_url` is grpc://host:port."""
     service, _, name = method.strip("/").rpartition("/")
@@ -462,15 +464,6 @@ def grpc_attributes(grpc_url: str, method: str) -> dict[str, str | int]:
         "server.address": parts.hostname or "",
         "server.port": parts.port or 0,
     }
-
-
-def _end_try_span(span: Span, code: int, error: ModelyardError | None) -> None:
-    span.set("http.response.status_code", code)
-    if error is not None:
-        span.fail(error.message, type(error).__name__)
-    elif code >= 500:
-        span.fail(f"answered {code}", str(code))
-    span.end()
 
 
 def _out_of_time(ex: Exchange) -> UpstreamTimeout:

@@ -154,9 +154,8 @@ class GraphService:
             sent.append((REQUEST_ID_HEADER, request_id))
         ctx = RunContext(self._invoker, sent, self._rng, trace, observe)
         span = None
-        path = f"/v1/graphs/{name}"
         if self._tracer is not None:  # the graph's span; each step's is its child (GraphSpans)
-            span = start_graph_span(self._tracer, name, headers, path)
+            span = start_graph_span(self._tracer, name, headers, f"/v1/graphs/{name}")
             ctx.spans = GraphSpans(span)
         result: Outcome | GraphFailure
         started = time.perf_counter()
@@ -165,25 +164,15 @@ class GraphService:
         except GraphFailure as failure:
             result = failure
         except BaseException as exc:  # cancelled (the client left), or a bug (answered 500)
-            if span is not None:
-                end_graph_span(span, None)
-            self._log(
-                request_id, path, 500 if isinstance(exc, Exception) else CLIENT_CLOSED, started, 0, span
+            self._ended(
+                name, request_id, 500 if isinstance(exc, Exception) else CLIENT_CLOSED, started, 0, span
             )
             raise
-        if span is not None:
-            end_graph_span(span, result.status)
         response = answer_response(answer(result))
         if request_id:
             response.headers[REQUEST_ID_HEADER] = request_id
-        self._log(
-            request_id,
-            path,
-            result.status,
-            started,
-            len(response.body) if isinstance(response.body, bytes) else 0,
-            span,
-        )
+        size = len(response.body) if isinstance(response.body, bytes) else 0
+        self._ended(name, request_id, result.status, started, size, span)
         if trace is not None:
             steps = [
                 {"node": t.node, "step": t.step, "target": t.target, "status": t.status, "ms": t.ms}
@@ -195,15 +184,17 @@ class GraphService:
             ).decode()
         return response
 
-    def _log(
-        self, request_id: str, path: str, status: int, started: float, size: int, span: Span | None
+    def _ended(
+        self, name: str, request_id: str, status: int, started: float, size: int, span: Span | None
     ) -> None:
-        """The graph request's access line: its steps' model calls have lines of their own."""
+        """The graph request's outcome, for its span and its access line (its steps' model calls
+        have lines of their own)."""
+        if span is not None:
+            end_graph_span(span, status)
         if self._access is not None:
             duration_ms = (time.perf_counter() - started) * 1000
             trace_id = span.trace_id if span is not None else None
-            name = path.rsplit("/", 1)[1]
             self._access.write_fields(
-                time.time(), request_id, "POST", path, name, "", "", "graph", "", 0, status, duration_ms,
-                size, trace_id,
+                time.time(), request_id, "POST", f"/v1/graphs/{name}", name, "", "", "graph", "", 0, status,
+                duration_ms, size, trace_id,
             )  # fmt: skip

@@ -28,8 +28,8 @@ from modelyard.gateway.attempts import (
     CLIENT_CLOSED,
     GRPC_CONTENT_TYPE,
     AttemptLoop,
-    grpc_attributes,
     grpc_metadata,
+    try_span,
 )
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
@@ -231,12 +231,7 @@ class Proxy:
             try:
                 sent = headers
                 if ex.span is not None:  # the one try, the whole stream: its own client span
-                    attributes: dict[str, str | int] = {
-                        "modelyard.backend": endpoint.name,
-                        "modelyard.retry": 0,
-                    }
-                    attributes.update(grpc_attributes(endpoint.grpc_url, method))
-                    span = ex.span.child(f"{method} {endpoint.name}", "client", attributes)
+                    span = try_span(ex.span, ex, endpoint, 0, method)
                     sent = span.inject(headers)
                 metadata = grpc_metadata(sent)
                 async for message in self._grpc.stream(endpoint.grpc_url, method, messages, metadata):
@@ -250,9 +245,7 @@ class Proxy:
                 raise
             finally:
                 if span is not None:
-                    span.set("http.response.status_code", code)
-                    if code >= 500:
-                        span.fail(f"the stream ended {code}", str(code))
+                    span.answered(code)
                     span.end()
                 self._attempts.let_go(ex, endpoint, pick, code)
                 if code != CLIENT_CLOSED:  # 5xx and failures count against it, as a request's do

@@ -125,9 +125,7 @@ class ShadowTraffic:
             mirrored.status = exc.status if isinstance(exc, ModelyardError) else 504
         finally:
             if span is not None:
-                span.set("http.response.status_code", mirrored.status or CLIENT_CLOSED)
-                if mirrored.status >= 500:
-                    span.fail(f"the shadow copy answered {mirrored.status}", str(mirrored.status))
+                span.answered(mirrored.status or CLIENT_CLOSED)
                 span.end()
         mirrored.seconds = time.perf_counter() - ex.started
         assert primary.done is not None

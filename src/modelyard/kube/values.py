@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from modelyard import __version__
 from modelyard.config import TelemetryConfig, deep_merge, describe_problem, read_yaml
 from modelyard.errors import ConfigError
+from modelyard.types import quantity as kube_quantity
 
 # Kubernetes quantities ("500m", "1.5", "512Mi", "2G"); the API server would refuse anything else.
-_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 _RESOURCE_NAME = (
     r"^(cpu|memory|ephemeral-storage|hugepages-[0-9]+(Ki|Mi|Gi)"
     r"|[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$"
@@ -42,8 +42,8 @@ class ResourceList(BaseModel):
     name (`nvidia.com/gpu: 1`)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    cpu: str | None = Field(None, pattern=_QUANTITY)
-    memory: str | None = Field(None, pattern=_QUANTITY)
+    cpu: str | None = None  # checked with the others below
+    memory: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -56,7 +56,7 @@ class ResourceList(BaseModel):
                     f"{name!r} is not a resource name (cpu, memory, ephemeral-storage, hugepages-2Mi, "
                     "or domain/name such as nvidia.com/gpu)"
                 )
-            if amount is not None and (isinstance(amount, bool) or re.match(_QUANTITY, str(amount)) is None):
+            if amount is not None and (isinstance(amount, bool) or not _is_quantity(str(amount))):
                 raise ValueError(f"{name}: {amount!r} is not a quantity")
         # 2 and "2" are one quantity: kept as text, as Kubernetes writes them
         return {k: None if v is None else str(v) for k, v in data.items()}
@@ -84,16 +84,16 @@ class Resources(_Strict):
         return self
 
 
+def _is_quantity(text: str) -> bool:
+    try:
+        return kube_quantity(text) >= 0
+    except ValueError:
+        return False
+
+
 def quantity(text: str) -> float:
     """A Kubernetes quantity in its base unit: "500m" -> 0.5, "1Gi" -> 1073741824.0."""
-    match = re.match(r"^([0-9.]+)([a-zA-Z]*)$", text)
-    if match is None or match.group(2) not in _SUFFIX:
-        raise ValueError(f"{text!r} is not a quantity")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
-
-
-_SUFFIX = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-_SUFFIX |= {f"{p}i": float(1024 ** (i + 1)) for i, p in enumerate("KMGTPE")}
+    return float(kube_quantity(text))
 
 
 class Image(_Strict):
@@ -196,13 +196,12 @@ class ServerValues(_Strict):
     overcommit_percent: int = Field(0, ge=0, le=1000)
     model_memory: str | None = Field(
         None,
-        pattern=_QUANTITY,
         description="memory the agent offers for models; none: 3/4 of the server's memory limit "
         "(the rest is the server's own)",
     )
     resources: Resources = Field(
         Resources(requests=ResourceList(cpu="1", memory="2Gi"), limits=ResourceList(cpu="2", memory="2Gi")),
-        description="the inference server's; limits.memory is what the agent offers for models",
+        description="the inference server's; the agent offers part of limits.memory (model_memory)",
     )
     agent_resources: Resources = Resources(
         requests=ResourceList(cpu="50m", memory="64Mi"), limits=ResourceList(cpu="500m", memory="256Mi")

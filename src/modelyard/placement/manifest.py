@@ -16,13 +16,13 @@ Every problem is reported with the field path as the user wrote it (`spec.minRep
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import ROUND_CEILING
 from typing import Any
 
 from modelyard.errors import ModelSpecInvalid
 from modelyard.placement.spec import ModelSpec, parse_model_spec
+from modelyard.types import quantity
 
 SELDON_API_VERSION = "mlops.seldon.io/v1alpha1"
 
@@ -55,24 +55,6 @@ _SELDON_PATHS = {plain: f"spec.{seldon}" for seldon, plain in _SELDON_FIELDS.ite
     "name": "metadata.name"
 }
 
-_QUANTITY = re.compile(r"([+]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?")
-_SUFFIX = {
-    None: Decimal(1),
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
-
 
 def parse_quantity(value: object) -> int:
     """Bytes from an int or a Kubernetes quantity string, rounded up to a whole byte.
@@ -84,14 +66,10 @@ def parse_quantity(value: object) -> int:
             raise ValueError(f"must not be negative (got {value})")
         return value
     if isinstance(value, str):
-        match = _QUANTITY.fullmatch(value.strip())
-        if match:
-            try:
-                number = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-            except InvalidOperation:
-                number = None
-            if number is not None and number.is_finite():
-                return int(number.to_integral_value(rounding=ROUND_CEILING))
+        try:
+            return int(quantity(value).to_integral_value(rounding=ROUND_CEILING))
+        except ValueError:
+            pass
     raise ValueError(f"expected bytes or a quantity like 100Ki or 1Gi, got {value!r}")
 
 

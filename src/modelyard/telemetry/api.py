@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, Protocol
 
+from modelyard.errors import ModelyardError
+
 TRACEPARENT = "traceparent"  # W3C Trace Context: the headers a span's context travels in
 TRACESTATE = "tracestate"
 
@@ -30,6 +32,10 @@ class Span(Protocol):
 
     def fail(self, description: str, error_type: str = "") -> None:
         """Mark the span as failed (OTel status ERROR), with `error.type` when given."""
+        ...
+
+    def answered(self, status: int, error: ModelyardError | None = None) -> None:
+        """Record an HTTP status (`http.response.status_code`); `error`, or a 5xx, fails the span."""
         ...
 
     def child(self, name: str, kind: Kind = "internal", attributes: Attributes | None = None) -> Span: ...

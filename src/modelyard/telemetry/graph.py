@@ -21,9 +21,7 @@ class StepSpan:
         return GraphSpans(self._span)
 
     def end(self, status: int) -> None:
-        self._span.set("http.response.status_code", status)
-        if status >= 500:
-            self._span.fail(f"the step answered {status}", str(status))
+        self._span.answered(status)
         self._span.end()
 
 
@@ -56,9 +54,7 @@ def start_graph_span(tracer: Tracer, graph: str, headers: Iterable[tuple[str, st
 
 
 def end_graph_span(span: Span, status: int | None) -> None:
-    """End it with the graph's answer; None: no answer (cancelled, or a bug)."""
+    """End it with the graph's answer; None: no answer to record."""
     if status is not None:
-        span.set("http.response.status_code", status)
-        if status >= 500:
-            span.fail(f"the graph answered {status}", str(status))
+        span.answered(status)
     span.end()

@@ -25,6 +25,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from modelyard import __version__
 from modelyard.config import TelemetryConfig
+from modelyard.errors import ModelyardError
 from modelyard.telemetry.api import (
     TRACEPARENT,
     TRACESTATE,
@@ -68,6 +69,13 @@ class OtelSpan:
         if error_type:
             self._span.set_attribute("error.type", error_type)
         self._span.set_status(Status(StatusCode.ERROR, description))
+
+    def answered(self, status: int, error: ModelyardError | None = None) -> None:
+        self._span.set_attribute("http.response.status_code", status)
+        if error is not None:
+            self.fail(error.message, type(error).__name__)
+        elif status >= 500:
+            self.fail(f"answered {status}", str(status))
 
     def child(self, name: str, kind: Kind = "internal", attributes: Attributes | None = None) -> OtelSpan:
         context = trace.set_span_in_context(self._span)
