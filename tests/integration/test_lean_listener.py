@@ -392,3 +392,49 @@ async def test_stop_closes_idle_aiohttp_connections_at_once_while_lean_answers_f
     reply = await read_reply(busy.reader)
     assert reply.status == 200 and reply.closes
     await stopping
+
+
+async def test_a_servers_own_gateway_headers_are_replaced_not_doubled(gateways, http):
+    """The lean connection relays a server's header fields as the bytes that came; the fields the
+    gateway sets replace the server's, hop-by-hop ones are dropped, repeats and non-ASCII kept."""
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        response = web.json_response({"object": "chat.completion"})
+        for name, value in [
+            ("X-Request-Id", "the-servers-own"),
+            ("X-Modelyard-Backend", "not-the-gateways"),
+            ("Connection", "X-Hop-Only"),
+            ("X-Hop-Only", "dropped"),
+            ("X-Note", "café"),
+        ]:
+            response.headers[name] = value
+        response.headers.add("Set-Cookie", "a=1")
+        response.headers.add("Set-Cookie", "b=2")
+        return response
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"healthy": True})
+
+    app = web.Application()
+    app.router.add_post(CHAT, answer)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        models = [{"name": "m", "endpoints": [{"name": "e0", "url": f"http://{host}:{port}"}]}]
+        for lean in (True, False):
+            gateway = await gateways(models, listen={"host": "127.0.0.1", "port": 0, "lean": lean})
+            sent = {"X-Request-Id": "the-clients"}
+            async with http.post(gateway.url + CHAT, data=CHAT_BODY, headers=sent) as response:
+                assert response.status == 200
+                headers = response.headers
+            assert headers.getall("X-Request-Id") == ["the-clients"], lean
+            assert headers.getall("X-Modelyard-Backend") == ["e0"], lean
+            assert headers.getall("Set-Cookie") == ["a=1", "b=2"], lean
+            assert headers["X-Note"] == "café", lean
+            assert "X-Hop-Only" not in headers, lean
+    finally:
+        await runner.cleanup()

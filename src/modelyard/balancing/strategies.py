@@ -16,7 +16,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from modelyard.cluster import EndpointView, ResourceSnapshot
 from modelyard.config import (
@@ -30,10 +30,10 @@ from modelyard.errors import UnknownStrategy
 from modelyard.types import RoutingRequest
 
 
-@dataclass(slots=True, frozen=True)
-class RoutingContext:
+class RoutingContext(NamedTuple):
     """`seq` counts the model's requests (round_robin's position); `affinity` is the endpoint name
-    remembered for this request's prompt prefix, looked up by the gateway before picking."""
+    remembered for this request's prompt prefix, looked up by the gateway before picking.
+    Immutable (a tuple: cheaper to make than a frozen dataclass, and one is made per request)."""
 
     request: RoutingRequest
     seq: int = 0
@@ -93,10 +93,13 @@ class RoundRobin:
     needs = NOTHING
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
-        weights = tuple(e.weight for e in endpoints)
-        if all(w == weights[0] for w in weights):
+        first = endpoints[0].weight
+        for endpoint in endpoints:
+            if endpoint.weight != first:
+                break
+        else:  # all weigh the same
             return Pick(ctx.seq % len(endpoints))
-        schedule = smooth_weighted_schedule(weights)
+        schedule = smooth_weighted_schedule(tuple(e.weight for e in endpoints))
         return Pick(schedule[ctx.seq % len(schedule)])
 
 

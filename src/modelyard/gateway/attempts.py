@@ -18,7 +18,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -39,6 +39,7 @@ from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.routing_log import RoutingRecord
+from modelyard.protocols.http import RawHeaders
 from modelyard.rpc import OipChannels
 from modelyard.telemetry import Span, safe_text
 from modelyard.upstream import Flight, UpstreamPool
@@ -50,7 +51,7 @@ GRPC_CONTENT_TYPE = "application/grpc"
 _NOT_METADATA = frozenset({"content-type", "content-length"})
 
 
-def grpc_metadata(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def grpc_metadata(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """The forwarded request headers as a gRPC backend's metadata (keys lower case)."""
     return [(k.lower(), v) for k, v in headers if k.lower() not in _NOT_METADATA]
 
@@ -79,12 +80,13 @@ class GrpcAnswer:
     """A gRPC backend's whole answer: the answer message's bytes (status 200), or OIP's error JSON
     for its status (rpc.OipChannels)."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "headers", "raw_headers", "status")
 
     def __init__(self, status: int, body: bytes) -> None:
         self.status = status
         self.body = body
         self.headers = [("Content-Type", GRPC_CONTENT_TYPE)]
+        self.raw_headers = [(b"Content-Type", GRPC_CONTENT_TYPE.encode())]
 
     def header(self, name: str) -> str | None:
         return self.headers[0][1] if name.lower() == "content-type" else None
@@ -92,6 +94,13 @@ class GrpcAnswer:
     @property
     def content_type(self) -> str:
         return self.headers[0][1]
+
+    @property
+    def complete(self) -> bool:
+        return True
+
+    def take(self) -> bytes:
+        return self.body
 
     async def read(self) -> bytes:
         return self.body
@@ -133,7 +142,11 @@ class AttemptLoop:
         charged = False  # holds a place in the retry budget from the decision to the try's end
         try:
             while True:
-                endpoint, pick = await self._choose(ex, tried, deadline)
+                # (an endpoint with room, without a coroutine; else wait for one)
+                chosen = self._pick_now(ex, tried, None, queued_first=True)
+                endpoint, pick = (
+                    chosen if chosen is not None else await self._wait_for_room(ex, tried, deadline, None)
+                )
                 started = time.perf_counter()
                 ex.tries += 1
                 span = None
@@ -236,7 +249,7 @@ class AttemptLoop:
         endpoint: Endpoint,
         deadline: float | None,
         flight: Flight,
-        headers: list[tuple[str, str]],
+        headers: RawHeaders | list[tuple[str, str]],
     ) -> _Try:
         route = ex.route
         remaining = None
@@ -275,7 +288,7 @@ class AttemptLoop:
         endpoint: Endpoint,
         remaining: float | None,
         flight: Flight,
-        headers: list[tuple[str, str]],
+        headers: RawHeaders | list[tuple[str, str]],
     ) -> Answer:
         assert ex.grpc is not None
         limit = self._pool.time_limit(remaining)
@@ -305,43 +318,66 @@ class AttemptLoop:
         only: Callable[[Endpoint], bool] | None = None,
     ) -> tuple[Endpoint, Pick]:
         """Pick an endpoint with room, preferring ones not tried yet; wait (bounded) for room."""
+        chosen = self._pick_now(ex, tried, only, queued_first=True)
+        return chosen if chosen is not None else await self._wait_for_room(ex, tried, deadline, only)
+
+    def _pick_now(
+        self,
+        ex: Exchange,
+        tried: list[Endpoint],
+        only: Callable[[Endpoint], bool] | None,
+        *,
+        queued_first: bool,
+    ) -> tuple[Endpoint, Pick] | None:
+        """An endpoint with room now, preferring ones not tried yet, acquired; None when every
+        one is full (or, `queued_first`, when requests already wait: a newcomer queues behind
+        them). Raises when none is healthy, or for a stream (`only`) when all are full."""
         cluster = ex.cluster
         capacity = cluster.capacity
-        until: float | None = None  # one queue deadline, however often this wakes and re-waits
+        if cluster.vanished_subset(ex.subset):
+            ex.subset = ALL_SUBSETS
+        healthy = cluster.routable(ex.subset, time.monotonic())
+        if only is not None:
+            healthy = [e for e in healthy if only(e)]
+        if not healthy:
+            if ex.counted:
+                self._metrics.observe_request(cluster.name, "", cluster.strategy.name, 503, 0.0)
+                self._unrouted(ex, 503)
+            raise NoHealthyEndpoint(
+                f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
+                headers={"Retry-After": "1"},
+            )
+        if only is None and queued_first and capacity.queued_for(ex.subset):
+            candidates: list[Endpoint] = []
+        else:
+            fresh = [e for e in healthy if e not in tried and capacity.has_room(e)]
+            candidates = fresh or [e for e in healthy if capacity.has_room(e)]
+        if candidates:
+            pick = cluster.strategy.pick(candidates, ex.ctx, self._rng)
+            endpoint = candidates[pick.index]
+            ex.service_sample = cluster.acquire(endpoint, ex.tokens, id(ex), ex.ctx)
+            return endpoint, pick
+        if only is not None:  # a stream does not wait in the queue: the requests there want any
+            self._metrics.overloaded.labels(cluster.name).inc()
+            self._unrouted(ex, Overloaded.status)
+            raise Overloaded(f"model {cluster.name!r} is at capacity: every endpoint it could go to is full")
+        return None
+
+    async def _wait_for_room(
+        self,
+        ex: Exchange,
+        tried: list[Endpoint],
+        deadline: float | None,
+        only: Callable[[Endpoint], bool] | None,
+    ) -> tuple[Endpoint, Pick]:
+        """Wait in the cluster's queue until an endpoint has room: one queue deadline, however
+        often this wakes and waits again."""
+        cluster = ex.cluster
+        capacity = cluster.capacity
+        until = time.monotonic() + capacity.config.queue_timeout
+        if deadline is not None:
+            until = min(until, deadline)
         while True:
-            if cluster.vanished_subset(ex.subset):
-                ex.subset = ALL_SUBSETS
-            healthy = cluster.routable(ex.subset, time.monotonic())
-            if only is not None:
-                healthy = [e for e in healthy if only(e)]
-            if not healthy:
-                if ex.counted:
-                    self._metrics.observe_request(cluster.name, "", cluster.strategy.name, 503, 0.0)
-                    self._unrouted(ex, 503)
-                raise NoHealthyEndpoint(
-                    f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
-                    headers={"Retry-After": "1"},
-                )
-            if only is None and until is None and capacity.queued_for(ex.subset):
-                candidates: list[Endpoint] = []  # requests already wait: a newcomer queues behind them
-            else:
-                fresh = [e for e in healthy if e not in tried and capacity.has_room(e)]
-                candidates = fresh or [e for e in healthy if capacity.has_room(e)]
-            if candidates:
-                pick = cluster.strategy.pick(candidates, ex.ctx, self._rng)
-                endpoint = candidates[pick.index]
-                ex.service_sample = cluster.acquire(endpoint, ex.tokens, id(ex), ex.ctx)
-                return endpoint, pick
-            if only is not None:  # a stream does not wait in the queue: the requests there want any
-                self._metrics.overloaded.labels(cluster.name).inc()
-                self._unrouted(ex, Overloaded.status)
-                raise Overloaded(
-                    f"model {cluster.name!r} is at capacity: every endpoint it could go to is full"
-                )
-            if until is None:
-                until = time.monotonic() + capacity.config.queue_timeout
-                if deadline is not None:
-                    until = min(until, deadline)
             try:
                 await capacity.wait(ex.subset, until)
             except ModelyardError as exc:
@@ -352,6 +388,9 @@ class AttemptLoop:
             except asyncio.CancelledError:  # the client left while its request waited for room
                 self._given_up(ex, CLIENT_CLOSED)
                 raise
+            chosen = self._pick_now(ex, tried, only, queued_first=False)
+            if chosen is not None:
+                return chosen
 
     def _budget_allows(self, ex: Exchange) -> bool:
         if ex.cluster.budget.allows_retry():

@@ -39,6 +39,8 @@ class CapacityQueue:
     def queued_for(self, subset: str) -> bool:
         """Requests wait for an endpoint that a request for `subset` could also take: a newcomer
         queues behind them rather than jumping the queue."""
+        if not self._waiters:
+            return False
         return any(
             not waiter.done() and (subset == ALL_SUBSETS or wanted in (subset, ALL_SUBSETS))
             for wanted, waiter in self._waiters

@@ -14,6 +14,7 @@ from modelyard.balancing import Pick, RoutingContext
 from modelyard.cluster import Endpoint
 from modelyard.config import RouteConfig
 from modelyard.gateway.cluster import Cluster
+from modelyard.protocols.http import RawHeaders
 from modelyard.rpc import OipCall
 from modelyard.telemetry import Span
 
@@ -23,11 +24,17 @@ class Answer(Protocol):
     gRPC answer (attempts.GrpcAnswer). `read()` or `close()` ends its use."""
 
     status: int
-    headers: list[tuple[str, str]]
+    raw_headers: list[tuple[bytes, bytes]]  # as they came
+
+    @property
+    def headers(self) -> list[tuple[str, str]]: ...  # decoded
 
     def header(self, name: str) -> str | None: ...
     @property
     def content_type(self) -> str: ...
+    @property
+    def complete(self) -> bool: ...  # the whole body is here: `take()` has it
+    def take(self) -> bytes: ...
     async def read(self) -> bytes: ...
     def iter_chunks(self) -> AsyncIterator[bytes]: ...
     def close(self) -> None: ...
@@ -41,7 +48,7 @@ class Exchange:
     ctx: RoutingContext  # the routing view of the request (its prompt, tokens, affinity)
     method: str
     path: str  # as the client sent it, forwarded unchanged
-    headers: list[tuple[str, str]]  # as forwarded upstream
+    headers: RawHeaders | list[tuple[str, str]]  # as forwarded upstream
     body: bytes | None  # None: no body, or `rest_body` makes it when a try needs it
     tokens: int  # the request's estimated cost, counted on the endpoint while it runs
     started: float  # perf_counter

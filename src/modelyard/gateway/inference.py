@@ -64,7 +64,8 @@ ProxiedRoute = Callable[[Gateway, Inbound, Reply], Awaitable[None]]
 
 def openai_route(kind: str) -> ProxiedRoute:
     async def handle(gateway: Gateway, request: Inbound, reply: Reply) -> None:
-        body = await read_body(request)
+        # (the lean connection's body is here already: no coroutine to get it)
+        body = request.body if type(request) is H1Request else await read_body(request)
         routing = openai.routing_request(body, kind)
         await gateway.proxy.forward(request, reply, gateway.cluster(routing.model), routing, body)
 

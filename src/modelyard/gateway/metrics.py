@@ -3,7 +3,9 @@ and its routing log (routing_log.py), which the same outcomes feed."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -14,6 +16,40 @@ from modelyard.cluster import Load
 from modelyard.gateway.access_log import dropped_lines
 from modelyard.gateway.routing_log import DEFAULT_MAX_SUBSCRIBERS, RoutingLog
 from modelyard.serving import ListenerStats
+
+
+class _Incrementable(Protocol):
+    def inc(self, amount: float, /) -> None: ...
+
+
+def _counter_value(child: Counter) -> _Incrementable:
+    """What a counter child's inc() increments, to increment it without the checks inc() repeats on
+    every call (the request path counts every request). The child itself where that is not there."""
+    value = getattr(child, "_value", None)
+    return value if callable(getattr(value, "inc", None)) else child  # type: ignore[return-value]
+
+
+class _Histogram:
+    """A histogram child observed straight into its bucket and sum (a binary search, not
+    prometheus-client's scan with its checks), or through observe() where those are not there."""
+
+    __slots__ = ("_bounds", "_buckets", "_child", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._child = child
+        self._sum: _Incrementable | None = getattr(child, "_sum", None)
+        self._buckets: list[_Incrementable] = list(getattr(child, "_buckets", ()))
+        self._bounds: list[float] = list(getattr(child, "_upper_bounds", ()))
+        if self._sum is None or not self._bounds or len(self._buckets) != len(self._bounds):
+            self._sum = None
+
+    def observe(self, seconds: float) -> None:
+        if self._sum is None:
+            self._child.observe(seconds)
+            return
+        self._sum.inc(seconds)
+        self._buckets[bisect_left(self._bounds, seconds)].inc(1)  # the first bound >= seconds (+Inf last)
+
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -269,8 +305,8 @@ class GatewayMetrics:
         self.exposition.register(_RoutingLogCollector(self.routing_log, worker))
         self.exposition.register(_AccessLogCollector(worker))
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
-        self._request_children: dict[tuple[str, str, str, int], Counter] = {}
-        self._duration_children: dict[str, Histogram] = {}
+        self._request_children: dict[tuple[str, str, str, int], _Incrementable] = {}
+        self._duration_children: dict[str, _Histogram] = {}
 
     def watch_requests(self, totals: Callable[[], Iterable[tuple[str, int]]]) -> None:
         """Export each model's requests in flight (`totals` read at each scrape)."""
@@ -291,11 +327,12 @@ class GatewayMetrics:
 
     def observe_request(self, model: str, backend: str, strategy: str, code: int, seconds: float) -> None:
         key = (model, backend, strategy, code)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(model, backend, strategy, str(code))
-        child.inc()
+        count = self._request_children.get(key)
+        if count is None:
+            child = self.requests.labels(model, backend, strategy, str(code))
+            count = self._request_children[key] = _counter_value(child)
+        count.inc(1)
         duration = self._duration_children.get(model)
         if duration is None:
-            duration = self._duration_children[model] = self.duration.labels(model)
+            duration = self._duration_children[model] = _Histogram(self.duration.labels(model))
         duration.observe(seconds)

@@ -36,13 +36,14 @@ from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.relay import Relay
 from modelyard.gateway.shadow import ShadowTraffic
+from modelyard.protocols.http import HEADER_TEXT, encode_fields, field_value
 from modelyard.protocols.tokens import tokens_in_bytes
 from modelyard.rpc import OipCall, OipChannels
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
 from modelyard.telemetry import Kind, Span, Tracer
 from modelyard.types import RoutingRequest
-from modelyard.upstream import UpstreamPool, forwarded_request_headers, relayed_response_headers
+from modelyard.upstream import UpstreamPool, forwarded_headers, relayed_headers
 
 BACKEND_HEADER = "X-Modelyard-Backend"
 STRATEGY_HEADER = "X-Modelyard-Strategy"
@@ -50,6 +51,13 @@ CACHE_HIT_HEADER = "X-Modelyard-Cache-Hit"
 ROUTE_HEADER = "X-Modelyard-Route"
 SUBSET_HEADER = "X-Modelyard-Subset"
 REQUEST_ID_HEADER = "X-Request-Id"
+# The answer headers the proxy sets, lower case: a server's own are dropped, not doubled.
+_SET = frozenset(
+    name.lower().encode()
+    for name in (BACKEND_HEADER, STRATEGY_HEADER, ROUTE_HEADER, SUBSET_HEADER, REQUEST_ID_HEADER)
+)
+_SET_HIT = _SET | {CACHE_HIT_HEADER.lower().encode()}
+_MAX_ANSWER_FIELDS = 4096
 
 PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
 
@@ -91,6 +99,9 @@ class Proxy:
         # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
         self._id_prefix = os.urandom(8).hex()
         self._id_counter = itertools.count(1)
+        self._answer_fields_made: dict[
+            tuple[str, str, str, str, bool | None], tuple[tuple[bytes, bytes], ...]
+        ] = {}
 
     async def forward(
         self, request: Inbound, reply: Reply, cluster: Cluster, routing: RoutingRequest, body: bytes | None
@@ -99,7 +110,8 @@ class Proxy:
         route = cluster.route_for(request.headers, routing.fields)
         subset = pick_subset(route, request.headers, self._rng)
         key = remembered = None
-        if Need.AFFINITY in cluster.strategy.needs:
+        needs = cluster.strategy.needs  # (empty for most strategies: no enum hashing then)
+        if needs and Need.AFFINITY in needs:
             key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
             remembered = await self._state.get(key)
         now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
@@ -107,14 +119,19 @@ class Proxy:
         held: dict[str, int] | None = None
         waits: dict[str, float] | None = None
         line = None
-        if Need.PREFIX in cluster.strategy.needs and routing.prompt:
+        if needs and Need.PREFIX in needs and routing.prompt:
             chunks = cluster.prefixes.chunks(routing.prompt)
             held = cluster.prefixes.matches(chunks, (e.name for e in cluster.endpoints))
             line = cluster.service.line()
             if line is not None:
                 slots = cluster.config.prefix_aware.slots
                 waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
-        request_id = request.headers.get(REQUEST_ID_HEADER) or self.new_request_id()
+        raw_id = field_value(request.raw_headers, b"x-request-id")
+        if raw_id:
+            request_id = raw_id.decode(*HEADER_TEXT)
+        else:
+            request_id = self.new_request_id()
+            raw_id = request_id.encode()
         reply.request_id = request_id
         ex = Exchange(
             cluster,
@@ -131,7 +148,7 @@ class Proxy:
             ),
             request.method,
             request.raw_path,
-            forwarded_request_headers(request.headers.items(), request_id),
+            forwarded_headers(request.raw_headers, raw_id),
             body,
             routing.prompt_tokens + routing.max_tokens,
             started,
@@ -148,14 +165,14 @@ class Proxy:
             if chunks is not None and 200 <= attempt.response.status < 300:
                 cluster.prefixes.record(chunks, attempt.endpoint.name)  # it now caches this prompt
                 self._share_prefix(cluster.name, attempt.endpoint.name, chunks)
-            headers = relayed_response_headers(attempt.response.headers)
-            headers[BACKEND_HEADER] = attempt.endpoint.name
-            headers[STRATEGY_HEADER] = cluster.strategy.name
-            headers[ROUTE_HEADER] = route.name
-            headers[SUBSET_HEADER] = ex.subset  # the subset may have changed under it (vanished_subset)
-            headers[REQUEST_ID_HEADER] = request_id
-            if attempt.pick.cache_hit is not None:
-                headers[CACHE_HIT_HEADER] = "true" if attempt.pick.cache_hit else "false"
+            cache_hit = attempt.pick.cache_hit
+            # The server's headers, less those set here (which replace any it sent).
+            headers = relayed_headers(attempt.response.raw_headers, _SET if cache_hit is None else _SET_HIT)
+            # (the subset may have changed under it: vanished_subset)
+            headers.fields.extend(
+                self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
+            )
+            headers.fields.append((b"X-Request-Id", raw_id))
             await self._relay.respond(reply, ex, attempt, headers, capture)
             sample = ex.service_sample
             if sample is not None and sample[2] and attempt.response.status == 200:
@@ -299,6 +316,26 @@ class Proxy:
         except BaseException:  # the client left while we wrote: free what we hold
             self._attempts.finish(ex, attempt, CLIENT_CLOSED)
             raise
+
+    def _answer_fields(
+        self, backend: str, cluster: Cluster, route: str, subset: str, cache_hit: bool | None
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        """The X-Modelyard-* fields of an answer, encoded once per combination (a few per model)."""
+        key = (backend, cluster.strategy.name, route, subset, cache_hit)
+        fields = self._answer_fields_made.get(key)
+        if fields is None:
+            if len(self._answer_fields_made) >= _MAX_ANSWER_FIELDS:  # endpoints come and go: start afresh
+                self._answer_fields_made.clear()
+            pairs = [
+                (BACKEND_HEADER, backend),
+                (STRATEGY_HEADER, cluster.strategy.name),
+                (ROUTE_HEADER, route),
+                (SUBSET_HEADER, subset),
+            ]
+            if cache_hit is not None:
+                pairs.append((CACHE_HIT_HEADER, "true" if cache_hit else "false"))
+            fields = self._answer_fields_made[key] = encode_fields(pairs)
+        return fields
 
     def new_request_id(self) -> str:
         """A fresh request id, for a request that came without one (HTTP here, gRPC in oip_grpc)."""

@@ -13,15 +13,13 @@ import asyncio
 import logging
 import time
 
-from multidict import CIMultiDict
-
 from modelyard.errors import UpstreamError, UpstreamTimeout
 from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.shadow import Capture
 from modelyard.protocols import error_body, protocol_for_path
-from modelyard.serving.reply import Reply, ReplyStream
+from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -36,7 +34,7 @@ class Relay:
         reply: Reply,
         ex: Exchange,
         attempt: Attempt,
-        headers: CIMultiDict[str],
+        headers: ReplyHeaders,
         capture: Capture | None,
     ) -> None:
         """Relay the answer and end the exchange, counted with the status it really ended with."""
@@ -46,7 +44,7 @@ class Relay:
             if upstream.content_type == "text/event-stream":
                 code = await self._stream(reply, ex, upstream, headers, capture)
             else:
-                data = await upstream.read()
+                data = upstream.take() if upstream.complete else await upstream.read()
                 if capture is not None:
                     capture.add(data)
                 reply.whole(upstream.status, headers, data)
@@ -65,7 +63,7 @@ class Relay:
         reply: Reply,
         ex: Exchange,
         upstream: Answer,
-        headers: CIMultiDict[str],
+        headers: ReplyHeaders,
         capture: Capture | None,
     ) -> int:
         """Returns the status the exchange ended with: the upstream's, or 502/504 when the stream

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
 # Hop-by-hop headers (RFC 9110 section 7.6.1, and the non-standard Proxy-Connection): they describe
 # one connection, never the message, so they never cross a proxy. Lower case.
 HOP_BY_HOP = frozenset(
@@ -17,3 +19,92 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+
+# How header fields are decoded, as aiohttp does: UTF-8, with any other byte kept as a surrogate so
+# that a value encoded again comes out as the bytes that came in.
+HEADER_TEXT = ("utf-8", "surrogateescape")
+
+
+class RawHeaders:
+    """Header fields as bytes (name, value), written out again as they came: the proxy forwards a
+    request's headers and relays an answer's without decoding and encoding each field. Iterating
+    decodes them (HEADER_TEXT) for whoever needs text (tracing, gRPC metadata, aiohttp).
+
+    No field may hold CR, LF or NUL. Fields parsed by llhttp or aiohttp cannot (both refuse them);
+    `add` and `encode_fields` refuse them in what the gateway adds.
+    """
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: list[tuple[bytes, bytes]]) -> None:
+        self.fields = fields
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        for name, value in self.fields:
+            yield name.decode(*HEADER_TEXT), value.decode(*HEADER_TEXT)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self)
+
+    def get(self, name: str) -> str | None:
+        """The first value of `name` (any case), or None."""
+        value = field_value(self.fields, name.lower().encode())
+        return None if value is None else value.decode(*HEADER_TEXT)
+
+    def add(self, name: str, value: str) -> None:
+        self.fields.extend(encode_fields(((name, value),)))
+
+    def block(self) -> bytes:
+        """The fields as lines of a message head, each ended by CRLF."""
+        return b"".join([b"%s: %s\r\n" % field for field in self.fields])
+
+
+def encode_fields(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[bytes, bytes], ...]:
+    """Text fields as RawHeaders holds them; ValueError if a name or value holds CR, LF or NUL."""
+    encoded = []
+    for name, value in pairs:
+        if "\r" in value or "\n" in value or "\0" in value or "\r" in name or "\n" in name or "\0" in name:
+            raise ValueError(f"header {name[:100]!r}: a header name or value may not hold CR, LF or NUL")
+        encoded.append((name.encode(*HEADER_TEXT), value.encode(*HEADER_TEXT)))
+    return tuple(encoded)
+
+
+def field_value(fields: Iterable[tuple[bytes, bytes]], lowered: bytes) -> bytes | None:
+    """The first value of the field named `lowered` (given in lower case), or None."""
+    for name, value in fields:
+        if name.lower() == lowered:
+            return value
+    return None
+
+
+class HeaderView(Mapping[str, str]):
+    """A request's raw header fields read as a case-insensitive mapping (first value wins, as
+    CIMultiDict.get), decoding only what is looked up: most proxied requests look up nothing."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: Sequence[tuple[bytes, bytes]]) -> None:
+        self._fields = fields
+
+    def __getitem__(self, name: str) -> str:
+        value = field_value(self._fields, name.lower().encode(*HEADER_TEXT))
+        if value is None:
+            raise KeyError(name)
+        return value.decode(*HEADER_TEXT)
+
+    def __contains__(self, name: object) -> bool:
+        return (
+            isinstance(name, str) and field_value(self._fields, name.lower().encode(*HEADER_TEXT)) is not None
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return (name.decode(*HEADER_TEXT) for name, _value in self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def items(self) -> list[tuple[str, str]]:  # type: ignore[override]  # every field, repeats too
+        return list(RawHeaders(list(self._fields)))

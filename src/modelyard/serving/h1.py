@@ -29,11 +29,11 @@ from typing import cast
 
 import httptools
 from aiohttp.http_parser import SINGLETON_HEADERS
-from multidict import CIMultiDict
 
+from modelyard.protocols.http import HEADER_TEXT, HeaderView, RawHeaders
 from modelyard.serving.connection import ListenerStats, head_timeout
 from modelyard.serving.drain import Drain
-from modelyard.serving.reply import Reply, ReplyStream
+from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
 from modelyard.serving.responses import raw_error_response, request_path
 
 log = logging.getLogger("modelyard.serving")
@@ -48,23 +48,25 @@ Successor = Callable[["H1Connection", float], asyncio.Protocol]
 MAX_HEAD_BYTES = 64 * 1024
 # Pipelined bytes kept while a request is answered before reading pauses.
 MAX_WAITING_BYTES = 256 * 1024
-_TEXT = ("utf-8", "surrogateescape")  # as aiohttp decodes header fields
 # Fields that may appear once (aiohttp's list, plus Host): a repeat goes to aiohttp, which says 400.
 _SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS) | {b"host"}
+_CRLF = (13, 10)
 _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
 
 
 class H1Request:
-    """One plain request, read whole. Has what `serving.reply.Inbound` asks for."""
+    """One plain request, read whole. Has what `serving.reply.Inbound` asks for. Its headers are
+    decoded only when looked up: a proxied request is forwarded from `raw_headers`."""
 
     __slots__ = (
+        "_headers",
         "body",
         "client_max_size",
         "content_length",
-        "headers",
         "match_info",
         "method",
         "path",
+        "raw_headers",
         "raw_path",
     )
 
@@ -73,7 +75,7 @@ class H1Request:
         method: str,
         raw_path: str,
         path: str,
-        headers: CIMultiDict[str],
+        raw_headers: list[tuple[bytes, bytes]],
         match_info: dict[str, str],
         content_length: int | None,
         client_max_size: int,
@@ -81,11 +83,18 @@ class H1Request:
         self.method = method
         self.raw_path = raw_path
         self.path = path
-        self.headers = headers
+        self.raw_headers = raw_headers
+        self._headers: HeaderView | None = None
         self.match_info = match_info
         self.content_length = content_length
         self.client_max_size = client_max_size
         self.body = b""  # set once it has all arrived
+
+    @property
+    def headers(self) -> HeaderView:
+        if self._headers is None:
+            self._headers = HeaderView(self.raw_headers)
+        return self._headers
 
     async def read(self) -> bytes:
         return self.body
@@ -267,11 +276,9 @@ class H1Connection(asyncio.Protocol):
     def _read_head(self) -> bool:
         """Feed the parser the head once it is all here; False while it is not (or handed off)."""
         raw = self._raw
-        if self._scanned == 0:
+        if self._scanned == 0 and raw[0] in _CRLF:
             # Empty lines before a request are allowed (RFC 9112 2.2), bare LFs too.
-            blank = len(raw) - len(raw.lstrip(b"\r\n"))
-            if blank:
-                del raw[:blank]
+            del raw[: len(raw) - len(raw.lstrip(b"\r\n"))]
             if not raw:
                 return False
         since = self._scanned
@@ -344,8 +351,7 @@ class H1Connection(asyncio.Protocol):
         if length is not None and length > self._settings.max_body:
             raise _NotLean  # aiohttp answers 413
         self._handler, match = routed
-        headers = CIMultiDict((n.decode(*_TEXT), v.decode(*_TEXT)) for n, v in self._fields)
-        self._request = H1Request(method, url, path, headers, match, length, self._settings.max_body)
+        self._request = H1Request(method, url, path, self._fields, match, length, self._settings.max_body)
         self._body_end = self._head_end + (length or 0)
         self._keep_alive = parser.should_keep_alive()  # read here: the parser resets it later
 
@@ -522,11 +528,14 @@ def _date() -> bytes:
     return _date_line
 
 
-def _head(status: int, headers: CIMultiDict[str], framing: bytes, keep_alive: bool) -> bytes:
+def _head(status: int, headers: ReplyHeaders, framing: bytes, keep_alive: bool) -> bytes:
     line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode()
-    fields = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    if isinstance(headers, RawHeaders):
+        fields = headers.block()
+    else:
+        fields = "".join([f"{name}: {value}\r\n" for name, value in headers.items()]).encode(*HEADER_TEXT)
     close = b"" if keep_alive else b"Connection: close\r\n"
-    return line + fields.encode(*_TEXT) + framing + close + _date() + b"\r\n"
+    return line + fields + framing + close + _date() + b"\r\n"
 
 
 class _H1Reply:
@@ -545,7 +554,7 @@ class _H1Reply:
         if self._connection.draining:
             self.keep_alive = False
 
-    def whole(self, status: int, headers: CIMultiDict[str], body: bytes) -> None:
+    def whole(self, status: int, headers: ReplyHeaders, body: bytes) -> None:
         if self.started:
             raise RuntimeError("this request has been answered")
         self.started = True
@@ -555,7 +564,7 @@ class _H1Reply:
         self._connection.write(_head(status, headers, framing, self.keep_alive) + body)
         self.finished = True
 
-    async def stream(self, status: int, headers: CIMultiDict[str]) -> ReplyStream:
+    async def stream(self, status: int, headers: ReplyHeaders) -> ReplyStream:
         if self.started:
             raise RuntimeError("this request has been answered")
         self.started = True

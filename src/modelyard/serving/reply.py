@@ -6,11 +6,16 @@ Only the proxied routes are written this way; the others stay plain aiohttp hand
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
+
+from modelyard.protocols.http import RawHeaders
+
+# An answer's headers: text, or fields kept as bytes (the proxy relays a server's as they came).
+ReplyHeaders = CIMultiDict[str] | RawHeaders
 
 
 class Inbound(Protocol):
@@ -24,6 +29,8 @@ class Inbound(Protocol):
     def raw_path(self) -> str: ...  # as sent: encoding and query intact
     @property
     def headers(self) -> Mapping[str, str]: ...  # case-insensitive
+    @property
+    def raw_headers(self) -> Sequence[tuple[bytes, bytes]]: ...  # as they came (no CR, LF or NUL)
     @property
     def match_info(self) -> Mapping[str, str]: ...
     @property
@@ -50,8 +57,8 @@ class Reply(Protocol):
     @property
     def started(self) -> bool: ...  # an answer has begun: an error can no longer be answered
 
-    def whole(self, status: int, headers: CIMultiDict[str], body: bytes) -> None: ...
-    async def stream(self, status: int, headers: CIMultiDict[str]) -> ReplyStream: ...
+    def whole(self, status: int, headers: ReplyHeaders, body: bytes) -> None: ...
+    async def stream(self, status: int, headers: ReplyHeaders) -> ReplyStream: ...
 
 
 class AiohttpReply:
@@ -68,11 +75,11 @@ class AiohttpReply:
     def started(self) -> bool:
         return self.response is not None
 
-    def whole(self, status: int, headers: CIMultiDict[str], body: bytes) -> None:
-        self.response = web.Response(status=status, headers=headers, body=body)
+    def whole(self, status: int, headers: ReplyHeaders, body: bytes) -> None:
+        self.response = web.Response(status=status, headers=_text(headers), body=body)
 
-    async def stream(self, status: int, headers: CIMultiDict[str]) -> ReplyStream:
-        response = self.response = web.StreamResponse(status=status, headers=headers)
+    async def stream(self, status: int, headers: ReplyHeaders) -> ReplyStream:
+        response = self.response = web.StreamResponse(status=status, headers=_text(headers))
         await response.prepare(self._request)
         return _AiohttpStream(response)
 
@@ -88,3 +95,7 @@ class _AiohttpStream:
 
     async def end(self) -> None:
         await self._response.write_eof()
+
+
+def _text(headers: ReplyHeaders) -> CIMultiDict[str]:
+    return CIMultiDict(headers) if isinstance(headers, RawHeaders) else headers

@@ -1,6 +1,11 @@
 """HTTP to inference servers: keep-alive pools, forwarding, probes."""
 
-from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
+from modelyard.upstream.headers import (
+    forwarded_headers,
+    forwarded_request_headers,
+    relayed_headers,
+    relayed_response_headers,
+)
 from modelyard.upstream.http1 import Flight, UpstreamResponse
 from modelyard.upstream.pool import UpstreamPool
 
@@ -8,6 +13,8 @@ __all__ = [
     "Flight",
     "UpstreamPool",
     "UpstreamResponse",
+    "forwarded_headers",
     "forwarded_request_headers",
+    "relayed_headers",
     "relayed_response_headers",
 ]

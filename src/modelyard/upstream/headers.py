@@ -1,12 +1,18 @@
-"""Which headers cross the proxy: hop-by-hop headers (RFC 9110 section 7.6.1) never do."""
+"""Which headers cross the proxy: hop-by-hop headers (RFC 9110 section 7.6.1) never do.
+
+The proxy's own requests and answers keep the fields as bytes (`RawHeaders`: `forwarded_headers`,
+`relayed_headers`); the text versions serve the callers that build aiohttp responses or gRPC
+metadata.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import AnyStr
 
 from multidict import CIMultiDict
 
-from modelyard.protocols.http import HOP_BY_HOP
+from modelyard.protocols.http import HOP_BY_HOP, RawHeaders
 
 # Recomputed by the next hop (Host, Content-Length), already settled with the client (Expect: the
 # gateway holds the whole body; Content-Encoding: aiohttp has decoded a gzip/deflate body), or set
@@ -14,31 +20,59 @@ from modelyard.protocols.http import HOP_BY_HOP
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
 _NOT_FORWARDED_WITH_ID = _NOT_FORWARDED | {"x-request-id"}  # the gateway sets its own
+_RAW_NOT_FORWARDED_WITH_ID = frozenset(name.encode() for name in _NOT_FORWARDED_WITH_ID)
+_RAW_NOT_RELAYED = frozenset(name.encode() for name in _NOT_RELAYED)
+_drop_sets: dict[
+    frozenset[bytes], frozenset[bytes]
+] = {}  # relayed_headers' `replaced`: its callers' constants
 
 
-def _without(headers: Iterable[tuple[str, str]], drop: frozenset[str]) -> list[tuple[str, str]]:
-    """`headers` less `drop` and less the names listed in any `Connection` line, in one pass
-    (this runs twice per proxied request)."""
-    kept: list[tuple[str, str, str]] = []
-    listed: set[str] | None = None
-    for name, value in headers:
-        low = name.lower()
-        if low == "connection":
-            listed = (listed or set()) | {token.strip().lower() for token in value.split(",")}
-        if low not in drop:
-            kept.append((name, value, low))
-    if listed:
-        return [(n, v) for n, v, low in kept if low not in listed]
-    return [(n, v) for n, v, _low in kept]
+def _without(
+    headers: Iterable[tuple[AnyStr, AnyStr]], drop: frozenset[AnyStr], connection: AnyStr, comma: AnyStr
+) -> list[tuple[AnyStr, AnyStr]]:
+    """`headers` less `drop` and less the names listed in any `Connection` line (this runs twice
+    per proxied request: list comprehensions, one lower() per name). Text or bytes: `connection`
+    and `comma` say which."""
+    fields = list(headers)
+    lows = [name.lower() for name, _value in fields]
+    kept = [field for field, low in zip(fields, lows, strict=True) if low not in drop]
+    if connection in lows:
+        listed = {
+            token.strip().lower()
+            for (_name, value), low in zip(fields, lows, strict=True)
+            if low == connection
+            for token in value.split(comma)
+        }
+        listed -= drop  # "keep-alive", "close": nothing more to drop
+        if listed:
+            kept = [field for field in kept if field[0].lower() not in listed]
+    return kept
 
 
 def forwarded_request_headers(headers: Iterable[tuple[str, str]], request_id: str) -> list[tuple[str, str]]:
     """The client's headers as they go upstream, with the request id set."""
-    kept = _without(headers, _NOT_FORWARDED_WITH_ID)
+    kept = _without(headers, _NOT_FORWARDED_WITH_ID, "connection", ",")
     kept.append(("X-Request-Id", request_id))
     return kept
 
 
 def relayed_response_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     """The server's headers as they go back to the client."""
-    return CIMultiDict(_without(headers, _NOT_RELAYED))
+    return CIMultiDict(_without(headers, _NOT_RELAYED, "connection", ","))
+
+
+def forwarded_headers(fields: Iterable[tuple[bytes, bytes]], request_id: bytes) -> RawHeaders:
+    """`forwarded_request_headers` for fields as they came (a parser's raw headers); `request_id`
+    is a client's as it came, or one the gateway made."""
+    kept = _without(fields, _RAW_NOT_FORWARDED_WITH_ID, b"connection", b",")
+    kept.append((b"X-Request-Id", request_id))
+    return RawHeaders(kept)
+
+
+def relayed_headers(fields: Iterable[tuple[bytes, bytes]], replaced: frozenset[bytes]) -> RawHeaders:
+    """`relayed_response_headers` for fields as they came (a parser's raw headers), less those
+    named in `replaced` (lower case): the proxy sets its own."""
+    drop = _drop_sets.get(replaced)
+    if drop is None:
+        drop = _drop_sets[replaced] = _RAW_NOT_RELAYED | replaced
+    return RawHeaders(_without(fields, drop, b"connection", b","))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from urllib.parse import urlsplit
@@ -21,12 +22,12 @@ from urllib.parse import urlsplit
 import httptools
 
 from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from modelyard.protocols.http import HEADER_TEXT, RawHeaders, field_value
 
 IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
 _RESUME_BELOW = 64 * 1024
-_HEADER_ENCODING = ("utf-8", "surrogateescape")  # as aiohttp decodes them, so values round-trip
 
 
 class _StaleConnection(Exception):
@@ -67,31 +68,66 @@ class UpstreamResponse:
 
     Exactly one of `read()` (which also releases the connection) or `close()` must end its use;
     `close()` after a complete body returns the connection to the pool, before it abandons it.
+
+    `raw_headers` are the fields as they came; `headers` decodes them when first asked.
     """
 
-    __slots__ = ("_buffered", "_chunks", "_conn", "_done", "_error", "_waiter", "headers", "status")
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_content_type",
+        "_done",
+        "_error",
+        "_headers",
+        "_waiter",
+        "raw_content_type",
+        "raw_headers",
+        "status",
+    )
 
-    def __init__(self, conn: _Connection, status: int, headers: list[tuple[str, str]]) -> None:
+    def __init__(self, conn: _Connection, status: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
         self._conn = conn
         self.status = status
-        self.headers = headers
+        self.raw_headers = raw_headers
+        self._headers: list[tuple[str, str]] | None = None
+        self._content_type: str | None = None
+        self.raw_content_type: bytes | None = None  # the first Content-Type field, as it came
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
 
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        if self._headers is None:
+            self._headers = list(RawHeaders(self.raw_headers))
+        return self._headers
+
     def header(self, name: str) -> str | None:
-        lowered = name.lower()
-        for key, value in self.headers:
-            if key.lower() == lowered:
-                return value
-        return None
+        value = field_value(self.raw_headers, name.lower().encode())
+        return None if value is None else value.decode(*HEADER_TEXT)
 
     @property
     def content_type(self) -> str:
-        value = self.header("Content-Type") or ""
-        return value.partition(";")[0].strip().lower()
+        """The media type, lower case, without parameters ("" if none)."""
+        if self._content_type is None:
+            value = self.raw_content_type or b""
+            self._content_type = value.partition(b";")[0].strip().lower().decode(*HEADER_TEXT)
+        return self._content_type
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived: `take()` has it without waiting."""
+        return self._done and self._error is None
+
+    def take(self) -> bytes:
+        """The whole body once `complete`; the connection goes back to the pool."""
+        try:
+            return b"".join(self._chunks)
+        finally:
+            self.close()
 
     async def read(self) -> bytes:
         try:
@@ -121,7 +157,7 @@ class UpstreamResponse:
     async def _wait(self) -> None:
         if self._error is not None:
             raise self._error
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._conn.loop.create_future()
         try:
             await self._waiter
         finally:
@@ -157,10 +193,10 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool: _HostPool) -> None:
         self._pool = pool
-        self._loop = asyncio.get_running_loop()  # made by create_connection, inside the loop
+        self.loop = asyncio.get_running_loop()  # made by create_connection, inside the loop
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
-        self._raw_headers: list[tuple[str, str]] = []
+        self._raw_headers: list[tuple[bytes, bytes]] = []
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._response: UpstreamResponse | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -203,17 +239,25 @@ class _Connection(asyncio.Protocol):
     # --- httptools callbacks ------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw_headers.append((name.decode(*_HEADER_ENCODING), value.decode(*_HEADER_ENCODING)))
+        self._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200:  # an interim answer (100 Continue): wait for the real one
             self._raw_headers = []
             return
-        response = UpstreamResponse(self, status, self._raw_headers)
+        raw = self._raw_headers
+        response = UpstreamResponse(self, status, raw)
         self._raw_headers = []
-        has_length = response.header("Content-Length") is not None
-        chunked = "chunked" in (response.header("Transfer-Encoding") or "").lower()
+        has_length = chunked = False
+        for name, value in raw:  # one pass for what framing needs, and the content type
+            low = name.lower()
+            if low == b"content-length":
+                has_length = True
+            elif low == b"transfer-encoding":
+                chunked = chunked or b"chunked" in value.lower()
+            elif low == b"content-type" and response.raw_content_type is None:
+                response.raw_content_type = value
         # 204 and 304 have no body by definition; other answers without a length end at close.
         self._close_delimited = not has_length and not chunked and status not in (204, 304)
         # llhttp knows keep-alive only while the message is being parsed, not after it completes.
@@ -237,11 +281,11 @@ class _Connection(asyncio.Protocol):
 
     def send(self, payload: bytes, timeout: float | None) -> asyncio.Future[UpstreamResponse]:
         assert self._transport is not None
-        self._head = self._loop.create_future()
+        self._head = self.loop.create_future()
         self._response = None
         self._received = self._complete = self._close_delimited = self._keep_alive = False
         if timeout:
-            self._deadline = self._loop.call_later(timeout, self._timed_out, timeout)
+            self._deadline = self.loop.call_later(timeout, self._timed_out, timeout)
         self._transport.write(payload)
         return self._head
 
@@ -320,15 +364,15 @@ class _HostPool:
         self.host_header = parts.netloc.encode()
         self._limit = limit
         self._connect_timeout = connect_timeout
-        self._idle: list[tuple[_Connection, float]] = []  # (connection, idle since), newest last
+        self._idle: list[tuple[_Connection, float]] = []  # (connection, idle since: monotonic), newest last
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    def _reuse(self) -> _Connection | None:
+    def reuse(self) -> _Connection | None:
         """The most recently used idle connection that is still good. Connections idle longer
         than IDLE_TIMEOUT are closed rather than reused: servers drop idle keep-alives (uvicorn,
         so vLLM, after 5 s), and a request sent on one would be lost in the race."""
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         while self._idle:
             conn, since = self._idle.pop()
             if not conn.closed and now - since < IDLE_TIMEOUT:
@@ -340,7 +384,7 @@ class _HostPool:
     async def acquire(self, until: float | None = None) -> tuple[_Connection, bool]:
         """A connection to send on, and whether it was reused; waits for a free slot at most until
         `until` (loop time), the request's deadline."""
-        conn = self._reuse()
+        conn = self.reuse()
         if conn is not None:
             return conn, True
         loop = asyncio.get_running_loop()
@@ -359,7 +403,7 @@ class _HostPool:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-            conn = self._reuse()
+            conn = self.reuse()
             if conn is not None:
                 return conn, True
         self._open += 1
@@ -398,7 +442,7 @@ class _HostPool:
 
     def release(self, conn: _Connection, reusable: bool) -> None:
         if reusable:
-            self._idle.append((conn, asyncio.get_running_loop().time()))
+            self._idle.append((conn, time.monotonic()))
         else:
             self._open -= 1
         self._wake_one()
@@ -417,18 +461,25 @@ class _HostPool:
 
 
 def encode_request(
-    method: str, path: str, host: bytes, headers: Iterable[tuple[str, str]], body: bytes | None
+    method: str,
+    path: str,
+    host: bytes,
+    headers: RawHeaders | Iterable[tuple[str, str]],
+    body: bytes | None,
 ) -> bytes:
     """The request head and body as one buffer, so it leaves in one write. BadRequest (nothing is
-    sent) when a header name or value holds CR, LF or NUL."""
-    lines = [f"{method} {path} HTTP/1.1\r\n".encode(*_HEADER_ENCODING), b"Host: " + host + b"\r\n"]
-    for name, value in headers:
-        field = f"{name}: {value}"
-        # CR and LF would end a header line early (a header injected, a request smuggled), NUL ends
-        # it for some servers: no header name or value may hold one, wherever it came from.
-        if "\r" in field or "\n" in field or "\0" in field:
-            raise BadRequest(f"header {name[:100]!r}: a header name or value may not hold CR, LF or NUL")
-        lines.append(field.encode(*_HEADER_ENCODING) + b"\r\n")
+    sent) when a header name or value holds CR, LF or NUL (RawHeaders cannot)."""
+    lines = [f"{method} {path} HTTP/1.1\r\n".encode(*HEADER_TEXT), b"Host: " + host + b"\r\n"]
+    if isinstance(headers, RawHeaders):
+        lines.append(headers.block())
+    else:
+        for name, value in headers:
+            field = f"{name}: {value}"
+            # CR and LF would end a header line early (a header injected, a request smuggled), NUL
+            # ends it for some servers: no header name or value may hold one, wherever it came from.
+            if "\r" in field or "\n" in field or "\0" in field:
+                raise BadRequest(f"header {name[:100]!r}: a header name or value may not hold CR, LF or NUL")
+            lines.append(field.encode(*HEADER_TEXT) + b"\r\n")
     if body is not None:
         lines.append(b"Content-Length: %d\r\n" % len(body))
     lines.append(b"\r\n")
@@ -444,6 +495,7 @@ class Http1Client:
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
         self._pools: dict[str, _HostPool] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _pool(self, base_url: str) -> _HostPool:
         pool = self._pools.get(base_url)
@@ -456,7 +508,7 @@ class Http1Client:
         base_url: str,
         method: str,
         path: str,
-        headers: Iterable[tuple[str, str]],
+        headers: RawHeaders | Iterable[tuple[str, str]],
         body: bytes | None,
         deadline: float | None,
         flight: Flight | None = None,
@@ -465,10 +517,13 @@ class Http1Client:
         the whole exchange, body included; `flight` lets the caller abort it until then."""
         pool = self._pool(base_url)
         payload = encode_request(method, pool.prefix + path, pool.host_header, headers, body)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():  # asked once: each ask is a getpid() syscall
+            loop = self._loop = asyncio.get_running_loop()
         until = loop.time() + deadline if deadline else None  # waiting and connecting count too
         for _attempt in range(2):
-            conn, reused = await pool.acquire(until)
+            idle = pool.reuse()  # the usual case, without a coroutine
+            conn, reused = (idle, True) if idle is not None else await pool.acquire(until)
             left = None if until is None else until - loop.time()
             if left is not None and left <= 0:
                 pool.release(conn, reusable=True)

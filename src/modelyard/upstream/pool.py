@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any
 
 from modelyard.config import UpstreamConfig
 from modelyard.errors import ModelyardError
+from modelyard.protocols.http import RawHeaders
 from modelyard.upstream.http1 import Flight, Http1Client, UpstreamResponse
 
 
@@ -20,21 +22,21 @@ class UpstreamPool:
     def client(self) -> Http1Client:
         return self._client
 
-    async def send(
+    def send(
         self,
         base_url: str,
         method: str,
         path: str,
-        headers: Iterable[tuple[str, str]],
+        headers: RawHeaders | Iterable[tuple[str, str]],
         body: bytes | None,
         deadline: float | None = None,
         flight: Flight | None = None,
-    ) -> UpstreamResponse:
-        """Send a request and return once the response head has arrived. `deadline` (seconds, for
-        the whole exchange, body included) is capped by `upstream.timeout`; `flight` lets the
-        caller abort it until then. The caller must `read()` the response or `close()` it."""
-        limit = self.time_limit(deadline)
-        return await self._client.request(base_url, method, path, headers, body, limit, flight)
+    ) -> Coroutine[Any, Any, UpstreamResponse]:
+        """Send a request; the coroutine returns once the response head has arrived. `deadline`
+        (seconds, for the whole exchange, body included) is capped by `upstream.timeout`; `flight`
+        lets the caller abort it until then. The caller must `read()` the response or `close()` it.
+        (Not a coroutine itself: one frame fewer on every request.)"""
+        return self._client.request(base_url, method, path, headers, body, self.time_limit(deadline), flight)
 
     def time_limit(self, deadline: float | None) -> float | None:
         """Seconds an upstream exchange may take: `deadline` capped by `upstream.timeout`."""

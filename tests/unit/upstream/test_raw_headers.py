@@ -1,0 +1,96 @@
+"""Header fields kept as bytes (protocols.http.RawHeaders, HeaderView) and the raw versions of the
+proxy's header rules (upstream.headers): the same fields cross the proxy as with text headers."""
+
+from __future__ import annotations
+
+import pytest
+from multidict import CIMultiDict
+
+from modelyard.protocols.http import HeaderView, RawHeaders, encode_fields, field_value
+from modelyard.upstream import (
+    forwarded_headers,
+    forwarded_request_headers,
+    relayed_headers,
+    relayed_response_headers,
+)
+from modelyard.upstream.http1 import encode_request
+
+FIELDS = [
+    (b"Host", b"gateway:8000"),
+    (b"Content-Length", b"42"),
+    (b"Connection", b"keep-alive, X-Hop-Only"),
+    (b"X-Hop-Only", b"1"),
+    (b"Transfer-Encoding", b"chunked"),
+    (b"Date", b"Mon, 01 Jan 2024 00:00:00 GMT"),
+    (b"Server", b"uvicorn"),
+    (b"X-Request-Id", b"from-the-peer"),
+    (b"Set-Cookie", b"a=1"),
+    (b"set-cookie", b"b=2"),
+    (b"X-Note", "café".encode()),
+    (b"X-Latin", b"\xe9t\xe9"),  # not UTF-8: kept as the same bytes
+]
+
+
+def text(fields: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for n, v in fields]
+
+
+def test_forwarded_raw_fields_are_the_text_rules_fields() -> None:
+    raw = forwarded_headers(FIELDS, b"req-1")
+    assert list(raw) == forwarded_request_headers(text(FIELDS), "req-1")
+    assert raw.get("x-request-id") == "req-1"
+
+
+def test_relayed_raw_fields_are_the_text_rules_fields() -> None:
+    raw = relayed_headers(FIELDS, frozenset())
+    assert CIMultiDict(raw) == relayed_response_headers(text(FIELDS))
+    assert raw.fields[-1] == (b"X-Latin", b"\xe9t\xe9")
+
+
+def test_relayed_fields_named_as_replaced_are_dropped_in_any_case() -> None:
+    raw = relayed_headers([(b"X-REQUEST-ID", b"x"), (b"X-Keep", b"1")], frozenset({b"x-request-id"}))
+    assert raw.fields == [(b"X-Keep", b"1")]
+
+
+def test_a_block_is_the_fields_as_head_lines_and_leaves_encode_request_as_they_are() -> None:
+    raw = RawHeaders([(b"A", b"1"), (b"B", b"\xff")])
+    assert raw.block() == b"A: 1\r\nB: \xff\r\n"
+    assert encode_request("POST", "/p", b"h", raw, b"{}") == (
+        b"POST /p HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: \xff\r\nContent-Length: 2\r\n\r\n{}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("x-a", "v\r\nX-Injected: 1"), ("x-a", "v\nx"), ("x-a", "v\0"), ("a\rb", "v")]
+)
+def test_added_fields_may_not_hold_cr_lf_or_nul(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match="may not hold CR, LF or NUL"):
+        RawHeaders([]).add(name, value)
+    with pytest.raises(ValueError, match="may not hold CR, LF or NUL"):
+        encode_fields([("X-Ok", "1"), (name, value)])
+
+
+def test_added_text_round_trips() -> None:
+    raw = RawHeaders([])
+    raw.add("X-Note", "café \udce9")  # a surrogate-escaped byte goes out as that byte
+    assert raw.fields == [(b"X-Note", "café ".encode() + b"\xe9")]
+    assert list(raw) == [("X-Note", "café \udce9")]
+
+
+def test_a_header_view_looks_up_case_insensitively_first_value_first() -> None:
+    view = HeaderView(FIELDS)
+    assert view.get("set-COOKIE") == "a=1"
+    assert view["X-Note"] == "café"
+    assert view.get("X-Latin") == "\udce9t\udce9"
+    assert "host" in view and "Nope" not in view and 3 not in view
+    assert view.get("nope") is None
+    with pytest.raises(KeyError):
+        view["nope"]
+    assert len(view) == len(FIELDS)
+    assert view.items() == text(FIELDS)  # every field, repeats too, in order
+    assert list(view)[:2] == ["Host", "Content-Length"]
+
+
+def test_field_value_is_the_first_match() -> None:
+    assert field_value(FIELDS, b"set-cookie") == b"a=1"
+    assert field_value(FIELDS, b"absent") is None
