@@ -32,6 +32,12 @@ class RoutingRequest(NamedTuple):
     stream: bool = False
     fields: dict[str, Any] | None = None  # the parsed body, for route matches
 
+    def __repr__(self) -> str:  # without the body (`fields`): a repr may end up in a log
+        return (
+            f"RoutingRequest(model={self.model!r}, prompt={self.prompt[:80]!r}, "
+            f"prompt_tokens={self.prompt_tokens}, max_tokens={self.max_tokens}, stream={self.stream})"
+        )
+
 
 # Kubernetes quantities: memory ("100Ki", "1.5Gi", "2G"), CPU ("500m", "2"), any resource count.
 _QUANTITY = re.compile(r"([+]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?")

@@ -203,6 +203,34 @@ async def test_connection_close_answer_is_read_and_the_next_request_reconnects(s
     assert server.connections == 2
 
 
+async def test_trailer_fields_are_not_the_next_answers_headers(servers, clients):
+    """A chunked answer may end with trailer fields; the next answer on the kept-alive connection
+    has only its own head's fields."""
+
+    async def handle(reader, writer, index):
+        first = True
+        while await read_request(reader) is not None:
+            if first:
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"2\r\n{}\r\n0\r\nX-Trailer: from-the-first\r\n\r\n"
+                )
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nX-Own: second\r\nContent-Length: 2\r\n\r\nok")
+            first = False
+            await writer.drain()
+
+    server = await servers.raw(handle)
+    client = clients()
+    async with asyncio.timeout(WAIT):
+        assert await (await get(client, server.url, "/a")).read() == b"{}"
+        second = await get(client, server.url, "/b")
+        assert await second.read() == b"ok"
+    assert server.connections == 1
+    assert [name for name, _ in second.headers] == ["X-Own", "Content-Length"]
+    assert second.header("X-Trailer") is None
+
+
 @pytest.mark.parametrize("close_when", ["idle", "next_request_arrives"])
 async def test_a_reused_connection_the_server_closed_is_replaced_transparently(servers, clients, close_when):
     """'idle': the server closes right after answering; 'next_request_arrives': it reads the next

@@ -168,10 +168,12 @@ class Proxy:
             cache_hit = attempt.pick.cache_hit
             # The server's headers, less those set here (which replace any it sent).
             headers = relayed_headers(attempt.response.raw_headers, _SET if cache_hit is None else _SET_HIT)
-            # (the subset may have changed under it: vanished_subset)
-            headers.fields.extend(
-                self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
-            )
+            try:  # (the subset may have changed under it: vanished_subset)
+                fields = self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
+            except ValueError:  # a name no header may hold (CR, LF): answered 500, the try ended here
+                self._attempts.finish(ex, attempt, 500)
+                raise
+            headers.fields.extend(fields)
             headers.fields.append((b"X-Request-Id", raw_id))
             await self._relay.respond(reply, ex, attempt, headers, capture)
             sample = ex.service_sample

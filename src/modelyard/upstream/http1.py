@@ -283,6 +283,7 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._head = self.loop.create_future()
         self._response = None
+        self._raw_headers = []  # the last answer's trailer fields, if it had any, are not this one's
         self._received = self._complete = self._close_delimited = self._keep_alive = False
         if timeout:
             self._deadline = self.loop.call_later(timeout, self._timed_out, timeout)

@@ -262,3 +262,9 @@ def test_tokens_are_words_and_tensor_bytes_are_four_a_token() -> None:
     assert count_tokens("") == 0
     assert count_tokens("  one two\nthree\t") == 3
     assert tokens_in_bytes(0) == 0 and tokens_in_bytes(4096) == 1024
+
+
+def test_a_routing_requests_repr_leaves_the_body_out() -> None:
+    routing = openai.routing_request(b'{"model": "m", "messages": [], "api_key": "secret"}', "chat")
+    assert routing.fields == {"model": "m", "messages": [], "api_key": "secret"}
+    assert "secret" not in repr(routing) and "model='m'" in repr(routing)
