@@ -1,25 +1,22 @@
 """The gateway's own CPU per proxied request, without sockets: what its Python costs.
 
-Runs a real gateway (`start_gateway`, the default config shape of overhead.py: one model, round
-robin over 3 endpoints) in this process and drives its lean HTTP/1.1 connections directly: each
-client connection is an `H1Connection` given a fake transport, and the upstream pool's connections
-get a fake transport too, which answers every request with the same small chat.completion
-(overhead.py's backend answer) on the next turn of the loop. So every line of the request path
-runs (parse, route, pick, the attempt loop, the upstream client, the relay, metrics, the routing
-log), but no system call: the numbers are the gateway's user-space work alone, and repeatable on a
-noisy machine where overhead.py's are not.
+Runs a real gateway (`start_gateway`, the config shape of overhead.py: one model, round robin over
+3 endpoints) in this process and drives its lean HTTP/1.1 connections directly: each client
+connection is an `H1Connection` given a fake transport, and the upstream pool's connections get a
+fake transport too, which answers every request with overhead.py's small chat.completion on the
+next turn of the loop. So every line of the request path runs (parse, route, pick, the attempt
+loop, the upstream client, the relay, metrics, the routing log), but no system call: the numbers
+are the gateway's user-space work alone.
 
-    .venv/bin/python benchmarks/inprocess.py               # 20 rounds of 2,000 requests, 32 connections
-    .venv/bin/python benchmarks/inprocess.py --profile 30  # plus cProfile's top 30 (a slower last round)
-    PYTHONPATH=/path/to/other/src .venv/bin/python benchmarks/inprocess.py   # another version
+    .venv/bin/python benchmarks/inprocess.py               # 20 rounds of 2,000 requests (about 15 s)
+    .venv/bin/python benchmarks/inprocess.py --profile 30  # and one more round under cProfile
+    PYTHONPATH=/tmp/base/src .venv/bin/python benchmarks/inprocess.py   # another version (a worktree)
 
-Instructions per request, which do not depend on what else the machine does (benchmarks/README.md):
-run it under `valgrind --tool=callgrind` with --repeat 1 and two request counts, and divide the
-difference of the totals by twice the difference of the counts (each run is a warm-up round and
-one measured round).
-
-Prints microseconds of CPU (process time) per request: the median of --repeat rounds, with their
-quartiles (on a shared machine the rounds spread widely: compare medians of runs taken in turn).
+Prints the median CPU time (user + system of this process) per request over the measured rounds,
+with their quartiles. On a shared machine rounds spread widely (±25% on the 2-core VM here):
+compare medians of runs taken in turn, or count instructions, which do not move with the
+machine's load: under `valgrind --tool=callgrind`, with `--repeat 1` and two values of --requests
+(benchmarks/README.md has the commands).
 """
 
 from __future__ import annotations
@@ -35,12 +32,11 @@ from typing import Any
 
 import uvloop
 
+import modelyard
+from common import CHAT_BODY, CHAT_COMPLETION
 from modelyard.config import GatewayConfig
 from modelyard.gateway.server import start_gateway
 from modelyard.upstream import http1
-
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from common import CHAT_BODY, CHAT_COMPLETION
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
@@ -88,8 +84,46 @@ async def fake_connect(pool: Any, until: float | None = None) -> Any:
     return conn
 
 
+class Round:
+    """`requests` requests over `connections` client connections, each sending its next request
+    once its last is answered (as wrk does); done when all are answered, and no more are sent."""
+
+    def __init__(self, server: Any, requests: int, connections: int) -> None:
+        self._server = server
+        self._loop = asyncio.get_running_loop()
+        self.requests = requests
+        self._connections = connections
+        self._sent = self._answered = 0
+        self._clients: list[Any] = []
+        self.done = asyncio.Event()
+
+    def start(self) -> None:
+        for _ in range(min(self._connections, self.requests)):
+            protocol: Any = self._server._accept()  # what the listener makes for an accepted socket
+            protocol.connection_made(FakeTransport(lambda data, p=protocol: self._answer(p, data)))
+            self._clients.append(protocol)
+            self._send(protocol)
+
+    def _send(self, protocol: Any) -> None:
+        self._sent += 1
+        protocol.data_received(REQUEST)
+
+    def _answer(self, protocol: Any, data: bytes) -> None:
+        if not data.startswith(b"HTTP/1.1 200"):
+            raise SystemExit(f"unexpected answer: {data[:300]!r}")
+        self._answered += 1
+        if self._sent < self.requests:
+            self._loop.call_soon(self._send, protocol)
+        elif self._answered == self.requests:
+            self.done.set()
+
+    def close(self) -> None:
+        for protocol in self._clients:
+            protocol.connection_lost(None)
+
+
 async def run(args: argparse.Namespace) -> list[float]:
-    http1._HostPool._connect = fake_connect  # type: ignore[method-assign]
+    setattr(http1._HostPool, "_connect", fake_connect)  # noqa: B010 (a method replaced on purpose)
     config = GatewayConfig.model_validate(
         {
             "listen": {"host": "127.0.0.1", "port": 0, "workers": 1},
@@ -104,49 +138,28 @@ async def run(args: argparse.Namespace) -> list[float]:
         }
     )
     gateway = await start_gateway(config)
-    server = gateway.server
-    done = asyncio.Event()
-    answered = 0
-    target = 0
-
-    def client() -> None:
-        protocol: Any = server._accept()  # what the listener makes for an accepted socket
-
-        def on_write(data: bytes) -> None:
-            nonlocal answered
-            if data.startswith(b"HTTP/1.1 200"):
-                answered += 1
-                if answered < target:  # the next request on this connection, as wrk sends it
-                    loop.call_soon(protocol.data_received, REQUEST)
-                elif answered == target:
-                    done.set()
-            else:
-                raise SystemExit(f"unexpected answer: {data[:300]!r}")
-
-        protocol.connection_made(FakeTransport(on_write))
-        protocol.data_received(REQUEST)
-
-    loop = asyncio.get_running_loop()
     times = []
     try:
-        for round_ in range(args.repeat + 1):  # the first round warms up
-            answered, target = 0, args.requests
-            done.clear()
-            profiler = cProfile.Profile() if args.profile and round_ == args.repeat else None
+        # A warm-up round, the measured rounds, then one under cProfile when asked.
+        for round_ in range(1 + args.repeat + (1 if args.profile else 0)):
+            one = Round(gateway.server, args.requests, args.connections)
+            profiler = cProfile.Profile() if round_ > args.repeat else None
             started = time.process_time()
             if profiler:
                 profiler.enable()
-            for _ in range(args.connections):
-                client()
-            await done.wait()
+            one.start()
+            await one.done.wait()
             if profiler:
                 profiler.disable()
+            elapsed = time.process_time() - started
+            one.close()
+            if profiler:
                 stats = pstats.Stats(profiler)
                 if args.dump:
                     stats.dump_stats(args.dump)
                 stats.sort_stats("tottime").print_stats(args.profile)
             elif round_:
-                times.append((time.process_time() - started) / args.requests * 1e6)
+                times.append(elapsed / args.requests * 1e6)
     finally:
         await gateway.stop()
     return times
@@ -154,20 +167,28 @@ async def run(args: argparse.Namespace) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N (a last round)")
-    parser.add_argument("--dump", help="with --profile: write cProfile's stats to this file")
-    args = parser.parse_args()
-    times = uvloop.run(run(args))
-    if not times:
-        return
-    quartiles = statistics.quantiles(times, n=4)
-    print(
-        f"{statistics.median(times):.1f} us CPU per request: median of {len(times)} rounds "
-        f"(quartiles {quartiles[0]:.1f} - {quartiles[2]:.1f}, least {min(times):.1f})"
+    parser.add_argument("--requests", type=int, default=2000, help="requests per round (default 2000)")
+    parser.add_argument("--connections", type=int, default=32, help="client connections (default 32)")
+    parser.add_argument(
+        "--repeat", type=int, default=20, help="measured rounds, after a warm-up one (default 20)"
     )
+    parser.add_argument(
+        "--profile", type=int, default=0, help="then one more round under cProfile: its top N"
+    )
+    parser.add_argument("--dump", help="with --profile: also write cProfile's stats to this file")
+    args = parser.parse_args()
+    if args.dump and not args.profile:
+        parser.error("--dump needs --profile")
+    times = uvloop.run(run(args))
+    print(f"modelyard from {modelyard.__file__}")
+    if len(times) >= 2:
+        low, _, high = statistics.quantiles(times, n=4)
+        print(
+            f"{statistics.median(times):.1f} us CPU per request: median of {len(times)} rounds "
+            f"(quartiles {low:.1f} - {high:.1f}, least {min(times):.1f})"
+        )
+    elif times:
+        print(f"{times[0]:.1f} us CPU per request (one round)")
     print("command: " + " ".join(sys.argv))
 
 

@@ -1,13 +1,16 @@
 """The floor of a Python reverse proxy: what uvloop + httptools can do with no features at all.
 
-Not part of modelyard. A measuring stick for issue 11 (benchmarks/README.md): the least work a
-Python proxy can do per request, to tell how much of the gateway's cost is its features and how
-much is the language. Round robin over the endpoints of the first model in a modelyard config, one
-keep-alive connection pool per backend, everything in protocol callbacks (no task, coroutine or
-future per request). No retries, timeouts, health checks, metrics, routing, limits or error
-handling worth the name: a backend that fails closes the client's connection.
+Not part of modelyard. A measuring stick (benchmarks/README.md, "Where the gap to vLLM's router
+is"): the least work a Python proxy can do per request, to tell how much of the gateway's cost is
+its own work and how much the event loop and HTTP parsing in Python. Round robin over the endpoints
+of the first model in a modelyard config, one keep-alive connection pool per backend. By default
+everything happens in protocol callbacks (no task, coroutine or future per request); `--style
+async` gives each request a task that awaits a future for the answer, as the gateway does. No
+retries, timeouts, health checks, metrics, routing, limits or error handling worth the name: a
+backend that fails closes the client's connection. One request at a time per client connection
+(no pipelining: wrk does not pipeline).
 
-    .venv/bin/python benchmarks/python_floor.py -c gateway.yaml [--workers N]
+    .venv/bin/python benchmarks/python_floor.py -c gateway.yaml [--workers N] [--style async]
 
 As an overhead.py target:
 
@@ -32,7 +35,6 @@ import yaml
 
 # Hop-by-hop fields, and the framing the proxy sets itself.
 _DROPPED = frozenset({b"host", b"connection", b"keep-alive", b"content-length", b"transfer-encoding"})
-ASYNC = False  # --style async: a task per request awaiting a future for the answer
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 500: b"Internal Server Error"}
 
 
@@ -98,6 +100,9 @@ class Upstream(asyncio.Protocol):
 
     def fail(self) -> None:
         client, self.client = self.client, None
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.cancel()
         if client is not None:
             client.close()
         if self.transport is not None:
@@ -105,10 +110,11 @@ class Upstream(asyncio.Protocol):
 
 
 class Client(asyncio.Protocol):
-    """One client connection; requests answered in order, one at a time."""
+    """One client connection; `use_tasks`: each request's exchange is a task (--style async)."""
 
-    def __init__(self, pick: Callable[[], Backend]) -> None:
+    def __init__(self, pick: Callable[[], Backend], use_tasks: bool) -> None:
         self.pick = pick
+        self.use_tasks = use_tasks
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -144,7 +150,7 @@ class Client(asyncio.Protocol):
             + b"".join(self.fields) + b"Content-Length: %d\r\n\r\n" % len(body) + body
         )  # fmt: skip
         self.url, self.fields, self.body = b"", [], []
-        if ASYNC:
+        if self.use_tasks:
             self.loop.create_task(self.exchange(backend, payload))
         elif backend.idle:
             backend.idle.pop().send(self, payload)
@@ -153,16 +159,19 @@ class Client(asyncio.Protocol):
 
     async def exchange(self, backend: Backend, payload: bytes) -> None:
         """The same exchange as a task awaiting a future (the shape of an async gateway)."""
-        if backend.idle:
-            upstream = backend.idle.pop()
-        else:
-            _, upstream = await self.loop.create_connection(
-                lambda: Upstream(backend), backend.host, backend.port
-            )
-        waiter = self.loop.create_future()
-        upstream.waiter = waiter
-        upstream.send(self, payload)
-        self.answer(await waiter)
+        try:
+            if backend.idle:
+                upstream = backend.idle.pop()
+            else:
+                _, upstream = await self.loop.create_connection(
+                    lambda: Upstream(backend), backend.host, backend.port
+                )
+            waiter = self.loop.create_future()
+            upstream.waiter = waiter
+            upstream.send(self, payload)
+            self.answer(await waiter)
+        except (OSError, asyncio.CancelledError):  # no connection, or the backend failed (fail())
+            self.close()
 
     async def connect(self, backend: Backend, payload: bytes) -> None:
         try:
@@ -194,7 +203,7 @@ def backends_from(config: str) -> tuple[str, int, list[Backend]]:
     return listen.get("host", "127.0.0.1"), int(listen.get("port", 8000)), backends
 
 
-async def serve(host: str, port: int, backends: list[Backend]) -> None:
+async def serve(host: str, port: int, backends: list[Backend], use_tasks: bool) -> None:
     turn = 0
 
     def pick() -> Backend:
@@ -203,7 +212,9 @@ async def serve(host: str, port: int, backends: list[Backend]) -> None:
         return backends[turn % len(backends)]
 
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Client(pick), host, port, reuse_port=True, backlog=1024)
+    server = await loop.create_server(
+        lambda: Client(pick, use_tasks), host, port, reuse_port=True, backlog=1024
+    )
     async with server:
         await server.serve_forever()
 
@@ -211,17 +222,26 @@ async def serve(host: str, port: int, backends: list[Backend]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-c", "--config", required=True, help="a modelyard gateway YAML (listen, models[0])")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (SO_REUSEPORT)")
-    parser.add_argument("--log-level", help="ignored (overhead.py passes it)")
-    parser.add_argument("--style", choices=("callbacks", "async"), default="callbacks")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(os.cpu_count() or 1, 8),
+        help="processes on one port (SO_REUSEPORT)",
+    )
+    parser.add_argument("--log-level", help="ignored: a `modelyard serve` command line's flags can be reused")
+    parser.add_argument(
+        "--style",
+        choices=("callbacks", "async"),
+        default="callbacks",
+        help="callbacks only (default), or a task per request awaiting a future, as the gateway does",
+    )
     args = parser.parse_args()
-    global ASYNC
-    ASYNC = args.style == "async"
     host, port, _ = backends_from(args.config)
-    children = []
+    children: list[int] = []
     for _ in range(args.workers - 1):
         pid = os.fork()
         if pid == 0:
+            children = []  # a child starts no one and stops no one
             break
         children.append(pid)
     # Each process its own backends and pools (no state shared, like modelyard's workers).
@@ -230,12 +250,16 @@ def main() -> None:
 
         def stop(*_: object) -> None:
             for pid in children:
-                os.kill(pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            for pid in children:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
             raise SystemExit(0)
 
         signal.signal(signal.SIGTERM, stop)
     with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(host, port, backends))
+        uvloop.run(serve(host, port, backends, args.style == "async"))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_WAITING_BYTES = 256 * 1024
 # Fields that may appear once (aiohttp's list, plus Host): a repeat goes to aiohttp, which says 400.
 _SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS) | {b"host"}
-_CRLF = (13, 10)
+_CRLF = (13, 10)  # the bytes an empty line before a request starts with
 _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
 
 
