@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -58,6 +59,22 @@ _DURATION_SCHEMA = {
     ]
 }
 Seconds = Annotated[float, BeforeValidator(_parse_duration), Field(ge=0), WithJsonSchema(_DURATION_SCHEMA)]
+
+# Control characters (HTAB aside) may not stand in a header field (aiohttp's and llhttp's rule).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _header_safe(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError(
+            "may not hold control characters such as CR, LF or NUL: it is sent in the X-Modelyard-* "
+            "answer headers"
+        )
+    return value
+
+
+# A name the gateway sends in its answers' headers (X-Modelyard-Backend, -Route, -Subset).
+HeaderName = Annotated[str, AfterValidator(_header_safe)]
 
 
 class _Strict(BaseModel):
@@ -115,10 +132,12 @@ class EndpointConfig(_Strict):
     """One upstream inference server serving the model."""
 
     url: str
-    name: str = Field("", description="label in metrics and X-Modelyard-Backend; default host:port")
+    name: HeaderName = Field("", description="label in metrics and X-Modelyard-Backend; default host:port")
     weight: int = Field(1, ge=0, le=10_000, description="relative share for round_robin and random")
     cost_per_1k_tokens: float = Field(0.0, ge=0, description="price used by cost_aware")
-    subset: str = Field("default", min_length=1, description="the endpoint group routes send traffic to")
+    subset: HeaderName = Field(
+        "default", min_length=1, description="the endpoint group routes send traffic to"
+    )
     metrics_url: str = Field("", description="resource_aware: where to scrape; default <url>/metrics")
     gpu_metrics_url: str = Field("", description="resource_aware: a DCGM exporter for this server's GPU")
     grpc_url: str = Field(
@@ -247,7 +266,7 @@ class RouteMatch(_Strict):
 
 
 class Destination(_Strict):
-    subset: str = Field(min_length=1)
+    subset: HeaderName = Field(min_length=1)
     weight: int = Field(100, ge=0, le=10_000)
 
 
@@ -265,12 +284,12 @@ class RetryPolicy(_Strict):
 class MirrorPolicy(_Strict):
     """Copy `percent` of the route's requests to `subset`; the copy's answer is only compared."""
 
-    subset: str = Field(min_length=1)
+    subset: HeaderName = Field(min_length=1)
     percent: float = Field(100.0, ge=0, le=100)
 
 
 class RouteConfig(_Strict):
-    name: str = Field(min_length=1)
+    name: HeaderName = Field(min_length=1)
     match: RouteMatch | None = Field(None, description="none: the default route")
     destinations: list[Destination] = Field(min_length=1)
     hash_on: str | None = Field(None, description="a header whose value keeps a session on one subset")

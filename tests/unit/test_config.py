@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -346,3 +347,37 @@ def test_the_flag_roles_tracing_honours_otel_sdk_disabled_and_names_the_variable
     with pytest.raises(typer.Exit):
         telemetry_config("collector:4318", 1.0)  # typer read it from the variable
     assert capsys.readouterr().err.startswith("error: OTEL_EXPORTER_OTLP_ENDPOINT: expected an http://")
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"endpoints": [{"url": "http://a:1", "name": "e\r\nX-Injected: 1"}]}, "models[0].endpoints[0].name"),
+        ({"endpoints": [{"url": "http://a:1", "subset": "v1\n"}]}, "models[0].endpoints[0].subset"),
+        (
+            {"routes": [{"name": "r\x00", "destinations": [{"subset": "default"}]}]},
+            "models[0].routes[0].name",
+        ),
+        (
+            {"routes": [{"name": "r", "destinations": [{"subset": "d\x7f"}]}]},
+            "models[0].routes[0].destinations[0].subset",
+        ),
+        (
+            {"routes": [{"name": "r", "destinations": [{"subset": "default"}], "mirror": {"subset": "s\r"}}]},
+            "models[0].routes[0].mirror.subset",
+        ),
+    ],
+)
+def test_names_sent_in_answer_headers_may_not_hold_control_characters(
+    change: dict[str, Any], path: str
+) -> None:
+    model = {"name": "m", "endpoints": [{"url": "http://a:1"}], **change}
+    with pytest.raises(ConfigError, match=rf"gw\.yaml: {re.escape(path)}: may not hold control characters"):
+        validate_config({"models": [model]}, "gw.yaml")
+
+
+def test_a_tab_or_non_ascii_in_a_name_is_kept() -> None:
+    config = validate_config(
+        {"models": [{"name": "m", "endpoints": [{"url": "http://a:1", "name": "é\tx"}]}]}, "x"
+    )
+    assert config.models[0].endpoints[0].name == "é\tx"

@@ -170,7 +170,8 @@ class Proxy:
             headers = relayed_headers(attempt.response.raw_headers, _SET if cache_hit is None else _SET_HIT)
             try:  # (the subset may have changed under it: vanished_subset)
                 fields = self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
-            except ValueError:  # a name no header may hold (CR, LF): answered 500, the try ended here
+            except ValueError:  # a name no header may hold (config refuses them; should one get past it,
+                # the answer is 500 and the try ends here, its slot freed)
                 self._attempts.finish(ex, attempt, 500)
                 raise
             headers.fields.extend(fields)
