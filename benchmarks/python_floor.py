@@ -46,17 +46,14 @@ class Backend:
         self.idle: list[Upstream] = []
 
 
-class Upstream(asyncio.Protocol):
-    """One keep-alive connection to a backend; one exchange at a time."""
+class _Peer(asyncio.Protocol):
+    """One side's connection: a parser fed what arrives, collecting one message's fields and body."""
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, parser: Any) -> None:
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.client: Client | None = None
+        self.parser = parser
         self.fields: list[bytes] = []
         self.body: list[bytes] = []
-        self.waiter: asyncio.Future[bytes] | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -67,17 +64,31 @@ class Upstream(asyncio.Protocol):
         except httptools.HttpParserError:
             self.fail()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self in self.backend.idle:
-            self.backend.idle.remove(self)
-        self.fail()
-
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() not in _DROPPED:
             self.fields.append(name + b": " + value + b"\r\n")
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
+
+    def fail(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Upstream(_Peer):
+    """One keep-alive connection to a backend; one exchange at a time."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(httptools.HttpResponseParser(self))
+        self.backend = backend
+        self.client: Client | None = None
+        self.waiter: asyncio.Future[bytes] | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self in self.backend.idle:
+            self.backend.idle.remove(self)
+        self.fail()
 
     def on_message_complete(self) -> None:
         client, self.client = self.client, None
@@ -104,42 +115,22 @@ class Upstream(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.cancel()
         if client is not None:
-            client.close()
-        if self.transport is not None:
-            self.transport.close()
+            client.fail()
+        super().fail()
 
 
-class Client(asyncio.Protocol):
+class Client(_Peer):
     """One client connection; `use_tasks`: each request's exchange is a task (--style async)."""
 
     def __init__(self, pick: Callable[[], Backend], use_tasks: bool) -> None:
+        super().__init__(httptools.HttpRequestParser(self))
         self.pick = pick
         self.use_tasks = use_tasks
         self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
         self.url = b""
-        self.fields: list[bytes] = []
-        self.body: list[bytes] = []
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.close()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() not in _DROPPED:
-            self.fields.append(name + b": " + value + b"\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
 
     def on_message_complete(self) -> None:
         backend = self.pick()
@@ -171,7 +162,7 @@ class Client(asyncio.Protocol):
             upstream.send(self, payload)
             self.answer(await waiter)
         except (OSError, asyncio.CancelledError):  # no connection, or the backend failed (fail())
-            self.close()
+            self.fail()
 
     async def connect(self, backend: Backend, payload: bytes) -> None:
         try:
@@ -179,17 +170,13 @@ class Client(asyncio.Protocol):
                 lambda: Upstream(backend), backend.host, backend.port
             )
         except OSError:
-            self.close()
+            self.fail()
             return
         upstream.send(self, payload)
 
     def answer(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
 
 
 def backends_from(config: str) -> tuple[str, int, list[Backend]]:
@@ -212,11 +199,14 @@ async def serve(host: str, port: int, backends: list[Backend], use_tasks: bool) 
         return backends[turn % len(backends)]
 
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()  # SIGTERM (how overhead.py stops it) or SIGINT: return, closing the server
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     server = await loop.create_server(
         lambda: Client(pick, use_tasks), host, port, reuse_port=True, backlog=1024
     )
     async with server:
-        await server.serve_forever()
+        await stop.wait()
 
 
 def main() -> None:
@@ -246,20 +236,14 @@ def main() -> None:
         children.append(pid)
     # Each process its own backends and pools (no state shared, like modelyard's workers).
     _, _, backends = backends_from(args.config)
-    if children:  # the parent: overhead.py stops it alone, so it stops the others
-
-        def stop(*_: object) -> None:
-            for pid in children:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-            for pid in children:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-            raise SystemExit(0)
-
-        signal.signal(signal.SIGTERM, stop)
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(host, port, backends, args.style == "async"))
+    uvloop.run(serve(host, port, backends, args.style == "async"))
+    # The parent: overhead.py stops it alone, so it stops the others (and waits for them).
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ move to aiohttp in the middle of a connection, and answers equal to aiohttp's ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -309,32 +311,40 @@ async def test_keepalive_timeout_0_keeps_connections_open(sim_workers, gateways,
         assert reply.status == 200 and not reply.closes
 
 
-async def test_a_204_answer_has_no_content_length(gateways, clients):
-    async def no_content(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(status=204)
+@contextlib.asynccontextmanager
+async def chat_backend(answer: Any) -> AsyncIterator[str]:
+    """An aiohttp server answering the chat route with `answer` (and /health 200): its base URL."""
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"healthy": True})
 
     app = web.Application()
-    app.router.add_post(CHAT, no_content)
+    app.router.add_post(CHAT, answer)
     app.router.add_get("/health", health)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         host, port = runner.addresses[0][:2]
-        models = [{"name": "m", "endpoints": [{"url": f"http://{host}:{port}"}]}]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_204_answer_has_no_content_length(gateways, clients):
+    async def no_content(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=204)
+
+    async with chat_backend(no_content) as url:
+        models = [{"name": "m", "endpoints": [{"url": url}]}]
         replies = []
         for lean in (True, False):
             gateway = await gateways(models, listen={"host": "127.0.0.1", "port": 0, "lean": lean})
             client = await clients(gateway.url)
             replies.append(await client.exchange(request("POST", CHAT, CHAT_BODY)))
-        assert [r.status for r in replies] == [204, 204]
-        assert ["content-length" in r.headers for r in replies] == [False, False]  # RFC 9110 8.6
-    finally:
-        await runner.cleanup()
+    assert [r.status for r in replies] == [204, 204]
+    assert ["content-length" in r.headers for r in replies] == [False, False]  # RFC 9110 8.6
 
 
 async def test_pipelined_bytes_waiting_behind_an_answer_are_bounded(sim_workers, gateways):
@@ -414,18 +424,8 @@ async def test_a_servers_own_gateway_headers_are_replaced_not_doubled(gateways, 
         response.headers.add("Set-Cookie", "b=2")
         return response
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"healthy": True})
-
-    app = web.Application()
-    app.router.add_post(CHAT, answer)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        models = [{"name": "m", "endpoints": [{"name": "e0", "url": f"http://{host}:{port}"}]}]
+    async with chat_backend(answer) as url:
+        models = [{"name": "m", "endpoints": [{"name": "e0", "url": url}]}]
         for lean in (True, False):
             gateway = await gateways(models, listen={"host": "127.0.0.1", "port": 0, "lean": lean})
             sent = {"X-Request-Id": "the-clients"}
@@ -437,8 +437,6 @@ async def test_a_servers_own_gateway_headers_are_replaced_not_doubled(gateways, 
             assert headers.getall("Set-Cookie") == ["a=1", "b=2"], lean
             assert headers["X-Note"] == "café", lean
             assert "X-Hop-Only" not in headers, lean
-    finally:
-        await runner.cleanup()
 
 
 async def test_an_endpoint_name_no_header_may_hold_is_refused_before_the_gateway_starts(gateways):

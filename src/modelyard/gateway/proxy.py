@@ -43,7 +43,7 @@ from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
 from modelyard.telemetry import Kind, Span, Tracer
 from modelyard.types import RoutingRequest
-from modelyard.upstream import UpstreamPool, forwarded_headers, relayed_headers
+from modelyard.upstream import UpstreamPool, forwarded_headers, not_relayed, relayed_headers
 
 BACKEND_HEADER = "X-Modelyard-Backend"
 STRATEGY_HEADER = "X-Modelyard-Strategy"
@@ -51,12 +51,11 @@ CACHE_HIT_HEADER = "X-Modelyard-Cache-Hit"
 ROUTE_HEADER = "X-Modelyard-Route"
 SUBSET_HEADER = "X-Modelyard-Subset"
 REQUEST_ID_HEADER = "X-Request-Id"
-# The answer headers the proxy sets, lower case: a server's own are dropped, not doubled.
-_SET = frozenset(
-    name.lower().encode()
-    for name in (BACKEND_HEADER, STRATEGY_HEADER, ROUTE_HEADER, SUBSET_HEADER, REQUEST_ID_HEADER)
-)
-_SET_HIT = _SET | {CACHE_HIT_HEADER.lower().encode()}
+# What a server's answer loses on its way: hop-by-hop fields, and those the proxy sets itself (a
+# server's own are dropped, not doubled).
+_SET = (BACKEND_HEADER, STRATEGY_HEADER, ROUTE_HEADER, SUBSET_HEADER, REQUEST_ID_HEADER)
+_DROP = not_relayed(_SET)
+_DROP_WITH_HIT = not_relayed((*_SET, CACHE_HIT_HEADER))
 _MAX_ANSWER_FIELDS = 4096
 
 PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
@@ -167,14 +166,14 @@ class Proxy:
                 self._share_prefix(cluster.name, attempt.endpoint.name, chunks)
             cache_hit = attempt.pick.cache_hit
             # The server's headers, less those set here (which replace any it sent).
-            headers = relayed_headers(attempt.response.raw_headers, _SET if cache_hit is None else _SET_HIT)
-            try:  # (the subset may have changed under it: vanished_subset)
-                fields = self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
-            except ValueError:  # a name no header may hold (config refuses them; should one get past it,
-                # the answer is 500 and the try ends here, its slot freed)
-                self._attempts.finish(ex, attempt, 500)
-                raise
-            headers.fields.extend(fields)
+            headers = relayed_headers(
+                attempt.response.raw_headers, _DROP if cache_hit is None else _DROP_WITH_HIT
+            )
+            # (the subset may have changed under it: vanished_subset; the config refuses names no
+            # header may hold, so encoding them cannot fail here, after a slot was taken)
+            headers.fields.extend(
+                self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
+            )
             headers.fields.append((b"X-Request-Id", raw_id))
             await self._relay.respond(reply, ex, attempt, headers, capture)
             sample = ex.service_sample

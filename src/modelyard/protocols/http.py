@@ -43,12 +43,6 @@ class RawHeaders:
         for name, value in self.fields:
             yield name.decode(*HEADER_TEXT), value.decode(*HEADER_TEXT)
 
-    def __len__(self) -> int:
-        return len(self.fields)
-
-    def items(self) -> list[tuple[str, str]]:
-        return list(self)
-
     def get(self, name: str) -> str | None:
         """The first value of `name` (any case), or None."""
         value = field_value(self.fields, name.lower().encode())

@@ -59,10 +59,10 @@ class H1Request:
     decoded only when looked up: a proxied request is forwarded from `raw_headers`."""
 
     __slots__ = (
-        "_headers",
         "body",
         "client_max_size",
         "content_length",
+        "headers",
         "match_info",
         "method",
         "path",
@@ -84,17 +84,11 @@ class H1Request:
         self.raw_path = raw_path
         self.path = path
         self.raw_headers = raw_headers
-        self._headers: HeaderView | None = None
+        self.headers = HeaderView(raw_headers)
         self.match_info = match_info
         self.content_length = content_length
         self.client_max_size = client_max_size
         self.body = b""  # set once it has all arrived
-
-    @property
-    def headers(self) -> HeaderView:
-        if self._headers is None:
-            self._headers = HeaderView(self.raw_headers)
-        return self._headers
 
     async def read(self) -> bytes:
         return self.body

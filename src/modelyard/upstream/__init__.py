@@ -3,6 +3,7 @@
 from modelyard.upstream.headers import (
     forwarded_headers,
     forwarded_request_headers,
+    not_relayed,
     relayed_headers,
     relayed_response_headers,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "UpstreamResponse",
     "forwarded_headers",
     "forwarded_request_headers",
+    "not_relayed",
     "relayed_headers",
     "relayed_response_headers",
 ]

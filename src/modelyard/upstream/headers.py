@@ -22,9 +22,6 @@ _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
 _NOT_FORWARDED_WITH_ID = _NOT_FORWARDED | {"x-request-id"}  # the gateway sets its own
 _RAW_NOT_FORWARDED_WITH_ID = frozenset(name.encode() for name in _NOT_FORWARDED_WITH_ID)
 _RAW_NOT_RELAYED = frozenset(name.encode() for name in _NOT_RELAYED)
-_drop_sets: dict[
-    frozenset[bytes], frozenset[bytes]
-] = {}  # relayed_headers' `replaced`: its callers' constants
 
 
 def _without(
@@ -69,10 +66,14 @@ def forwarded_headers(fields: Iterable[tuple[bytes, bytes]], request_id: bytes) 
     return RawHeaders(kept)
 
 
-def relayed_headers(fields: Iterable[tuple[bytes, bytes]], replaced: frozenset[bytes]) -> RawHeaders:
-    """`relayed_response_headers` for fields as they came (a parser's raw headers), less those
-    named in `replaced` (lower case): the proxy sets its own."""
-    drop = _drop_sets.get(replaced)
-    if drop is None:
-        drop = _drop_sets[replaced] = _RAW_NOT_RELAYED | replaced
+def not_relayed(replaced: Iterable[str]) -> frozenset[bytes]:
+    """What `relayed_headers` drops when its caller sets the fields named `replaced` itself."""
+    return _RAW_NOT_RELAYED | {name.lower().encode() for name in replaced}
+
+
+def relayed_headers(
+    fields: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes] = _RAW_NOT_RELAYED
+) -> RawHeaders:
+    """`relayed_response_headers` for fields as they came (a parser's raw headers); `drop` from
+    `not_relayed` when the caller replaces some (made once: this runs per request)."""
     return RawHeaders(_without(fields, drop, b"connection", b","))

@@ -76,7 +76,6 @@ class UpstreamResponse:
         "_buffered",
         "_chunks",
         "_conn",
-        "_content_type",
         "_done",
         "_error",
         "_headers",
@@ -91,7 +90,6 @@ class UpstreamResponse:
         self.status = status
         self.raw_headers = raw_headers
         self._headers: list[tuple[str, str]] | None = None
-        self._content_type: str | None = None
         self.raw_content_type: bytes | None = None  # the first Content-Type field, as it came
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -112,10 +110,8 @@ class UpstreamResponse:
     @property
     def content_type(self) -> str:
         """The media type, lower case, without parameters ("" if none)."""
-        if self._content_type is None:
-            value = self.raw_content_type or b""
-            self._content_type = value.partition(b";")[0].strip().lower().decode(*HEADER_TEXT)
-        return self._content_type
+        value = self.raw_content_type or b""
+        return value.partition(b";")[0].strip().lower().decode(*HEADER_TEXT)
 
     @property
     def complete(self) -> bool:
