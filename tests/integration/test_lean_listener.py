@@ -439,6 +439,60 @@ async def test_a_servers_own_gateway_headers_are_replaced_not_doubled(gateways, 
             assert "X-Hop-Only" not in headers, lean
 
 
+async def test_the_backend_gets_the_clients_fields_less_hop_by_hop_ones_on_both_listeners(gateways):
+    """The lean connection sorts a request's fields as it parses them; what reaches the server is
+    what aiohttp's listener forwards: no hop-by-hop field (nor one a Connection field lists), no
+    Host or Content-Length of the client's, the client's X-Request-Id once, every other field in
+    its order and as the bytes that came."""
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        seen.append(list(request.raw_headers))
+        return web.json_response({"object": "chat.completion"})
+
+    fields = (
+        b"Connection: keep-alive, X-Hop-Req\r\nX-Hop-Req: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n"
+        b"X-Request-Id: the-clients\r\nx-custom: a\r\nX-Custom: b\r\nX-Latin: \xe9t\xe9\r\n"
+        b"Authorization: Bearer k\r\n"
+    )
+    head = b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    async with chat_backend(answer) as url:
+        models = [{"name": "m", "endpoints": [{"name": "e0", "url": url}]}]
+        for lean in (True, False):
+            gateway = await gateways(models, listen={"host": "127.0.0.1", "port": 0, "lean": lean})
+            client = await Client.connect(gateway.url)
+            try:
+                reply = await client.exchange(
+                    head % (CHAT.encode(), len(CHAT_BODY)) + fields + b"\r\n" + CHAT_BODY
+                )
+            finally:
+                client.close()
+            assert reply.status == 200, lean
+            assert reply.headers["x-request-id"] == "the-clients", lean
+    lean_fields, aiohttp_fields = seen
+    names = [name.lower() for name, _ in lean_fields]
+    for hop in (b"connection", b"x-hop-req", b"keep-alive", b"te"):
+        assert hop not in names
+    assert names.count(b"x-request-id") == 1
+    assert (b"X-Request-Id", b"the-clients") in lean_fields
+    assert [f for f in lean_fields if f[0].lower() == b"x-custom"] == [
+        (b"x-custom", b"a"),
+        (b"X-Custom", b"b"),
+    ]
+    assert (b"X-Latin", b"\xe9t\xe9") in lean_fields
+    assert (b"Authorization", b"Bearer k") in lean_fields
+    assert (b"Content-Type", b"application/json") in lean_fields
+    assert names.count(b"host") == 1 and (b"Host", b"test") not in lean_fields  # the backend's own
+    # aiohttp's listener forwards the same fields (the client in front of the backend adds its own)
+    client_set = {b"host", b"content-length", b"accept", b"accept-encoding", b"user-agent"}
+
+    def own(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        return [f for f in fields if f[0].lower() not in client_set]
+
+    assert own(lean_fields) == own(aiohttp_fields)
+
+
 async def test_an_endpoint_name_no_header_may_hold_is_refused_before_the_gateway_starts(gateways):
     """Its name goes in X-Modelyard-Backend: a CR or LF there would break the answer's head (or,
     past the config, leave the try's slot taken: the proxy ends the try with 500 first)."""

@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from modelyard.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from modelyard.upstream import not_relayed, relayed_response_headers
 from modelyard.upstream.http1 import Http1Client, UpstreamResponse, encode_request
 
 WAIT = 5.0  # the bound on any single wait in these tests
@@ -92,8 +93,8 @@ async def clients() -> AsyncIterator[Callable[..., Http1Client]]:
     """`clients(max_connections=4)` makes an Http1Client that is closed at teardown."""
     made: list[Http1Client] = []
 
-    def make(max_connections: int = 4) -> Http1Client:
-        client = Http1Client(max_connections=max_connections, connect_timeout=WAIT)
+    def make(max_connections: int = 4, **options: Any) -> Http1Client:
+        client = Http1Client(max_connections=max_connections, connect_timeout=WAIT, **options)
         made.append(client)
         return client
 
@@ -229,6 +230,60 @@ async def test_trailer_fields_are_not_the_next_answers_headers(servers, clients)
     assert server.connections == 1
     assert [name for name, _ in second.headers] == ["X-Own", "Content-Length"]
     assert second.header("X-Trailer") is None
+    assert second.relayed == [(b"X-Own", b"second")]
+
+
+ANSWER_FIELDS = [
+    (b"Content-Type", b"application/json"),
+    (b"Connection", b"keep-alive, X-Hop-Only"),
+    (b"X-Hop-Only", b"1"),
+    (b"Keep-Alive", b"timeout=5"),
+    (b"Date", b"Mon, 01 Jan 2024 00:00:00 GMT"),
+    (b"Server", b"uvicorn"),
+    (b"X-REQUEST-ID", b"the-servers-own"),
+    (b"Set-Cookie", b"a=1"),
+    (b"set-cookie", b"b=2"),
+    (b"X-Latin", b"\xe9t\xe9"),  # not UTF-8: relayed as the same bytes
+    (b"Content-Length", b"2"),
+]
+
+
+async def test_relayed_fields_follow_the_text_rules_and_the_clients_drop_set(servers, clients):
+    """`relayed` is what a proxy passes on: every field but hop-by-hop ones (those a Connection
+    field lists too), Date, Server, Content-Length and what the client's relay_drop names; repeats
+    and their order kept, bytes as they came. An interim 100 answer's fields are not the answer's."""
+
+    async def handle(reader, writer, index):
+        while await read_request(reader) is not None:
+            head = b"".join(b"%s: %s\r\n" % field for field in ANSWER_FIELDS)
+            writer.write(
+                b"HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\nHTTP/1.1 200 OK\r\n" + head + b"\r\n{}"
+            )
+            await writer.drain()
+
+    server = await servers.raw(handle)
+    text = [
+        (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for n, v in ANSWER_FIELDS
+    ]
+    expected = [
+        (n.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+        for n, v in relayed_response_headers(text).items()
+    ]
+    async with asyncio.timeout(WAIT):
+        for _ in range(2):  # and again on the kept-alive connection
+            response = await get(clients(), server.url, "/a")
+            assert await response.read() == b"{}"
+            assert response.relayed == expected
+            assert (b"X-REQUEST-ID", b"the-servers-own") in response.relayed
+            assert response.raw_content_type == b"application/json"
+        response = await get(clients(relay_drop=not_relayed(["X-Request-Id"])), server.url, "/a")
+        assert await response.read() == b"{}"
+        assert [name for name, _ in response.relayed] == [
+            b"Content-Type",
+            b"Set-Cookie",
+            b"set-cookie",
+            b"X-Latin",
+        ]
 
 
 @pytest.mark.parametrize("close_when", ["idle", "next_request_arrives"])

@@ -80,13 +80,14 @@ class GrpcAnswer:
     """A gRPC backend's whole answer: the answer message's bytes (status 200), or OIP's error JSON
     for its status (rpc.OipChannels)."""
 
-    __slots__ = ("body", "headers", "raw_headers", "status")
+    __slots__ = ("body", "headers", "raw_headers", "relayed", "status")
 
     def __init__(self, status: int, body: bytes) -> None:
         self.status = status
         self.body = body
         self.headers = [("Content-Type", GRPC_CONTENT_TYPE)]
         self.raw_headers = [(b"Content-Type", GRPC_CONTENT_TYPE.encode())]
+        self.relayed = list(self.raw_headers)
 
     def header(self, name: str) -> str | None:
         return self.headers[0][1] if name.lower() == "content-type" else None

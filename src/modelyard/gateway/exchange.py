@@ -25,6 +25,7 @@ class Answer(Protocol):
 
     status: int
     raw_headers: list[tuple[bytes, bytes]]  # as they came
+    relayed: list[tuple[bytes, bytes]]  # those a client is given (less the proxy's own, hop-by-hop)
 
     @property
     def headers(self) -> list[tuple[str, str]]: ...  # decoded

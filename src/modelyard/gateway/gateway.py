@@ -23,7 +23,7 @@ from modelyard.gateway.health import HealthChecker
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
-from modelyard.gateway.proxy import Proxy
+from modelyard.gateway.proxy import NOT_RELAYED, Proxy
 from modelyard.gateway.siblings import Siblings, find_endpoint
 from modelyard.gateway.worker_log import WorkerLog
 from modelyard.graph import Graph, load_config_graphs
@@ -97,7 +97,7 @@ class Gateway:
                 on_writeback=self.metrics.state_writebacks.inc,
             )
         )
-        self.pool = UpstreamPool(config.upstream)
+        self.pool = UpstreamPool(config.upstream, relay_drop=NOT_RELAYED)
         self.grpc_channels = OipChannels()  # to endpoints with a grpc_url; no channel until a call
         # Gateways on one Redis, or the workers of one gateway, share prefix_aware's index; a gateway
         # alone has nobody to tell.

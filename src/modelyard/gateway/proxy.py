@@ -36,14 +36,15 @@ from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.relay import Relay
 from modelyard.gateway.shadow import ShadowTraffic
-from modelyard.protocols.http import HEADER_TEXT, encode_fields, field_value
+from modelyard.protocols.http import HEADER_TEXT, RawHeaders, encode_fields, field_value
 from modelyard.protocols.tokens import tokens_in_bytes
 from modelyard.rpc import OipCall, OipChannels
+from modelyard.serving.h1 import H1Request
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
 from modelyard.telemetry import Kind, Span, Tracer
 from modelyard.types import RoutingRequest
-from modelyard.upstream import UpstreamPool, forwarded_headers, not_relayed, relayed_headers
+from modelyard.upstream import UpstreamPool, forwarded_headers, not_relayed
 
 BACKEND_HEADER = "X-Modelyard-Backend"
 STRATEGY_HEADER = "X-Modelyard-Strategy"
@@ -52,10 +53,10 @@ ROUTE_HEADER = "X-Modelyard-Route"
 SUBSET_HEADER = "X-Modelyard-Subset"
 REQUEST_ID_HEADER = "X-Request-Id"
 # What a server's answer loses on its way: hop-by-hop fields, and those the proxy sets itself (a
-# server's own are dropped, not doubled).
-_SET = (BACKEND_HEADER, STRATEGY_HEADER, ROUTE_HEADER, SUBSET_HEADER, REQUEST_ID_HEADER)
-_DROP = not_relayed(_SET)
-_DROP_WITH_HIT = not_relayed((*_SET, CACHE_HIT_HEADER))
+# server's own are dropped, not doubled): the upstream pool's answers leave them out of `relayed`.
+# X-Modelyard-Cache-Hit is set for the strategies that remember affinities only.
+NOT_RELAYED = not_relayed((BACKEND_HEADER, STRATEGY_HEADER, ROUTE_HEADER, SUBSET_HEADER, REQUEST_ID_HEADER))
+_CACHE_HIT = CACHE_HIT_HEADER.lower().encode()
 _MAX_ANSWER_FIELDS = 4096
 
 PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
@@ -125,13 +126,23 @@ class Proxy:
             if line is not None:
                 slots = cluster.config.prefix_aware.slots
                 waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
-        raw_id = field_value(request.raw_headers, b"x-request-id")
+        if type(request) is H1Request:  # (the lean connection sorted the fields as it parsed them)
+            raw_id = request.request_id
+            forwarded = request.forwarded
+        else:
+            raw_id = field_value(request.raw_headers, b"x-request-id")
+            forwarded = None
         if raw_id:
             request_id = raw_id.decode(*HEADER_TEXT)
         else:
             request_id = self.new_request_id()
             raw_id = request_id.encode()
         reply.request_id = request_id
+        if forwarded is not None:
+            forwarded.append((b"X-Request-Id", raw_id))
+            sent = RawHeaders(forwarded)
+        else:
+            sent = forwarded_headers(request.raw_headers, raw_id)
         ex = Exchange(
             cluster,
             route,
@@ -147,7 +158,7 @@ class Proxy:
             ),
             request.method,
             request.raw_path,
-            forwarded_headers(request.raw_headers, raw_id),
+            sent,
             body,
             routing.prompt_tokens + routing.max_tokens,
             started,
@@ -166,9 +177,10 @@ class Proxy:
                 self._share_prefix(cluster.name, attempt.endpoint.name, chunks)
             cache_hit = attempt.pick.cache_hit
             # The server's headers, less those set here (which replace any it sent).
-            headers = relayed_headers(
-                attempt.response.raw_headers, _DROP if cache_hit is None else _DROP_WITH_HIT
-            )
+            fields = attempt.response.relayed
+            if cache_hit is not None:
+                fields = [field for field in fields if field[0].lower() != _CACHE_HIT]
+            headers = RawHeaders(fields)
             # (the subset may have changed under it: vanished_subset; the config refuses names no
             # header may hold, so encoding them cannot fail here, after a slot was taken)
             headers.fields.extend(

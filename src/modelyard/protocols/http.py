@@ -20,6 +20,22 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+# Request fields a proxy never passes on: hop-by-hop, recomputed by the next hop (Host,
+# Content-Length), or already settled with the client (Expect: the whole body is held; Content-Encoding:
+# a gzip/deflate body has been decoded by aiohttp's server). Lower case.
+NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
+
+
+def connection_options(values: Iterable[bytes]) -> set[bytes]:
+    """The names a message's Connection fields list (RFC 9110 7.6.1: those fields are hop-by-hop
+    for this message too), lower case, less the usual "keep-alive" and "close"."""
+    names = {token.strip().lower() for value in values for token in value.split(b",")}
+    names -= _CONNECTION_TOKENS
+    return names
+
+
+_CONNECTION_TOKENS = frozenset({b"", b"keep-alive", b"close"})
+
 # How header fields are decoded, as aiohttp does: UTF-8, with any other byte kept as a surrogate so
 # that a value encoded again comes out as the bytes that came in.
 HEADER_TEXT = ("utf-8", "surrogateescape")

@@ -30,7 +30,7 @@ from typing import cast
 import httptools
 from aiohttp.http_parser import SINGLETON_HEADERS
 
-from modelyard.protocols.http import HEADER_TEXT, HeaderView, RawHeaders
+from modelyard.protocols.http import HEADER_TEXT, NOT_FORWARDED, HeaderView, RawHeaders, connection_options
 from modelyard.serving.connection import ListenerStats, head_timeout
 from modelyard.serving.drain import Drain
 from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
@@ -52,22 +52,29 @@ MAX_WAITING_BYTES = 256 * 1024
 _SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS) | {b"host"}
 _CRLF = (13, 10)  # the bytes an empty line before a request starts with
 _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
+_NOT_FORWARDED = frozenset(name.encode() for name in NOT_FORWARDED)
+# The names on_header looks at more closely; every other field is simply forwarded.
+_NOTED = _REFUSED_HEADERS | _SINGLETONS | _NOT_FORWARDED | {b"x-request-id"}
 
 
 class H1Request:
     """One plain request, read whole. Has what `serving.reply.Inbound` asks for. Its headers are
-    decoded only when looked up: a proxied request is forwarded from `raw_headers`."""
+    decoded only when looked up. For a proxy, sorted while they were parsed: `forwarded`, the
+    fields that may go on to the next hop (none that protocols.http.NOT_FORWARDED names, that
+    a Connection field lists, or X-Request-Id), and `request_id`, the first X-Request-Id as it came."""
 
     __slots__ = (
         "body",
         "client_max_size",
         "content_length",
+        "forwarded",
         "headers",
         "match_info",
         "method",
         "path",
         "raw_headers",
         "raw_path",
+        "request_id",
     )
 
     def __init__(
@@ -79,12 +86,16 @@ class H1Request:
         match_info: dict[str, str],
         content_length: int | None,
         client_max_size: int,
+        forwarded: list[tuple[bytes, bytes]] | None = None,
+        request_id: bytes | None = None,
     ) -> None:
         self.method = method
         self.raw_path = raw_path
         self.path = path
         self.raw_headers = raw_headers
         self.headers = HeaderView(raw_headers)
+        self.forwarded = forwarded if forwarded is not None else []
+        self.request_id = request_id
         self.match_info = match_info
         self.content_length = content_length
         self.client_max_size = client_max_size
@@ -158,6 +169,9 @@ class H1Connection(asyncio.Protocol):
         # What the parser callbacks collect for the current head:
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
+        self._forwarded: list[tuple[bytes, bytes]] = []  # H1Request.forwarded
+        self._request_id: bytes | None = None
+        self._options: list[bytes] = []  # the Connection fields' values
         self._singletons: set[bytes] = set()  # the lowered names of those seen (Host among them)
         self._length: int | None = None
         self._request: H1Request | None = None  # once the head is read and routed
@@ -313,13 +327,14 @@ class H1Connection(asyncio.Protocol):
             raise _NotLean
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        settings = self._settings
+        # (the limits on fields are checked once the head is complete: nothing is done before)
+        field = (name, value)
+        self._fields.append(field)
         low = name.lower()
-        if (
-            len(self._fields) >= settings.max_headers
-            or len(name) + len(value) > settings.max_field_size
-            or low in _REFUSED_HEADERS
-        ):
+        if low not in _NOTED:
+            self._forwarded.append(field)
+            return
+        if low in _REFUSED_HEADERS:
             raise _NotLean
         if low in _SINGLETONS:
             if low in self._singletons:
@@ -327,25 +342,43 @@ class H1Connection(asyncio.Protocol):
             self._singletons.add(low)
             if low == b"content-length":
                 self._length = int(value)  # the parser has checked it is digits
-        self._fields.append((name, value))
+        if low == b"x-request-id":
+            if self._request_id is None:
+                self._request_id = value
+        elif low == b"connection":
+            self._options.append(value)
+        elif low not in _NOT_FORWARDED:
+            self._forwarded.append(field)
 
     def on_headers_complete(self) -> None:
         parser = self._parser
         if parser.get_http_version() != "1.1" or parser.should_upgrade():
             raise _NotLean
+        settings = self._settings
+        fields = self._fields
+        if len(fields) > settings.max_headers:
+            raise _NotLean  # aiohttp answers 431
+        if self._head_end > settings.max_field_size:  # (a shorter head cannot hold a longer field)
+            limit = settings.max_field_size
+            if any(len(name) + len(value) > limit for name, value in fields):
+                raise _NotLean
+        if self._options and (listed := connection_options(self._options)):
+            self._forwarded = [field for field in self._forwarded if field[0].lower() not in listed]
         url = self._url.decode("latin-1")
         path = url.partition("?")[0]
         if not path.startswith("/") or "#" in url or "%" in path or "/." in path or "//" in path:
             raise _NotLean  # absolute form, a fragment, or a path aiohttp decodes or normalises
         method = parser.get_method().decode("latin-1")
-        routed = self._settings.router(method, path)
+        routed = settings.router(method, path)
         if routed is None or b"host" not in self._singletons:
             raise _NotLean  # not ours, or no Host (RFC 9112 3.2: 400, aiohttp's)
         length = self._length
-        if length is not None and length > self._settings.max_body:
+        if length is not None and length > settings.max_body:
             raise _NotLean  # aiohttp answers 413
         self._handler, match = routed
-        self._request = H1Request(method, url, path, self._fields, match, length, self._settings.max_body)
+        self._request = H1Request(
+            method, url, path, fields, match, length, settings.max_body, self._forwarded, self._request_id
+        )
         self._body_end = self._head_end + (length or 0)
         self._keep_alive = parser.should_keep_alive()  # read here: the parser resets it later
 
@@ -362,6 +395,9 @@ class H1Connection(asyncio.Protocol):
         del raw[: self._body_end]
         self._url = b""
         self._fields = []
+        self._forwarded = []
+        self._request_id = None
+        self._options = []
         self._singletons = set()
         self._length = None
         self._request = self._handler = None

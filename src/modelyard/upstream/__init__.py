@@ -4,7 +4,6 @@ from modelyard.upstream.headers import (
     forwarded_headers,
     forwarded_request_headers,
     not_relayed,
-    relayed_headers,
     relayed_response_headers,
 )
 from modelyard.upstream.http1 import Flight, UpstreamResponse
@@ -17,6 +16,5 @@ __all__ = [
     "forwarded_headers",
     "forwarded_request_headers",
     "not_relayed",
-    "relayed_headers",
     "relayed_response_headers",
 ]

@@ -1,8 +1,9 @@
 """Which headers cross the proxy: hop-by-hop headers (RFC 9110 section 7.6.1) never do.
 
-The proxy's own requests and answers keep the fields as bytes (`RawHeaders`: `forwarded_headers`,
-`relayed_headers`); the text versions serve the callers that build aiohttp responses or gRPC
-metadata.
+The proxy's own requests and answers keep the fields as bytes: `forwarded_headers` for a request
+aiohttp's server read (the lean connection sorts its fields as it parses them, serving.h1), and the
+upstream client's `UpstreamResponse.relayed` for answers (its drop set from `not_relayed`). The
+text versions serve the callers that build aiohttp responses or gRPC metadata.
 """
 
 from __future__ import annotations
@@ -12,16 +13,14 @@ from typing import AnyStr
 
 from multidict import CIMultiDict
 
-from modelyard.protocols.http import HOP_BY_HOP, RawHeaders
+from modelyard.protocols.http import HOP_BY_HOP, NOT_FORWARDED, RawHeaders
 
-# Recomputed by the next hop (Host, Content-Length), already settled with the client (Expect: the
-# gateway holds the whole body; Content-Encoding: aiohttp has decoded a gzip/deflate body), or set
-# by the gateway's own server (Date, Server).
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
+# An answer's Content-Length is recomputed; Date and Server are set by the gateway's own server.
 _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
-_NOT_FORWARDED_WITH_ID = _NOT_FORWARDED | {"x-request-id"}  # the gateway sets its own
+_NOT_FORWARDED_WITH_ID = NOT_FORWARDED | {"x-request-id"}  # the gateway sets its own
 _RAW_NOT_FORWARDED_WITH_ID = frozenset(name.encode() for name in _NOT_FORWARDED_WITH_ID)
-_RAW_NOT_RELAYED = frozenset(name.encode() for name in _NOT_RELAYED)
+# What the upstream client's answers leave out of their relayed fields by default (lower case).
+NOT_RELAYED = frozenset(name.encode() for name in _NOT_RELAYED)
 
 
 def _without(
@@ -67,13 +66,6 @@ def forwarded_headers(fields: Iterable[tuple[bytes, bytes]], request_id: bytes) 
 
 
 def not_relayed(replaced: Iterable[str]) -> frozenset[bytes]:
-    """What `relayed_headers` drops when its caller sets the fields named `replaced` itself."""
-    return _RAW_NOT_RELAYED | {name.lower().encode() for name in replaced}
-
-
-def relayed_headers(
-    fields: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes] = _RAW_NOT_RELAYED
-) -> RawHeaders:
-    """`relayed_response_headers` for fields as they came (a parser's raw headers); `drop` from
-    `not_relayed` when the caller replaces some (made once: this runs per request)."""
-    return RawHeaders(_without(fields, drop, b"connection", b","))
+    """The fields an answer's `relayed` leaves out (the upstream client's `relay_drop`) when the
+    caller sets the fields named `replaced` itself."""
+    return NOT_RELAYED | {name.lower().encode() for name in replaced}

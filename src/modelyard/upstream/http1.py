@@ -22,12 +22,15 @@ from urllib.parse import urlsplit
 import httptools
 
 from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
-from modelyard.protocols.http import HEADER_TEXT, RawHeaders, field_value
+from modelyard.protocols.http import HEADER_TEXT, RawHeaders, connection_options, field_value
+from modelyard.upstream.headers import NOT_RELAYED
 
 IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
 _RESUME_BELOW = 64 * 1024
+# What an answer's head is read for, besides the fields not relayed (framing, media type).
+_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"content-type", b"connection"})
 
 
 class _StaleConnection(Exception):
@@ -69,7 +72,9 @@ class UpstreamResponse:
     Exactly one of `read()` (which also releases the connection) or `close()` must end its use;
     `close()` after a complete body returns the connection to the pool, before it abandons it.
 
-    `raw_headers` are the fields as they came; `headers` decodes them when first asked.
+    `raw_headers` are the fields as they came; `headers` decodes them when first asked;
+    `relayed` are those a proxy passes on to its client: all but the ones its client's
+    `relay_drop` names and those a Connection field lists.
     """
 
     __slots__ = (
@@ -82,15 +87,24 @@ class UpstreamResponse:
         "_waiter",
         "raw_content_type",
         "raw_headers",
+        "relayed",
         "status",
     )
 
-    def __init__(self, conn: _Connection, status: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(
+        self,
+        conn: _Connection,
+        status: int,
+        raw_headers: list[tuple[bytes, bytes]],
+        relayed: list[tuple[bytes, bytes]],
+        raw_content_type: bytes | None,
+    ) -> None:
         self._conn = conn
         self.status = status
         self.raw_headers = raw_headers
+        self.relayed = relayed
         self._headers: list[tuple[str, str]] | None = None
-        self.raw_content_type: bytes | None = None  # the first Content-Type field, as it came
+        self.raw_content_type = raw_content_type  # the first Content-Type field, as it came
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._done = False
@@ -192,7 +206,14 @@ class _Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()  # made by create_connection, inside the loop
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
+        self._drop = pool.relay_drop
+        self._noted = pool.relay_drop | _FRAMING
+        # What the head being read has shown so far (reset for each answer):
         self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._relayed: list[tuple[bytes, bytes]] = []
+        self._options: list[bytes] = []  # Connection fields' values
+        self._content_type: bytes | None = None
+        self._has_length = self._chunked = False
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._response: UpstreamResponse | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -235,25 +256,43 @@ class _Connection(asyncio.Protocol):
     # --- httptools callbacks ------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw_headers.append((name, value))
+        field = (name, value)
+        self._raw_headers.append(field)
+        low = name.lower()
+        if low not in self._noted:
+            self._relayed.append(field)
+            return
+        if low == b"content-length":
+            self._has_length = True
+        elif low == b"transfer-encoding":
+            self._chunked = self._chunked or b"chunked" in value.lower()
+        elif low == b"content-type":
+            if self._content_type is None:
+                self._content_type = value
+        elif low == b"connection":
+            self._options.append(value)
+        if low not in self._drop:
+            self._relayed.append(field)
+
+    def _new_head(self) -> None:
+        self._raw_headers = []
+        self._relayed = []
+        if self._options:
+            self._options = []
+        self._content_type = None
+        self._has_length = self._chunked = False
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200:  # an interim answer (100 Continue): wait for the real one
-            self._raw_headers = []
+            self._new_head()
             return
-        raw = self._raw_headers
-        response = UpstreamResponse(self, status, raw)
-        self._raw_headers = []
-        has_length = chunked = False
-        for name, value in raw:  # one pass for what framing needs, and the content type
-            low = name.lower()
-            if low == b"content-length":
-                has_length = True
-            elif low == b"transfer-encoding":
-                chunked = chunked or b"chunked" in value.lower()
-            elif low == b"content-type" and response.raw_content_type is None:
-                response.raw_content_type = value
+        relayed = self._relayed
+        if self._options and (listed := connection_options(self._options)):
+            relayed = [field for field in relayed if field[0].lower() not in listed]
+        response = UpstreamResponse(self, status, self._raw_headers, relayed, self._content_type)
+        has_length, chunked = self._has_length, self._chunked
+        self._new_head()
         # 204 and 304 have no body by definition; other answers without a length end at close.
         self._close_delimited = not has_length and not chunked and status not in (204, 304)
         # llhttp knows keep-alive only while the message is being parsed, not after it completes.
@@ -279,7 +318,8 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._head = self.loop.create_future()
         self._response = None
-        self._raw_headers = []  # the last answer's trailer fields, if it had any, are not this one's
+        if self._raw_headers:  # the last answer's trailer fields, if it had any, are not this one's
+            self._new_head()
         self._received = self._complete = self._close_delimited = self._keep_alive = False
         if timeout:
             self._deadline = self.loop.call_later(timeout, self._timed_out, timeout)
@@ -351,8 +391,11 @@ class _Connection(asyncio.Protocol):
 class _HostPool:
     """Idle connections to one upstream origin, at most `limit` open at once."""
 
-    def __init__(self, base_url: str, limit: int, connect_timeout: float) -> None:
+    def __init__(
+        self, base_url: str, limit: int, connect_timeout: float, relay_drop: frozenset[bytes]
+    ) -> None:
         parts = urlsplit(base_url)
+        self.relay_drop = relay_drop
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.prefix = parts.path.rstrip("/")  # a base URL may carry a path: prepended to every request
         self._host = parts.hostname or "localhost"
@@ -486,18 +529,24 @@ def encode_request(
 
 
 class Http1Client:
-    """Keep-alive HTTP/1.1 to any number of upstream origins."""
+    """Keep-alive HTTP/1.1 to any number of upstream origins. `relay_drop`: the answer fields
+    (lower-case names) a proxy does not pass on, left out of `UpstreamResponse.relayed`."""
 
-    def __init__(self, *, max_connections: int, connect_timeout: float) -> None:
+    def __init__(
+        self, *, max_connections: int, connect_timeout: float, relay_drop: frozenset[bytes] = NOT_RELAYED
+    ) -> None:
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
+        self._relay_drop = relay_drop
         self._pools: dict[str, _HostPool] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _pool(self, base_url: str) -> _HostPool:
         pool = self._pools.get(base_url)
         if pool is None:
-            pool = self._pools[base_url] = _HostPool(base_url, self._max_connections, self._connect_timeout)
+            pool = self._pools[base_url] = _HostPool(
+                base_url, self._max_connections, self._connect_timeout, self._relay_drop
+            )
         return pool
 
     async def request(

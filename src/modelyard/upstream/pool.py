@@ -8,14 +8,19 @@ from typing import Any
 from modelyard.config import UpstreamConfig
 from modelyard.errors import ModelyardError
 from modelyard.protocols.http import RawHeaders
+from modelyard.upstream.headers import NOT_RELAYED
 from modelyard.upstream.http1 import Flight, Http1Client, UpstreamResponse
 
 
 class UpstreamPool:
-    def __init__(self, config: UpstreamConfig) -> None:
+    """`relay_drop`: the answer fields the caller does not pass on (`UpstreamResponse.relayed`)."""
+
+    def __init__(self, config: UpstreamConfig, relay_drop: frozenset[bytes] = NOT_RELAYED) -> None:
         self._config = config
         self._client = Http1Client(
-            max_connections=config.max_connections, connect_timeout=config.connect_timeout
+            max_connections=config.max_connections,
+            connect_timeout=config.connect_timeout,
+            relay_drop=relay_drop,
         )
 
     @property

@@ -4,15 +4,12 @@ proxy's header rules (upstream.headers): the same fields cross the proxy as with
 from __future__ import annotations
 
 import pytest
-from multidict import CIMultiDict
 
-from modelyard.protocols.http import HeaderView, RawHeaders, encode_fields, field_value
+from modelyard.protocols.http import HeaderView, RawHeaders, connection_options, encode_fields, field_value
 from modelyard.upstream import (
     forwarded_headers,
     forwarded_request_headers,
     not_relayed,
-    relayed_headers,
-    relayed_response_headers,
 )
 from modelyard.upstream.http1 import encode_request
 
@@ -42,15 +39,14 @@ def test_forwarded_raw_fields_are_the_text_rules_fields() -> None:
     assert raw.get("x-request-id") == "req-1"
 
 
-def test_relayed_raw_fields_are_the_text_rules_fields() -> None:
-    raw = relayed_headers(FIELDS)
-    assert CIMultiDict(raw) == relayed_response_headers(text(FIELDS))
-    assert raw.fields[-1] == (b"X-Latin", b"\xe9t\xe9")
+def test_not_relayed_adds_the_names_a_caller_replaces_in_lower_case() -> None:
+    drop = not_relayed(["X-Request-Id", "X-Modelyard-Backend"])
+    assert {b"x-request-id", b"x-modelyard-backend", b"connection", b"date", b"server"} <= drop
 
 
-def test_relayed_fields_named_as_replaced_are_dropped_in_any_case() -> None:
-    raw = relayed_headers([(b"X-REQUEST-ID", b"x"), (b"X-Keep", b"1")], not_relayed(["X-Request-Id"]))
-    assert raw.fields == [(b"X-Keep", b"1")]
+def test_connection_options_are_the_listed_names_in_lower_case() -> None:
+    assert connection_options([b"keep-alive, X-Hop", b" close ,TE,"]) == {b"x-hop", b"te"}
+    assert connection_options([b"keep-alive"]) == set()
 
 
 def test_a_block_is_the_fields_as_head_lines_and_leaves_encode_request_as_they_are() -> None:
