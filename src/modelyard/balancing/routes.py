@@ -93,6 +93,8 @@ def _field(body: Mapping[str, Any] | None, dotted: str) -> tuple[bool, Any]:
 
 def pick_subset(route: RouteConfig, headers: Mapping[str, str], rng: random.Random) -> str:
     """A destination by weight: sticky by the `hash_on` header's value when present."""
+    if len(route.destinations) == 1:  # (most routes, the implicit one too: nothing to draw)
+        return route.destinations[0].subset
     total = sum(d.weight for d in route.destinations)
     if total <= 0:
         return route.destinations[0].subset

@@ -350,6 +350,8 @@ class AttemptLoop:
             )
         if only is None and queued_first and capacity.queued_for(ex.subset):
             candidates: list[Endpoint] = []
+        elif not tried and not capacity.config.max_requests:  # (the usual first try: no limit to check)
+            candidates = healthy
         else:
             fresh = [e for e in healthy if e not in tried and capacity.has_room(e)]
             candidates = fresh or [e for e in healthy if capacity.has_room(e)]

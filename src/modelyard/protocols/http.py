@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 
 # Hop-by-hop headers (RFC 9110 section 7.6.1, and the non-standard Proxy-Connection): they describe
 # one connection, never the message, so they never cross a proxy. Lower case.
@@ -26,15 +27,36 @@ HOP_BY_HOP = frozenset(
 NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 
 
-def connection_options(values: Iterable[bytes]) -> set[bytes]:
-    """The names a message's Connection fields list (RFC 9110 7.6.1: those fields are hop-by-hop
-    for this message too), lower case, less the usual "keep-alive" and "close"."""
-    names = {token.strip().lower() for value in values for token in value.split(b",")}
+def connection_options(fields: Sequence[tuple[bytes, bytes]], indexes: Iterable[int]) -> set[bytes]:
+    """The names the Connection fields at `indexes` list (RFC 9110 7.6.1: those fields are
+    hop-by-hop for this message too), lower case, less the usual "keep-alive" and "close"."""
+    names: set[bytes] = set()
+    for index in indexes:
+        value = fields[index][1]
+        if value not in _PLAIN_CONNECTION:  # (most say just that)
+            names.update(token.strip().lower() for token in value.split(b","))
     names -= _CONNECTION_TOKENS
     return names
 
 
 _CONNECTION_TOKENS = frozenset({b"", b"keep-alive", b"close"})
+
+Fields = list[tuple[bytes, bytes]]
+
+
+def fields_at(indexes: Sequence[int]) -> Callable[[Fields], Fields]:
+    """A function that takes the fields at `indexes` of a head's, as a new list: made once per
+    shape of head (a parser's), it runs per message, in C where it can."""
+    if len(indexes) > 1:
+        take = itemgetter(*indexes)
+        return lambda fields: list(take(fields))
+    if indexes:
+        only = indexes[0]
+        return lambda fields: [fields[only]]
+    return lambda fields: []
+
+
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close"})
 
 # How header fields are decoded, as aiohttp does: UTF-8, with any other byte kept as a surrogate so
 # that a value encoded again comes out as the bytes that came in.

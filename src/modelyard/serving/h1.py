@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import cast
@@ -30,7 +30,14 @@ from typing import cast
 import httptools
 from aiohttp.http_parser import SINGLETON_HEADERS
 
-from modelyard.protocols.http import HEADER_TEXT, NOT_FORWARDED, HeaderView, RawHeaders, connection_options
+from modelyard.protocols.http import (
+    HEADER_TEXT,
+    NOT_FORWARDED,
+    HeaderView,
+    RawHeaders,
+    connection_options,
+    fields_at,
+)
 from modelyard.serving.connection import ListenerStats, head_timeout
 from modelyard.serving.drain import Drain
 from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
@@ -52,9 +59,29 @@ MAX_WAITING_BYTES = 256 * 1024
 _SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS) | {b"host"}
 _CRLF = (13, 10)  # the bytes an empty line before a request starts with
 _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
-_NOT_FORWARDED = frozenset(name.encode() for name in NOT_FORWARDED)
-# The names on_header looks at more closely; every other field is simply forwarded.
-_NOTED = _REFUSED_HEADERS | _SINGLETONS | _NOT_FORWARDED | {b"x-request-id"}
+_NOT_FORWARDED = frozenset(name.encode() for name in NOT_FORWARDED) | {b"x-request-id"}
+_MAX_SHAPES = 512  # head shapes remembered per server; past it they are learnt afresh
+
+
+class _Shape:
+    """What the names of a request head's fields tell the lean connection, in their order: worked
+    out once for each sequence of names (a client sends the same ones, request after request), then
+    applied to each head's values by position."""
+
+    __slots__ = ("connection", "forwarded", "host", "lean", "length", "request_id")
+
+    def __init__(self, names: Sequence[bytes]) -> None:
+        lows = [name.lower() for name in names]
+        singletons = [low for low in lows if low in _SINGLETONS]
+        # aiohttp's to answer: a field this server does not take, or a singleton field repeated
+        # (aiohttp refuses a repeat, Host's too, with 400)
+        self.lean = not _REFUSED_HEADERS.intersection(lows) and len(singletons) == len(set(singletons))
+        self.host = b"host" in lows
+        self.length = lows.index(b"content-length") if b"content-length" in lows else -1
+        self.request_id = lows.index(b"x-request-id") if b"x-request-id" in lows else -1
+        self.connection = [i for i, low in enumerate(lows) if low == b"connection"]
+        kept = [i for i, low in enumerate(lows) if low not in _NOT_FORWARDED]
+        self.forwarded = fields_at(kept)
 
 
 class H1Request:
@@ -118,6 +145,7 @@ class H1Settings:
         "max_line_size",
         "on_lost",
         "router",
+        "shapes",
         "stats",
         "stopping",
         "successor",
@@ -150,6 +178,7 @@ class H1Settings:
         self.max_line_size = max_line_size
         self.max_field_size = max_field_size
         self.max_headers = max_headers
+        self.shapes: dict[tuple[bytes, ...], _Shape] = {}  # by the names of a head's fields
 
 
 class _NotLean(Exception):
@@ -169,11 +198,7 @@ class H1Connection(asyncio.Protocol):
         # What the parser callbacks collect for the current head:
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
-        self._forwarded: list[tuple[bytes, bytes]] = []  # H1Request.forwarded
-        self._request_id: bytes | None = None
-        self._options: list[bytes] = []  # the Connection fields' values
-        self._singletons: set[bytes] = set()  # the lowered names of those seen (Host among them)
-        self._length: int | None = None
+        self._names: list[bytes] = []
         self._request: H1Request | None = None  # once the head is read and routed
         self._handler: Handler | None = None
         self._complete = False
@@ -210,7 +235,8 @@ class H1Connection(asyncio.Protocol):
         self._raw += data
         if self._task is None:  # else pipelined behind the request being answered: its turn comes
             self._read()
-        self._bound_reading()
+        if self._reading_paused or len(self._raw) > MAX_WAITING_BYTES:
+            self._bound_reading()
 
     def _bound_reading(self) -> None:
         """Pause reading while a request is answered and more than MAX_WAITING_BYTES wait behind it."""
@@ -327,28 +353,9 @@ class H1Connection(asyncio.Protocol):
             raise _NotLean
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # (the limits on fields are checked once the head is complete: nothing is done before)
-        field = (name, value)
-        self._fields.append(field)
-        low = name.lower()
-        if low not in _NOTED:
-            self._forwarded.append(field)
-            return
-        if low in _REFUSED_HEADERS:
-            raise _NotLean
-        if low in _SINGLETONS:
-            if low in self._singletons:
-                raise _NotLean  # aiohttp refuses a repeated singleton field (Host too) with 400
-            self._singletons.add(low)
-            if low == b"content-length":
-                self._length = int(value)  # the parser has checked it is digits
-        if low == b"x-request-id":
-            if self._request_id is None:
-                self._request_id = value
-        elif low == b"connection":
-            self._options.append(value)
-        elif low not in _NOT_FORWARDED:
-            self._forwarded.append(field)
+        # (what the fields mean is worked out once the head is complete: nothing is done before)
+        self._fields.append((name, value))
+        self._names.append(name)
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -362,22 +369,34 @@ class H1Connection(asyncio.Protocol):
             limit = settings.max_field_size
             if any(len(name) + len(value) > limit for name, value in fields):
                 raise _NotLean
-        if self._options and (listed := connection_options(self._options)):
-            self._forwarded = [field for field in self._forwarded if field[0].lower() not in listed]
+        names = tuple(self._names)
+        shape = settings.shapes.get(names)
+        if shape is None:
+            if len(settings.shapes) >= _MAX_SHAPES:
+                settings.shapes.clear()
+            shape = settings.shapes[names] = _Shape(names)
+        if not shape.lean or not shape.host:
+            raise _NotLean  # (no Host: RFC 9112 3.2 says 400, aiohttp's)
         url = self._url.decode("latin-1")
         path = url.partition("?")[0]
         if not path.startswith("/") or "#" in url or "%" in path or "/." in path or "//" in path:
             raise _NotLean  # absolute form, a fragment, or a path aiohttp decodes or normalises
         method = parser.get_method().decode("latin-1")
         routed = settings.router(method, path)
-        if routed is None or b"host" not in self._singletons:
-            raise _NotLean  # not ours, or no Host (RFC 9112 3.2: 400, aiohttp's)
-        length = self._length
+        if routed is None:
+            raise _NotLean  # not ours
+        length = int(fields[shape.length][1]) if shape.length >= 0 else None  # (digits: llhttp checked)
         if length is not None and length > settings.max_body:
             raise _NotLean  # aiohttp answers 413
+        forwarded = shape.forwarded(fields)
+        if shape.connection:
+            listed = connection_options(fields, shape.connection)
+            if listed:
+                forwarded = [field for field in forwarded if field[0].lower() not in listed]
+        request_id = fields[shape.request_id][1] if shape.request_id >= 0 else None
         self._handler, match = routed
         self._request = H1Request(
-            method, url, path, fields, match, length, settings.max_body, self._forwarded, self._request_id
+            method, url, path, fields, match, length, settings.max_body, forwarded, request_id
         )
         self._body_end = self._head_end + (length or 0)
         self._keep_alive = parser.should_keep_alive()  # read here: the parser resets it later
@@ -395,11 +414,7 @@ class H1Connection(asyncio.Protocol):
         del raw[: self._body_end]
         self._url = b""
         self._fields = []
-        self._forwarded = []
-        self._request_id = None
-        self._options = []
-        self._singletons = set()
-        self._length = None
+        self._names = []
         self._request = self._handler = None
         self._complete = False
         self._scanned = self._head_end = self._body_end = 0
@@ -441,7 +456,8 @@ class H1Connection(asyncio.Protocol):
             self._read()
         if self._handed_off:
             return
-        self._bound_reading()
+        if self._reading_paused:
+            self._bound_reading()
         self._idle_since = self._loop.time()
         if self._idle_timer is None and self._settings.keepalive_timeout > 0:
             # One timer that looks again when it fires, not one per request.

@@ -22,15 +22,31 @@ from urllib.parse import urlsplit
 import httptools
 
 from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
-from modelyard.protocols.http import HEADER_TEXT, RawHeaders, connection_options, field_value
+from modelyard.protocols.http import HEADER_TEXT, RawHeaders, connection_options, field_value, fields_at
 from modelyard.upstream.headers import NOT_RELAYED
 
 IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
 _RESUME_BELOW = 64 * 1024
-# What an answer's head is read for, besides the fields not relayed (framing, media type).
-_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"content-type", b"connection"})
+_MAX_SHAPES = 512  # answer head shapes remembered per origin; past it they are learnt afresh
+
+
+class _Shape:
+    """What the names of an answer's fields tell the client, in their order: worked out once for
+    each sequence of names (a server sends the same ones, answer after answer), then applied to
+    each head's values by position."""
+
+    __slots__ = ("chunked", "connection", "content_type", "has_length", "relayed")
+
+    def __init__(self, names: tuple[bytes, ...], drop: frozenset[bytes]) -> None:
+        lows = [name.lower() for name in names]
+        self.has_length = b"content-length" in lows
+        self.chunked = [i for i, low in enumerate(lows) if low == b"transfer-encoding"]
+        self.content_type = lows.index(b"content-type") if b"content-type" in lows else -1
+        self.connection = [i for i, low in enumerate(lows) if low == b"connection"]
+        kept = [i for i, low in enumerate(lows) if low not in drop]
+        self.relayed = fields_at(kept)
 
 
 class _StaleConnection(Exception):
@@ -206,14 +222,8 @@ class _Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()  # made by create_connection, inside the loop
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
-        self._drop = pool.relay_drop
-        self._noted = pool.relay_drop | _FRAMING
-        # What the head being read has shown so far (reset for each answer):
-        self._raw_headers: list[tuple[bytes, bytes]] = []
-        self._relayed: list[tuple[bytes, bytes]] = []
-        self._options: list[bytes] = []  # Connection fields' values
-        self._content_type: bytes | None = None
-        self._has_length = self._chunked = False
+        self._raw_headers: list[tuple[bytes, bytes]] = []  # the fields of the head being read
+        self._names: list[bytes] = []
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._response: UpstreamResponse | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -256,43 +266,25 @@ class _Connection(asyncio.Protocol):
     # --- httptools callbacks ------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        field = (name, value)
-        self._raw_headers.append(field)
-        low = name.lower()
-        if low not in self._noted:
-            self._relayed.append(field)
-            return
-        if low == b"content-length":
-            self._has_length = True
-        elif low == b"transfer-encoding":
-            self._chunked = self._chunked or b"chunked" in value.lower()
-        elif low == b"content-type":
-            if self._content_type is None:
-                self._content_type = value
-        elif low == b"connection":
-            self._options.append(value)
-        if low not in self._drop:
-            self._relayed.append(field)
-
-    def _new_head(self) -> None:
-        self._raw_headers = []
-        self._relayed = []
-        if self._options:
-            self._options = []
-        self._content_type = None
-        self._has_length = self._chunked = False
+        self._raw_headers.append((name, value))
+        self._names.append(name)
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        raw, names = self._raw_headers, tuple(self._names)
+        self._raw_headers, self._names = [], []
         if 100 <= status < 200:  # an interim answer (100 Continue): wait for the real one
-            self._new_head()
             return
-        relayed = self._relayed
-        if self._options and (listed := connection_options(self._options)):
-            relayed = [field for field in relayed if field[0].lower() not in listed]
-        response = UpstreamResponse(self, status, self._raw_headers, relayed, self._content_type)
-        has_length, chunked = self._has_length, self._chunked
-        self._new_head()
+        shape = self._pool.shape(names)
+        relayed = shape.relayed(raw)
+        if shape.connection:
+            listed = connection_options(raw, shape.connection)
+            if listed:
+                relayed = [field for field in relayed if field[0].lower() not in listed]
+        content_type = raw[shape.content_type][1] if shape.content_type >= 0 else None
+        response = UpstreamResponse(self, status, raw, relayed, content_type)
+        has_length = shape.has_length
+        chunked = any(b"chunked" in raw[i][1].lower() for i in shape.chunked) if shape.chunked else False
         # 204 and 304 have no body by definition; other answers without a length end at close.
         self._close_delimited = not has_length and not chunked and status not in (204, 304)
         # llhttp knows keep-alive only while the message is being parsed, not after it completes.
@@ -319,7 +311,7 @@ class _Connection(asyncio.Protocol):
         self._head = self.loop.create_future()
         self._response = None
         if self._raw_headers:  # the last answer's trailer fields, if it had any, are not this one's
-            self._new_head()
+            self._raw_headers, self._names = [], []
         self._received = self._complete = self._close_delimited = self._keep_alive = False
         if timeout:
             self._deadline = self.loop.call_later(timeout, self._timed_out, timeout)
@@ -396,6 +388,7 @@ class _HostPool:
     ) -> None:
         parts = urlsplit(base_url)
         self.relay_drop = relay_drop
+        self._shapes: dict[tuple[bytes, ...], _Shape] = {}
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.prefix = parts.path.rstrip("/")  # a base URL may carry a path: prepended to every request
         self._host = parts.hostname or "localhost"
@@ -407,6 +400,15 @@ class _HostPool:
         self._idle: list[tuple[_Connection, float]] = []  # (connection, idle since: monotonic), newest last
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def shape(self, names: tuple[bytes, ...]) -> _Shape:
+        """What an answer head with fields of these names holds (learnt once per sequence)."""
+        shape = self._shapes.get(names)
+        if shape is None:
+            if len(self._shapes) >= _MAX_SHAPES:
+                self._shapes.clear()
+            shape = self._shapes[names] = _Shape(names, self.relay_drop)
+        return shape
 
     def reuse(self) -> _Connection | None:
         """The most recently used idle connection that is still good. Connections idle longer

@@ -45,8 +45,9 @@ def test_not_relayed_adds_the_names_a_caller_replaces_in_lower_case() -> None:
 
 
 def test_connection_options_are_the_listed_names_in_lower_case() -> None:
-    assert connection_options([b"keep-alive, X-Hop", b" close ,TE,"]) == {b"x-hop", b"te"}
-    assert connection_options([b"keep-alive"]) == set()
+    fields = [(b"Connection", b"keep-alive, X-Hop"), (b"X-Hop", b"1"), (b"connection", b" close ,TE,")]
+    assert connection_options(fields, [0, 2]) == {b"x-hop", b"te"}
+    assert connection_options([(b"Connection", b"keep-alive")], [0]) == set()
 
 
 def test_a_block_is_the_fields_as_head_lines_and_leaves_encode_request_as_they_are() -> None:
