@@ -77,6 +77,9 @@ class Cluster:
         self._outcomes = 0
         self._last_decide = 0.0
         self.panicking: set[str] = set()  # subsets in panic mode
+        # `routable`'s answer per subset, until health, an ejection or the endpoints change
+        # (`_reroute`): most requests find the same endpoints as the one before.
+        self._routable: dict[str, list[Endpoint]] = {}
         self._canary: dict[str, CanaryStats] = {}
         self._awaiting: dict[Endpoint, set[Abortable]] = {}  # tries sent, no answer byte yet
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -138,6 +141,7 @@ class Cluster:
         self._vanished = (self._vanished | set(self._subsets)) - set(subsets)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}
         self._subsets[ALL_SUBSETS] = self.endpoints
+        self._reroute()
         self.capacity.wake_all()
         for route in self.config.routes:
             named = [d.subset for d in route.destinations] + ([route.mirror.subset] if route.mirror else [])
@@ -253,12 +257,17 @@ class Cluster:
         none at all is available (then none: the request gets 503 at once)."""
         if now >= self._next_return:
             self._decide(now)
+        chosen = self._routable.get(subset)
+        if chosen is not None:
+            return chosen
         pool = self.subset(subset)
         outliers = self.outliers
         available = [e for e in pool if e.health.healthy and not outliers[e.name].ejected]
         if not available:
+            self._routable[subset] = []
             return []  # nothing passes: answer 503 at once rather than try endpoints known to be down
         chosen, panic = routable(available, pool, self.config.healthy_panic_threshold)
+        self._routable[subset] = chosen
         if panic != (subset in self.panicking):
             log.warning(
                 "model %s: subset %s %s panic mode", self.name, subset, "entering" if panic else "leaving"
@@ -284,8 +293,13 @@ class Cluster:
         if not ok or self._outcomes % 64 == 0 or now - self._last_decide >= 1.0:
             self._decide(now)
 
+    def _reroute(self) -> None:
+        """What routes where has changed (health, an ejection or its end, the endpoints)."""
+        self._routable.clear()
+
     def _decide(self, now: float) -> None:
         self._last_decide = now
+        self._reroute()
         adopted = {name for name, state in self.outliers.items() if state.adopted}
         decision = decide(self.outliers, now, self.config.outlier_detection)
         self.outliers = dict(decision.states)
@@ -323,6 +337,7 @@ class Cluster:
                 or (state.ejected_until is not None and state.ejected_until >= until)
             )
         self.outliers = states
+        self._reroute()
         self._next_return = min(self._next_return, until)
         log.info("model %s: endpoint %s ejected by another worker for %.1fs", self.name, name, until - now)
         endpoint = next((e for e in self.endpoints if e.name == name), None)
@@ -334,6 +349,7 @@ class Cluster:
         """Apply one active health check's result ("" when it passed)."""
         before = endpoint.health.healthy
         endpoint.health = observe(endpoint.health, not error, self.thresholds, error)
+        self._reroute()
         self._transition(endpoint, before)
 
     def adopt_health(self, endpoint: Endpoint, healthy: bool, error: str) -> None:
@@ -343,6 +359,7 @@ class Cluster:
         if healthy == before and endpoint.health.checked:
             return
         endpoint.health = passed() if healthy else ejected(error)
+        self._reroute()
         if before and not healthy:
             self._abort_awaiting(endpoint, error or "unhealthy")
 
@@ -354,6 +371,7 @@ class Cluster:
             return
         before = endpoint.health.healthy
         endpoint.health = ejected(error)
+        self._reroute()
         self._transition(endpoint, before)
         if self._on_refused is not None:
             self._on_refused(self, endpoint)

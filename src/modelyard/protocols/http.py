@@ -63,6 +63,9 @@ _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close"}
 HEADER_TEXT = ("utf-8", "surrogateescape")
 
 
+_FIELD_JOIN = b": ".join
+
+
 class RawHeaders:
     """Header fields as bytes (name, value), written out again as they came: the proxy forwards a
     request's headers and relays an answer's without decoding and encoding each field. Iterating
@@ -91,7 +94,9 @@ class RawHeaders:
 
     def block(self) -> bytes:
         """The fields as lines of a message head, each ended by CRLF."""
-        return b"".join([b"%s: %s\r\n" % field for field in self.fields])
+        fields = self.fields
+        # (one C pass; a formatted line per field in Python costs more per field)
+        return b"\r\n".join(map(_FIELD_JOIN, fields)) + b"\r\n" if fields else b""
 
 
 def encode_fields(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[bytes, bytes], ...]:

@@ -428,7 +428,7 @@ class H1Connection(asyncio.Protocol):
                 raise RuntimeError(f"{request.method} {request.path}: the handler sent no answer")
             if not reply.finished:
                 reply.keep_alive = False  # a stream left unfinished (the client went away)
-            elif reply.keep_alive:
+            elif reply.keep_alive and (self._write_paused or self._lost):
                 await self.drain()  # the next request waits until the client has read this answer
         except (asyncio.CancelledError, ConnectionError):
             reply.keep_alive = False  # the client went away
