@@ -10,24 +10,29 @@ are the gateway's user-space work alone.
 
     .venv/bin/python benchmarks/inprocess.py               # 20 rounds of 2,000 requests (about 15 s)
     .venv/bin/python benchmarks/inprocess.py --profile 30  # and one more round under cProfile
+    .venv/bin/python benchmarks/inprocess.py --repeat 1 --opcodes 40  # bytecodes per request, by function
     PYTHONPATH=/tmp/base/src .venv/bin/python benchmarks/inprocess.py   # another version (a worktree)
 
 Prints the median CPU time (user + system of this process) per request over the measured rounds,
 with their quartiles. On a shared machine rounds spread widely (±25% on the 2-core VM here):
 compare medians of runs taken in turn, or count instructions, which do not move with the
 machine's load: under `valgrind --tool=callgrind`, with `--repeat 1` and two values of --requests
-(benchmarks/README.md has the commands).
+(benchmarks/README.md has the commands). `--opcodes` counts the bytecodes each Python function
+runs per request, in one more round traced with sys.settrace: exact and repeatable, it says where
+the interpreter's work is (the harness's own functions are in it too: a few percent).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import cProfile
 import pstats
 import statistics
 import sys
 import time
+from types import FrameType
 from typing import Any
 
 import uvloop
@@ -160,9 +165,40 @@ async def run(args: argparse.Namespace) -> list[float]:
                 stats.sort_stats("tottime").print_stats(args.profile)
             elif round_:
                 times.append(elapsed / args.requests * 1e6)
+        if args.opcodes:
+            await count_opcodes(gateway, args)
     finally:
         await gateway.stop()
     return times
+
+
+async def count_opcodes(gateway: Any, args: argparse.Namespace) -> None:
+    """One more round with every bytecode counted, by the function that ran it."""
+    counts: collections.Counter[tuple[str, int, str]] = collections.Counter()
+
+    def opcode(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            code = frame.f_code
+            counts[code.co_filename, code.co_firstlineno, code.co_qualname] += 1
+        return opcode
+
+    def call(frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return opcode
+
+    one = Round(gateway.server, args.requests, args.connections)
+    sys.settrace(call)
+    try:
+        one.start()
+        await one.done.wait()
+    finally:
+        sys.settrace(None)
+    one.close()
+    per = args.requests
+    print(f"{sum(counts.values()) / per:.0f} bytecodes per request; the top {args.opcodes} functions:")
+    for (path, line, name), count in counts.most_common(args.opcodes):
+        where = path.split("/src/")[-1].split("site-packages/")[-1]
+        print(f"{count / per:8.1f}  {where}:{line} {name}")
 
 
 def main() -> None:
@@ -176,6 +212,12 @@ def main() -> None:
         "--profile", type=int, default=0, help="then one more round under cProfile: its top N"
     )
     parser.add_argument("--dump", help="with --profile: also write cProfile's stats to this file")
+    parser.add_argument(
+        "--opcodes",
+        type=int,
+        default=0,
+        help="then one more round with its bytecodes counted (sys.settrace): the top N functions",
+    )
     args = parser.parse_args()
     if args.dump and not args.profile:
         parser.error("--dump needs --profile")

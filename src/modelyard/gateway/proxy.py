@@ -109,23 +109,22 @@ class Proxy:
         started = time.perf_counter()
         route = cluster.route_for(request.headers, routing.fields)
         subset = pick_subset(route, request.headers, self._rng)
-        key = remembered = None
-        needs = cluster.strategy.needs  # (empty for most strategies: no enum hashing then)
-        if needs and Need.AFFINITY in needs:
-            key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
-            remembered = await self._state.get(key)
-        now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
-        chunks: list[int] | None = None
-        held: dict[str, int] | None = None
-        waits: dict[str, float] | None = None
-        line = None
-        if needs and Need.PREFIX in needs and routing.prompt:
-            chunks = cluster.prefixes.chunks(routing.prompt)
-            held = cluster.prefixes.matches(chunks, (e.name for e in cluster.endpoints))
-            line = cluster.service.line()
-            if line is not None:
-                slots = cluster.config.prefix_aware.slots
-                waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
+        key = remembered = chunks = held = waits = line = None
+        needs = cluster.strategy.needs  # (empty for most strategies: nothing to look up then)
+        if needs:
+            if Need.AFFINITY in needs:
+                key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
+                remembered = await self._state.get(key)
+            now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
+            if Need.PREFIX in needs and routing.prompt:
+                chunks = cluster.prefixes.chunks(routing.prompt)
+                held = cluster.prefixes.matches(chunks, (e.name for e in cluster.endpoints))
+                line = cluster.service.line()
+                if line is not None:
+                    slots = cluster.config.prefix_aware.slots
+                    waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
+        else:
+            now = time.monotonic()
         if type(request) is H1Request:  # (the lean connection sorted the fields as it parsed them)
             raw_id = request.request_id
             forwarded = request.forwarded

@@ -33,7 +33,7 @@ def connection_options(fields: Sequence[tuple[bytes, bytes]], indexes: Iterable[
     names: set[bytes] = set()
     for index in indexes:
         value = fields[index][1]
-        if value not in _PLAIN_CONNECTION:  # (most say just that)
+        if value not in PLAIN_CONNECTION:  # (most say just that)
             names.update(token.strip().lower() for token in value.split(b","))
     names -= _CONNECTION_TOKENS
     return names
@@ -56,7 +56,7 @@ def fields_at(indexes: Sequence[int]) -> Callable[[Fields], Fields]:
     return lambda fields: []
 
 
-_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close"})
+PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close"})  # (lists no field)
 
 # How header fields are decoded, as aiohttp does: UTF-8, with any other byte kept as a surrogate so
 # that a value encoded again comes out as the bytes that came in.

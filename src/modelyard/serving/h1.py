@@ -61,6 +61,7 @@ _CRLF = (13, 10)  # the bytes an empty line before a request starts with
 _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
 _NOT_FORWARDED = frozenset(name.encode() for name in NOT_FORWARDED) | {b"x-request-id"}
 _MAX_SHAPES = 512  # head shapes remembered per server; past it they are learnt afresh
+_MAX_TARGETS = 512  # request targets (method and URL) remembered per server, likewise
 
 
 class _Shape:
@@ -149,6 +150,7 @@ class H1Settings:
         "stats",
         "stopping",
         "successor",
+        "targets",
     )
 
     def __init__(
@@ -179,6 +181,8 @@ class H1Settings:
         self.max_field_size = max_field_size
         self.max_headers = max_headers
         self.shapes: dict[tuple[bytes, ...], _Shape] = {}  # by the names of a head's fields
+        # (method, URL) as they came -> as text, the path, and where the router sends it
+        self.targets: dict[tuple[bytes, bytes], tuple[str, str, str, tuple[Handler, dict[str, str]]]] = {}
 
 
 class _NotLean(Exception):
@@ -377,14 +381,23 @@ class H1Connection(asyncio.Protocol):
             shape = settings.shapes[names] = _Shape(names)
         if not shape.lean or not shape.host:
             raise _NotLean  # (no Host: RFC 9112 3.2 says 400, aiohttp's)
-        url = self._url.decode("latin-1")
-        path = url.partition("?")[0]
-        if not path.startswith("/") or "#" in url or "%" in path or "/." in path or "//" in path:
-            raise _NotLean  # absolute form, a fragment, or a path aiohttp decodes or normalises
-        method = parser.get_method().decode("latin-1")
-        routed = settings.router(method, path)
-        if routed is None:
-            raise _NotLean  # not ours
+        raw_method = parser.get_method()
+        target = settings.targets.get((raw_method, self._url))
+        if target is None:
+            url = self._url.decode("latin-1")
+            path = url.partition("?")[0]
+            if not path.startswith("/") or "#" in url or "%" in path or "/." in path or "//" in path:
+                raise _NotLean  # absolute form, a fragment, or a path aiohttp decodes or normalises
+            method = raw_method.decode("latin-1")
+            routed = settings.router(method, path)
+            if routed is None:
+                raise _NotLean  # not ours
+            if not routed[1]:  # a fixed path (no parameters to keep apart): remembered
+                if len(settings.targets) >= _MAX_TARGETS:
+                    settings.targets.clear()
+                settings.targets[raw_method, self._url] = method, url, path, routed
+        else:
+            method, url, path, routed = target
         length = int(fields[shape.length][1]) if shape.length >= 0 else None  # (digits: llhttp checked)
         if length is not None and length > settings.max_body:
             raise _NotLean  # aiohttp answers 413
@@ -456,7 +469,7 @@ class H1Connection(asyncio.Protocol):
             self._read()
         if self._handed_off:
             return
-        if self._reading_paused:
+        if self._reading_paused or len(self._raw) > MAX_WAITING_BYTES:
             self._bound_reading()
         self._idle_since = self._loop.time()
         if self._idle_timer is None and self._settings.keepalive_timeout > 0:

@@ -22,7 +22,14 @@ from urllib.parse import urlsplit
 import httptools
 
 from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
-from modelyard.protocols.http import HEADER_TEXT, RawHeaders, connection_options, field_value, fields_at
+from modelyard.protocols.http import (
+    HEADER_TEXT,
+    PLAIN_CONNECTION,
+    RawHeaders,
+    connection_options,
+    field_value,
+    fields_at,
+)
 from modelyard.upstream.headers import NOT_RELAYED
 
 IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
@@ -277,8 +284,9 @@ class _Connection(asyncio.Protocol):
             return
         shape = self._pool.shape(names)
         relayed = shape.relayed(raw)
-        if shape.connection:
-            listed = connection_options(raw, shape.connection)
+        connection = shape.connection
+        if connection and (len(connection) > 1 or raw[connection[0]][1] not in PLAIN_CONNECTION):
+            listed = connection_options(raw, connection)
             if listed:
                 relayed = [field for field in relayed if field[0].lower() not in listed]
         content_type = raw[shape.content_type][1] if shape.content_type >= 0 else None
