@@ -440,10 +440,11 @@ async def test_a_servers_own_gateway_headers_are_replaced_not_doubled(gateways, 
 
 
 async def test_the_backend_gets_the_clients_fields_less_hop_by_hop_ones_on_both_listeners(gateways):
-    """The lean connection sorts a request's fields as it parses them; what reaches the server is
-    what aiohttp's listener forwards: no hop-by-hop field (nor one a Connection field lists), no
-    Host or Content-Length of the client's, the client's X-Request-Id once, every other field in
-    its order and as the bytes that came."""
+    """The lean connection sorts a request's fields by what their names mean, worked out once for
+    each sequence of names; what reaches the server is what aiohttp's listener forwards: no
+    hop-by-hop field (nor one a Connection field lists, Close included), no Host or Content-Length
+    of the client's, the client's X-Request-Id once, every other field in its order and as the
+    bytes that came. A head with the same names and other values is read by its own values."""
     seen: list[list[tuple[bytes, bytes]]] = []
 
     async def answer(request: web.Request) -> web.Response:
@@ -451,46 +452,53 @@ async def test_the_backend_gets_the_clients_fields_less_hop_by_hop_ones_on_both_
         seen.append(list(request.raw_headers))
         return web.json_response({"object": "chat.completion"})
 
-    fields = (
+    first = (
         b"Connection: keep-alive, X-Hop-Req\r\nX-Hop-Req: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n"
         b"X-Request-Id: the-clients\r\nx-custom: a\r\nX-Custom: b\r\nX-Latin: \xe9t\xe9\r\n"
         b"Authorization: Bearer k\r\n"
     )
+    # the same names: X-Hop-Req is not listed this time, so it goes on
+    second = first.replace(b"keep-alive, X-Hop-Req", b"keep-alive").replace(b"X-Hop-Req: 1", b"X-Hop-Req: 2")
+    last = b"Connection: close\r\nClose: 1\r\nX-Request-Id: the-last\r\n"
     head = b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    start = head % (CHAT.encode(), len(CHAT_BODY))
     async with chat_backend(answer) as url:
         models = [{"name": "m", "endpoints": [{"name": "e0", "url": url}]}]
         for lean in (True, False):
             gateway = await gateways(models, listen={"host": "127.0.0.1", "port": 0, "lean": lean})
-            client = await Client.connect(gateway.url)
-            try:
-                reply = await client.exchange(
-                    head % (CHAT.encode(), len(CHAT_BODY)) + fields + b"\r\n" + CHAT_BODY
-                )
-            finally:
-                client.close()
-            assert reply.status == 200, lean
-            assert reply.headers["x-request-id"] == "the-clients", lean
-    lean_fields, aiohttp_fields = seen
+            for fields in ((first, second), (last,)):  # two on one connection, then one that closes it
+                client = await Client.connect(gateway.url)
+                try:
+                    for one in fields:
+                        reply = await client.exchange(start + one + b"\r\n" + CHAT_BODY)
+                        assert reply.status == 200, lean
+                        # (aiohttp's server names itself; the lean connection's answers do not)
+                        assert ("aiohttp" in reply.headers.get("server", "")) is not lean
+                finally:
+                    client.close()
+    lean_seen, aiohttp_seen = seen[:3], seen[3:]
+    lean_fields = lean_seen[0]
     names = [name.lower() for name, _ in lean_fields]
     for hop in (b"connection", b"x-hop-req", b"keep-alive", b"te"):
         assert hop not in names
     assert names.count(b"x-request-id") == 1
     assert (b"X-Request-Id", b"the-clients") in lean_fields
-    assert [f for f in lean_fields if f[0].lower() == b"x-custom"] == [
-        (b"x-custom", b"a"),
-        (b"X-Custom", b"b"),
-    ]
+    custom = [field for field in lean_fields if field[0].lower() == b"x-custom"]
+    assert custom == [(b"x-custom", b"a"), (b"X-Custom", b"b")]
     assert (b"X-Latin", b"\xe9t\xe9") in lean_fields
     assert (b"Authorization", b"Bearer k") in lean_fields
     assert (b"Content-Type", b"application/json") in lean_fields
     assert names.count(b"host") == 1 and (b"Host", b"test") not in lean_fields  # the backend's own
+    assert (b"X-Hop-Req", b"2") in lean_seen[1]
+    assert b"close" not in [name.lower() for name, _ in lean_seen[2]]
+    assert (b"X-Request-Id", b"the-last") in lean_seen[2]
     # aiohttp's listener forwards the same fields (the client in front of the backend adds its own)
     client_set = {b"host", b"content-length", b"accept", b"accept-encoding", b"user-agent"}
 
     def own(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         return [f for f in fields if f[0].lower() not in client_set]
 
-    assert own(lean_fields) == own(aiohttp_fields)
+    assert [own(f) for f in lean_seen] == [own(f) for f in aiohttp_seen]
 
 
 async def test_an_endpoint_name_no_header_may_hold_is_refused_before_the_gateway_starts(gateways):
@@ -499,3 +507,28 @@ async def test_an_endpoint_name_no_header_may_hold_is_refused_before_the_gateway
     endpoint = {"name": "e\r\nX-Injected: 1", "url": "http://127.0.0.1:9"}
     with pytest.raises(ConfigError, match=r"models\[0\]\.endpoints\[0\]\.name: may not hold control"):
         await gateways([{"name": "m", "endpoints": [endpoint]}])
+
+
+async def test_request_targets_are_routed_by_method_path_and_model_after_the_first(
+    sim_workers, gateways, clients
+):
+    """The lean connection remembers where a fixed path goes (method and URL as they came), never
+    a path that names a model: each request still reaches its own model, and the same path with
+    another method is still not the lean connection's."""
+    workers = await sim_workers(1)
+    gateway = await gateways(
+        [model_config("a", workers), model_config("b", workers)], listen={"host": "127.0.0.1", "port": 0}
+    )
+    client = await clients(gateway.url)
+    for model in ("a", "b", "a", "b"):
+        reply = await client.exchange(request("POST", f"/v2/models/{model}/infer", INFER_BODY))
+        assert reply.status == 200 and reply.json()["model_name"] == model
+        assert "server" not in reply.headers  # (the lean connection answered)
+    for path in (CHAT, CHAT, CHAT + "?trace=1"):
+        body = orjson.dumps({"model": "b", "messages": [{"role": "user", "content": "hi"}]})
+        reply = await client.exchange(request("POST", path, body))
+        assert reply.status == 200 and reply.json()["object"] == "chat.completion"
+        assert "server" not in reply.headers
+    other = await clients(gateway.url)
+    reply = await other.exchange(request("GET", CHAT))
+    assert reply.status == 405 and "aiohttp" in reply.headers["server"]

@@ -25,6 +25,7 @@ from modelyard.config import ListenConfig
 from modelyard.graph import GraphDocument, parse_graph
 from modelyard.graphrouter import start_router
 from modelyard.serving import HttpServer, serve_until_signal
+from modelyard.serving.server import MAX_HEADERS
 from raw_http import Client, Reply, closed_by_server, read_reply, request
 from support import free_ports, metric_value, model_config, wait_until
 
@@ -157,6 +158,14 @@ MANY_HEADERS = (
     + b"\r\n"
 )
 LONG_LINE = b"GET /v1/" + b"a" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+# Within the lean connection's 64 KiB head, over aiohttp's limits: the lean connection finds them
+# over once the head is complete, and hands them to aiohttp, which refuses them.
+FIELD_OVER_LIMIT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+FIELDS_OVER_LIMIT = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    + b"".join(b"X-H%d: 1\r\n" % i for i in range(MAX_HEADERS))  # with Host, one too many
+    + b"\r\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -165,10 +174,20 @@ LONG_LINE = b"GET /v1/" + b"a" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
         (BIG_HEADER, 431, "oip"),
         (MANY_HEADERS, 431, "openai"),
         (LONG_LINE, 431, "openai"),  # the request line was not readable: the plain envelope
+        (FIELD_OVER_LIMIT, 431, "openai"),
+        (FIELDS_OVER_LIMIT, 431, "openai"),
         (b"GET /v2/models/m HTTP/1.1\r\nHost x\r\n\r\n", 400, "oip"),
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, "openai"),  # TLS on the HTTP port
     ],
-    ids=["64KiB-header", "10000-headers", "64KiB-request-line", "bad-header", "tls-hello"],
+    ids=[
+        "64KiB-header",
+        "10000-headers",
+        "64KiB-request-line",
+        "9000-byte-header",
+        "one-header-too-many",
+        "bad-header",
+        "tls-hello",
+    ],
 )
 async def test_refused_heads_get_the_envelope_and_one_warning(
     gateway_with, clients, http, caplog, raw, status, envelope

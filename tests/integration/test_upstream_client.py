@@ -251,31 +251,47 @@ ANSWER_FIELDS = [
 async def test_relayed_fields_follow_the_text_rules_and_the_clients_drop_set(servers, clients):
     """`relayed` is what a proxy passes on: every field but hop-by-hop ones (those a Connection
     field lists too), Date, Server, Content-Length and what the client's relay_drop names; repeats
-    and their order kept, bytes as they came. An interim 100 answer's fields are not the answer's."""
+    and their order kept, bytes as they came. An interim 100 answer's fields are not the answer's.
+    Answers with the same field names and other values are read by their own values."""
+    second = [
+        (b"Connection", b"keep-alive") if name == b"Connection" else (name, value)
+        for name, value in ANSWER_FIELDS
+    ]
 
     async def handle(reader, writer, index):
+        answers = 0
         while await read_request(reader) is not None:
-            head = b"".join(b"%s: %s\r\n" % field for field in ANSWER_FIELDS)
+            fields = ANSWER_FIELDS if answers % 2 == 0 else second
+            head = b"".join(b"%s: %s\r\n" % field for field in fields)
             writer.write(
                 b"HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\nHTTP/1.1 200 OK\r\n" + head + b"\r\n{}"
             )
             await writer.drain()
+            answers += 1
 
     server = await servers.raw(handle)
-    text = [
-        (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for n, v in ANSWER_FIELDS
-    ]
-    expected = [
-        (n.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
-        for n, v in relayed_response_headers(text).items()
-    ]
+
+    def expected(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        text = [
+            (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for n, v in fields
+        ]
+        return [
+            (n.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+            for n, v in relayed_response_headers(text).items()
+        ]
+
+    client = clients()
     async with asyncio.timeout(WAIT):
-        for _ in range(2):  # and again on the kept-alive connection
-            response = await get(clients(), server.url, "/a")
+        relayed = []
+        for fields in (ANSWER_FIELDS, second, ANSWER_FIELDS):  # on one kept-alive connection
+            response = await get(client, server.url, "/a")
             assert await response.read() == b"{}"
-            assert response.relayed == expected
-            assert (b"X-REQUEST-ID", b"the-servers-own") in response.relayed
+            assert response.relayed == expected(fields)
             assert response.raw_content_type == b"application/json"
+            relayed.append(response.relayed)
+        assert server.connections == 1
+        assert (b"X-REQUEST-ID", b"the-servers-own") in relayed[0]
+        assert (b"X-Hop-Only", b"1") not in relayed[0] and (b"X-Hop-Only", b"1") in relayed[1]
         response = await get(clients(relay_drop=not_relayed(["X-Request-Id"])), server.url, "/a")
         assert await response.read() == b"{}"
         assert [name for name, _ in response.relayed] == [

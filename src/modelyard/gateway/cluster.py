@@ -79,7 +79,7 @@ class Cluster:
         self.panicking: set[str] = set()  # subsets in panic mode
         # `routable`'s answer per subset, until health, an ejection or the endpoints change
         # (`_reroute`): most requests find the same endpoints as the one before.
-        self._routable: dict[str, list[Endpoint]] = {}
+        self._routable: dict[str, tuple[Endpoint, ...]] = {}
         self._canary: dict[str, CanaryStats] = {}
         self._awaiting: dict[Endpoint, set[Abortable]] = {}  # tries sent, no answer byte yet
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -257,17 +257,17 @@ class Cluster:
         none at all is available (then none: the request gets 503 at once)."""
         if now >= self._next_return:
             self._decide(now)
-        chosen = self._routable.get(subset)
-        if chosen is not None:
-            return chosen
+        kept = self._routable.get(subset)
+        if kept is not None:
+            return list(kept)  # (a list of the caller's own)
         pool = self.subset(subset)
         outliers = self.outliers
         available = [e for e in pool if e.health.healthy and not outliers[e.name].ejected]
         if not available:
-            self._routable[subset] = []
+            self._routable[subset] = ()
             return []  # nothing passes: answer 503 at once rather than try endpoints known to be down
         chosen, panic = routable(available, pool, self.config.healthy_panic_threshold)
-        self._routable[subset] = chosen
+        self._routable[subset] = tuple(chosen)
         if panic != (subset in self.panicking):
             log.warning(
                 "model %s: subset %s %s panic mode", self.name, subset, "entering" if panic else "leaving"

@@ -29,7 +29,8 @@ NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encod
 
 def connection_options(fields: Sequence[tuple[bytes, bytes]], indexes: Iterable[int]) -> set[bytes]:
     """The names the Connection fields at `indexes` list (RFC 9110 7.6.1: those fields are
-    hop-by-hop for this message too), lower case, less the usual "keep-alive" and "close"."""
+    hop-by-hop for this message too), lower case. ("keep-alive" names a field that is dropped
+    anyway; "close" is dropped as a name too, as the text rules in upstream/headers.py do.)"""
     names: set[bytes] = set()
     for index in indexes:
         value = fields[index][1]
@@ -39,9 +40,18 @@ def connection_options(fields: Sequence[tuple[bytes, bytes]], indexes: Iterable[
     return names
 
 
-_CONNECTION_TOKENS = frozenset({b"", b"keep-alive", b"close"})
+_CONNECTION_TOKENS = frozenset({b"", b"keep-alive"})
 
 Fields = list[tuple[bytes, bytes]]
+# A head shape (the names of its fields) is remembered only if it is this small: a client sending
+# heads of ever new names cannot make a parser keep much (512 shapes at most, each up to this).
+_SHAPE_NAMES = 32
+_SHAPE_BYTES = 1024
+
+
+def worth_keeping(names: tuple[bytes, ...]) -> bool:
+    """Whether a parser remembers what a head with fields of these names holds."""
+    return len(names) <= _SHAPE_NAMES and sum(map(len, names)) <= _SHAPE_BYTES
 
 
 def fields_at(indexes: Sequence[int]) -> Callable[[Fields], Fields]:
@@ -56,7 +66,7 @@ def fields_at(indexes: Sequence[int]) -> Callable[[Fields], Fields]:
     return lambda fields: []
 
 
-PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close"})  # (lists no field)
+PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive"})  # (names only a field dropped anyway)
 
 # How header fields are decoded, as aiohttp does: UTF-8, with any other byte kept as a surrogate so
 # that a value encoded again comes out as the bytes that came in.

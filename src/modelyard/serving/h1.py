@@ -37,6 +37,7 @@ from modelyard.protocols.http import (
     RawHeaders,
     connection_options,
     fields_at,
+    worth_keeping,
 )
 from modelyard.serving.connection import ListenerStats, head_timeout
 from modelyard.serving.drain import Drain
@@ -89,7 +90,8 @@ class H1Request:
     """One plain request, read whole. Has what `serving.reply.Inbound` asks for. Its headers are
     decoded only when looked up. For a proxy, sorted while they were parsed: `forwarded`, the
     fields that may go on to the next hop (none that protocols.http.NOT_FORWARDED names, that
-    a Connection field lists, or X-Request-Id), and `request_id`, the first X-Request-Id as it came."""
+    a Connection field lists, or X-Request-Id), a list of this request's own, to which the proxy
+    adds the X-Request-Id it sends; and `request_id`, the first X-Request-Id as it came."""
 
     __slots__ = (
         "body",
@@ -114,15 +116,15 @@ class H1Request:
         match_info: dict[str, str],
         content_length: int | None,
         client_max_size: int,
-        forwarded: list[tuple[bytes, bytes]] | None = None,
-        request_id: bytes | None = None,
+        forwarded: list[tuple[bytes, bytes]],
+        request_id: bytes | None,
     ) -> None:
         self.method = method
         self.raw_path = raw_path
         self.path = path
         self.raw_headers = raw_headers
         self.headers = HeaderView(raw_headers)
-        self.forwarded = forwarded if forwarded is not None else []
+        self.forwarded = forwarded
         self.request_id = request_id
         self.match_info = match_info
         self.content_length = content_length
@@ -376,9 +378,11 @@ class H1Connection(asyncio.Protocol):
         names = tuple(self._names)
         shape = settings.shapes.get(names)
         if shape is None:
-            if len(settings.shapes) >= _MAX_SHAPES:
-                settings.shapes.clear()
-            shape = settings.shapes[names] = _Shape(names)
+            shape = _Shape(names)
+            if worth_keeping(names):
+                if len(settings.shapes) >= _MAX_SHAPES:
+                    settings.shapes.clear()
+                settings.shapes[names] = shape
         if not shape.lean or not shape.host:
             raise _NotLean  # (no Host: RFC 9112 3.2 says 400, aiohttp's)
         raw_method = parser.get_method()

@@ -26,9 +26,9 @@ NOT_RELAYED = frozenset(name.encode() for name in _NOT_RELAYED)
 def _without(
     headers: Iterable[tuple[AnyStr, AnyStr]], drop: frozenset[AnyStr], connection: AnyStr, comma: AnyStr
 ) -> list[tuple[AnyStr, AnyStr]]:
-    """`headers` less `drop` and less the names listed in any `Connection` line (this runs twice
-    per proxied request: list comprehensions, one lower() per name). Text or bytes: `connection`
-    and `comma` say which."""
+    """`headers` less `drop` and less the names listed in any `Connection` line ("close" among
+    them: a field named Close goes too, as protocols.http.connection_options has it). Text or
+    bytes: `connection` and `comma` say which."""
     fields = list(headers)
     lows = [name.lower() for name, _value in fields]
     kept = [field for field, low in zip(fields, lows, strict=True) if low not in drop]
@@ -39,7 +39,7 @@ def _without(
             if low == connection
             for token in value.split(comma)
         }
-        listed -= drop  # "keep-alive", "close": nothing more to drop
+        listed -= drop  # (names dropped already, "keep-alive" among them)
         if listed:
             kept = [field for field in kept if field[0].lower() not in listed]
     return kept

@@ -29,6 +29,7 @@ from modelyard.protocols.http import (
     connection_options,
     field_value,
     fields_at,
+    worth_keeping,
 )
 from modelyard.upstream.headers import NOT_RELAYED
 
@@ -413,9 +414,11 @@ class _HostPool:
         """What an answer head with fields of these names holds (learnt once per sequence)."""
         shape = self._shapes.get(names)
         if shape is None:
-            if len(self._shapes) >= _MAX_SHAPES:
-                self._shapes.clear()
-            shape = self._shapes[names] = _Shape(names, self.relay_drop)
+            shape = _Shape(names, self.relay_drop)
+            if worth_keeping(names):
+                if len(self._shapes) >= _MAX_SHAPES:
+                    self._shapes.clear()
+                self._shapes[names] = shape
         return shape
 
     def reuse(self) -> _Connection | None:

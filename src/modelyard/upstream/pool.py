@@ -17,6 +17,7 @@ class UpstreamPool:
 
     def __init__(self, config: UpstreamConfig, relay_drop: frozenset[bytes] = NOT_RELAYED) -> None:
         self._config = config
+        self.relay_drop = relay_drop
         self._client = Http1Client(
             max_connections=config.max_connections,
             connect_timeout=config.connect_timeout,

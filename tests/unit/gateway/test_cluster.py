@@ -304,3 +304,46 @@ def test_describe_shows_the_model_and_each_endpoints_state_as_the_overview_does(
     assert busy["circuit"] == {"state": "open", "max_requests": 1}
     described["endpoints"].clear()  # a copy: the cluster keeps its own
     assert len(c.describe(now=12.5)["endpoints"]) == 4
+
+
+def names(c: Cluster, now: float = 0.0) -> list[str]:
+    return [e.name for e in c.routable("default", now)]
+
+
+def test_what_is_routable_follows_every_change_of_health_ejection_and_endpoints() -> None:
+    """`routable` answers from what it worked out last until something changes it: each change
+    shows at once, and a caller changing the list it got changes nothing for the next."""
+    c = cluster("a", "b", "c", outlier_detection={"consecutive_5xx": 1, "max_ejection_percent": 100})
+    a, b, cc = c.endpoints
+    assert names(c) == ["a", "b", "c"]
+    got = c.routable("default", 0.0)
+    got.clear()  # the caller's own list
+    assert names(c) == ["a", "b", "c"]
+
+    c.record_probe(a, "down")  # a failed health check
+    assert names(c) == ["b", "c"]
+    c.record_probe(a, "")
+    c.record_probe(a, "")  # (healthy_threshold 2)
+    assert names(c) == ["a", "b", "c"]
+
+    c.adopt_health(b, False, "down")  # another worker's verdict
+    assert names(c) == ["a", "c"]
+    c.adopt_health(b, True, "")
+    assert names(c) == ["a", "b", "c"]
+
+    c.record_connection_failure(cc, "refused")
+    assert names(c) == ["a", "b"]
+    c.record_probe(cc, "")
+    c.record_probe(cc, "")
+    assert names(c) == ["a", "b", "c"]
+
+    c.record_outcome(b, ok=False, latency=None, now=1.0)  # ejected by outlier detection
+    assert names(c, 1.0) == ["a", "c"]
+    until = 1.0 + c.config.outlier_detection.base_ejection_time
+    assert names(c, until) == ["a", "b", "c"]  # its ejection is over
+
+    assert c.adopt_ejection("a", until + 30.0, 1, until)  # another worker's ejection
+    assert names(c, until) == ["b", "c"]
+
+    c.replace_endpoints([EndpointConfig(name="d", url="http://127.0.0.1:9200")])
+    assert names(c, until) == ["d"]

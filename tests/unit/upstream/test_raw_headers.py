@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from modelyard.protocols.http import HeaderView, RawHeaders, connection_options, encode_fields, field_value
+from modelyard.protocols.http import (
+    HeaderView,
+    RawHeaders,
+    connection_options,
+    encode_fields,
+    field_value,
+    fields_at,
+)
 from modelyard.upstream import (
     forwarded_headers,
     forwarded_request_headers,
@@ -46,8 +53,22 @@ def test_not_relayed_adds_the_names_a_caller_replaces_in_lower_case() -> None:
 
 def test_connection_options_are_the_listed_names_in_lower_case() -> None:
     fields = [(b"Connection", b"keep-alive, X-Hop"), (b"X-Hop", b"1"), (b"connection", b" close ,TE,")]
-    assert connection_options(fields, [0, 2]) == {b"x-hop", b"te"}
+    assert connection_options(fields, [0, 2]) == {b"x-hop", b"close", b"te"}  # a field named Close goes
     assert connection_options([(b"Connection", b"keep-alive")], [0]) == set()
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_fields_at_takes_those_positions_as_a_new_list(count: int) -> None:
+    fields = [(b"A", b"1"), (b"B", b"2"), (b"C", b"3"), (b"D", b"4")]
+    indexes = [3, 0, 2][:count]
+    taken = fields_at(indexes)(fields)
+    assert taken == [fields[i] for i in indexes]
+    taken.append((b"X", b"x"))
+    assert len(fields) == 4 and fields_at(indexes)(fields) == [fields[i] for i in indexes]
+
+
+def test_an_empty_block_is_empty() -> None:
+    assert RawHeaders([]).block() == b""
 
 
 def test_a_block_is_the_fields_as_head_lines_and_leaves_encode_request_as_they_are() -> None:
