@@ -10,7 +10,7 @@ are the gateway's user-space work alone.
 
     .venv/bin/python benchmarks/inprocess.py               # 20 rounds of 2,000 requests (about 15 s)
     .venv/bin/python benchmarks/inprocess.py --profile 30  # and one more round under cProfile
-    .venv/bin/python benchmarks/inprocess.py --repeat 1 --opcodes 40  # bytecodes per request, by function
+    .venv/bin/python benchmarks/inprocess.py --repeat 0 --opcodes 40  # bytecodes per request, by function
     PYTHONPATH=/tmp/base/src .venv/bin/python benchmarks/inprocess.py   # another version (a worktree)
 
 Prints the median CPU time (user + system of this process) per request over the measured rounds,
@@ -18,8 +18,10 @@ with their quartiles. On a shared machine rounds spread widely (±25% on the 2-c
 compare medians of runs taken in turn, or count instructions, which do not move with the
 machine's load: under `valgrind --tool=callgrind`, with `--repeat 1` and two values of --requests
 (benchmarks/README.md has the commands). `--opcodes` counts the bytecodes each Python function
-runs per request, in one more round traced with sys.settrace: exact and repeatable, it says where
-the interpreter's work is (the harness's own functions are in it too: a few percent).
+runs per request, in one more round traced with sys.settrace. It repeats to within a few bytecodes
+(outlier detection also decides on a one-second clock) and says where the interpreter's work is;
+the harness's own functions are in it too (a few percent), and the dataclasses' generated
+__init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`.
 """
 
 from __future__ import annotations

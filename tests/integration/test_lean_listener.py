@@ -512,9 +512,9 @@ async def test_an_endpoint_name_no_header_may_hold_is_refused_before_the_gateway
 async def test_request_targets_are_routed_by_method_path_and_model_after_the_first(
     sim_workers, gateways, clients
 ):
-    """The lean connection remembers where a fixed path goes (method and URL as they came), never
-    a path that names a model: each request still reaches its own model, and the same path with
-    another method is still not the lean connection's."""
+    """Requests to fixed and to model-naming paths, repeated on one connection (the lean connection
+    remembers where a fixed path's method and URL go), each reach their own route and model; the
+    same path with another method is not the lean connection's, then or later."""
     workers = await sim_workers(1)
     gateway = await gateways(
         [model_config("a", workers), model_config("b", workers)], listen={"host": "127.0.0.1", "port": 0}

@@ -302,6 +302,26 @@ async def test_relayed_fields_follow_the_text_rules_and_the_clients_drop_set(ser
         ]
 
 
+async def test_an_answer_that_closes_the_connection_relays_no_field_named_close(servers, clients):
+    """`Connection: close` lists "close": a field of that name is not relayed, as the text rules
+    have it (the next request gets a new connection)."""
+    fields = [(b"Connection", b"close"), (b"Close", b"1"), (b"X-Kept", b"2"), (b"Content-Length", b"2")]
+
+    async def handle(reader, writer, index):
+        if await read_request(reader) is not None:
+            head = b"".join(b"%s: %s\r\n" % field for field in fields)
+            writer.write(b"HTTP/1.1 200 OK\r\n" + head + b"\r\n{}")
+            await writer.drain()
+
+    server = await servers.raw(handle)
+    text = [(n.decode(), v.decode()) for n, v in fields]
+    async with asyncio.timeout(WAIT):
+        response = await get(clients(), server.url, "/a")
+        assert await response.read() == b"{}"
+    assert response.relayed == [(b"X-Kept", b"2")]
+    assert list(relayed_response_headers(text).items()) == [("X-Kept", "2")]
+
+
 @pytest.mark.parametrize("close_when", ["idle", "next_request_arrives"])
 async def test_a_reused_connection_the_server_closed_is_replaced_transparently(servers, clients, close_when):
     """'idle': the server closes right after answering; 'next_request_arrives': it reads the next

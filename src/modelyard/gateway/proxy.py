@@ -87,7 +87,7 @@ class Proxy:
         access: AccessLog | None = None,
     ) -> None:
         if not NOT_RELAYED.issubset(pool.relay_drop):  # answers' `relayed` leave out what is set here
-            raise ValueError("the proxy's upstream pool must be made with relay_drop=proxy.NOT_RELAYED")
+            raise ValueError("the proxy's upstream pool must drop at least proxy.NOT_RELAYED")
         self._state = state
         self._tracer = tracer  # None: tracing off, and no span is made
         # What prefix_aware records goes to the other gateways too (prefix_sharing.py).

@@ -29,8 +29,9 @@ NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encod
 
 def connection_options(fields: Sequence[tuple[bytes, bytes]], indexes: Iterable[int]) -> set[bytes]:
     """The names the Connection fields at `indexes` list (RFC 9110 7.6.1: those fields are
-    hop-by-hop for this message too), lower case. ("keep-alive" names a field that is dropped
-    anyway; "close" is dropped as a name too, as the text rules in upstream/headers.py do.)"""
+    hop-by-hop for this message too), lower case, less "keep-alive" (a field dropped anyway).
+    "close" stays among them, so that a field named Close goes, as the text rules in
+    upstream/headers.py have it."""
     names: set[bytes] = set()
     for index in indexes:
         value = fields[index][1]
@@ -44,7 +45,7 @@ _CONNECTION_TOKENS = frozenset({b"", b"keep-alive"})
 
 Fields = list[tuple[bytes, bytes]]
 # A head shape (the names of its fields) is remembered only if it is this small: a client sending
-# heads of ever new names cannot make a parser keep much (512 shapes at most, each up to this).
+# heads of ever new names cannot make a parser keep much (each parser keeps a bounded number).
 _SHAPE_NAMES = 32
 _SHAPE_BYTES = 1024
 

@@ -63,6 +63,7 @@ _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encodin
 _NOT_FORWARDED = frozenset(name.encode() for name in NOT_FORWARDED) | {b"x-request-id"}
 _MAX_SHAPES = 512  # head shapes remembered per server; past it they are learnt afresh
 _MAX_TARGETS = 512  # request targets (method and URL) remembered per server, likewise
+_MAX_TARGET_URL = 256  # and only URLs this short (a query string may vary without end)
 
 
 class _Shape:
@@ -396,7 +397,7 @@ class H1Connection(asyncio.Protocol):
             routed = settings.router(method, path)
             if routed is None:
                 raise _NotLean  # not ours
-            if not routed[1]:  # a fixed path (no parameters to keep apart): remembered
+            if not routed[1] and len(self._url) <= _MAX_TARGET_URL:  # a fixed path: remembered
                 if len(settings.targets) >= _MAX_TARGETS:
                     settings.targets.clear()
                 settings.targets[raw_method, self._url] = method, url, path, routed

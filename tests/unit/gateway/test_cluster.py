@@ -322,8 +322,7 @@ def test_what_is_routable_follows_every_change_of_health_ejection_and_endpoints(
 
     c.record_probe(a, "down")  # a failed health check
     assert names(c) == ["b", "c"]
-    c.record_probe(a, "")
-    c.record_probe(a, "")  # (healthy_threshold 2)
+    c.record_probe(a, "")  # (healthy_threshold: 1 by default)
     assert names(c) == ["a", "b", "c"]
 
     c.adopt_health(b, False, "down")  # another worker's verdict
@@ -333,7 +332,6 @@ def test_what_is_routable_follows_every_change_of_health_ejection_and_endpoints(
 
     c.record_connection_failure(cc, "refused")
     assert names(c) == ["a", "b"]
-    c.record_probe(cc, "")
     c.record_probe(cc, "")
     assert names(c) == ["a", "b", "c"]
 
