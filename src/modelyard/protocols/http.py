@@ -25,6 +25,9 @@ HOP_BY_HOP = frozenset(
 # Content-Length), or already settled with the client (Expect: the whole body is held; Content-Encoding:
 # a gzip/deflate body has been decoded by aiohttp's server). Lower case.
 NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
+# A Connection field's value that names only a field dropped anyway (the usual one).
+PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive"})
+_CONNECTION_TOKENS = frozenset({b"", b"keep-alive"})
 
 
 def connection_options(fields: Sequence[tuple[bytes, bytes]], indexes: Iterable[int]) -> set[bytes]:
@@ -40,8 +43,6 @@ def connection_options(fields: Sequence[tuple[bytes, bytes]], indexes: Iterable[
     names -= _CONNECTION_TOKENS
     return names
 
-
-_CONNECTION_TOKENS = frozenset({b"", b"keep-alive"})
 
 Fields = list[tuple[bytes, bytes]]
 # A head shape (the names of its fields) is remembered only if it is this small: a client sending
@@ -67,14 +68,10 @@ def fields_at(indexes: Sequence[int]) -> Callable[[Fields], Fields]:
     return lambda fields: []
 
 
-PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive"})  # (names only a field dropped anyway)
-
 # How header fields are decoded, as aiohttp does: UTF-8, with any other byte kept as a surrogate so
 # that a value encoded again comes out as the bytes that came in.
 HEADER_TEXT = ("utf-8", "surrogateescape")
-
-
-_FIELD_JOIN = b": ".join
+_FIELD_JOIN = b": ".join  # a field's name and value as one line's text
 
 
 class RawHeaders:
