@@ -25,6 +25,8 @@ HOP_BY_HOP = frozenset(
 # Content-Length), or already settled with the client (Expect: the whole body is held; Content-Encoding:
 # a gzip/deflate body has been decoded by aiohttp's server). Lower case.
 NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
+# Those, and the request id, which a proxy sets apart (the client's, or one it makes) and sends itself.
+NOT_FORWARDED_WITH_ID = NOT_FORWARDED | {"x-request-id"}
 # A Connection field's value that names only a field dropped anyway (the usual one).
 PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive"})
 _CONNECTION_TOKENS = frozenset({b"", b"keep-alive"})
@@ -80,7 +82,7 @@ class RawHeaders:
     decodes them (HEADER_TEXT) for whoever needs text (tracing, gRPC metadata, aiohttp).
 
     No field may hold CR, LF or NUL. Fields parsed by llhttp or aiohttp cannot (both refuse them);
-    `add` and `encode_fields` refuse them in what the gateway adds.
+    `encode_fields` refuses them in what the gateway adds.
     """
 
     __slots__ = ("fields",)
@@ -91,14 +93,6 @@ class RawHeaders:
     def __iter__(self) -> Iterator[tuple[str, str]]:
         for name, value in self.fields:
             yield name.decode(*HEADER_TEXT), value.decode(*HEADER_TEXT)
-
-    def get(self, name: str) -> str | None:
-        """The first value of `name` (any case), or None."""
-        value = field_value(self.fields, name.lower().encode())
-        return None if value is None else value.decode(*HEADER_TEXT)
-
-    def add(self, name: str, value: str) -> None:
-        self.fields.extend(encode_fields(((name, value),)))
 
     def block(self) -> bytes:
         """The fields as lines of a message head, each ended by CRLF."""

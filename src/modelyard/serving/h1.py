@@ -32,7 +32,7 @@ from aiohttp.http_parser import SINGLETON_HEADERS
 
 from modelyard.protocols.http import (
     HEADER_TEXT,
-    NOT_FORWARDED,
+    NOT_FORWARDED_WITH_ID,
     HeaderView,
     RawHeaders,
     connection_options,
@@ -60,7 +60,7 @@ MAX_WAITING_BYTES = 256 * 1024
 _SINGLETONS = frozenset(name.encode() for name in SINGLETON_HEADERS) | {b"host"}
 _CRLF = (13, 10)  # the bytes an empty line before a request starts with
 _REFUSED_HEADERS = frozenset({b"transfer-encoding", b"expect", b"content-encoding", b"upgrade"})
-_NOT_FORWARDED = frozenset(name.encode() for name in NOT_FORWARDED) | {b"x-request-id"}
+_NOT_FORWARDED = frozenset(name.encode() for name in NOT_FORWARDED_WITH_ID)
 _MAX_SHAPES = 512  # head shapes remembered per server; past it they are learnt afresh
 _MAX_TARGETS = 512  # request targets (method and URL) remembered per server, likewise
 _MAX_TARGET_URL = 256  # and only URLs this short (a query string may vary without end)

@@ -13,12 +13,11 @@ from typing import AnyStr
 
 from multidict import CIMultiDict
 
-from modelyard.protocols.http import HOP_BY_HOP, NOT_FORWARDED, RawHeaders
+from modelyard.protocols.http import HOP_BY_HOP, NOT_FORWARDED_WITH_ID, RawHeaders
 
 # An answer's Content-Length is recomputed; Date and Server are set by the gateway's own server.
 _NOT_RELAYED = HOP_BY_HOP | {"content-length", "date", "server"}
-_NOT_FORWARDED_WITH_ID = NOT_FORWARDED | {"x-request-id"}  # the gateway sets its own
-_RAW_NOT_FORWARDED_WITH_ID = frozenset(name.encode() for name in _NOT_FORWARDED_WITH_ID)
+_RAW_NOT_FORWARDED_WITH_ID = frozenset(name.encode() for name in NOT_FORWARDED_WITH_ID)
 # What the upstream client's answers leave out of their relayed fields by default (lower case).
 NOT_RELAYED = frozenset(name.encode() for name in _NOT_RELAYED)
 
@@ -47,7 +46,7 @@ def _without(
 
 def forwarded_request_headers(headers: Iterable[tuple[str, str]], request_id: str) -> list[tuple[str, str]]:
     """The client's headers as they go upstream, with the request id set."""
-    kept = _without(headers, _NOT_FORWARDED_WITH_ID, "connection", ",")
+    kept = _without(headers, NOT_FORWARDED_WITH_ID, "connection", ",")
     kept.append(("X-Request-Id", request_id))
     return kept
 

@@ -43,7 +43,7 @@ def text(fields: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
 def test_forwarded_raw_fields_are_the_text_rules_fields() -> None:
     raw = forwarded_headers(FIELDS, b"req-1")
     assert list(raw) == forwarded_request_headers(text(FIELDS), "req-1")
-    assert raw.get("x-request-id") == "req-1"
+    assert field_value(raw.fields, b"x-request-id") == b"req-1"
 
 
 def test_not_relayed_adds_the_names_a_caller_replaces_in_lower_case() -> None:
@@ -84,14 +84,15 @@ def test_a_block_is_the_fields_as_head_lines_and_leaves_encode_request_as_they_a
 )
 def test_added_fields_may_not_hold_cr_lf_or_nul(name: str, value: str) -> None:
     with pytest.raises(ValueError, match="may not hold CR, LF or NUL"):
-        RawHeaders([]).add(name, value)
+        encode_fields([(name, value)])
     with pytest.raises(ValueError, match="may not hold CR, LF or NUL"):
         encode_fields([("X-Ok", "1"), (name, value)])
 
 
 def test_added_text_round_trips() -> None:
-    raw = RawHeaders([])
-    raw.add("X-Note", "café \udce9")  # a surrogate-escaped byte goes out as that byte
+    raw = RawHeaders(
+        list(encode_fields([("X-Note", "café \udce9")]))
+    )  # a surrogate-escaped byte goes out as that byte
     assert raw.fields == [(b"X-Note", "café ".encode() + b"\xe9")]
     assert list(raw) == [("X-Note", "café \udce9")]
 
