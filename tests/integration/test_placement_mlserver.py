@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,16 +151,22 @@ class Stack:
             return dict(await response.json())
 
     async def wait_state(self, name: str, state: str, within: float = 90) -> dict[str, Any]:
+        return await self.wait_for(name, lambda model: model["state"] == state, state, within)
+
+    async def wait_for(
+        self, name: str, holds: Callable[[dict[str, Any]], bool], what: str, within: float = 90
+    ) -> dict[str, Any]:
+        """The model's status once `holds` is true of it (`what` names that in the failure)."""
         seen: dict[str, Any] = {}
 
         async def reached() -> bool:
             seen.update(await self.model(name))
-            return bool(seen["state"] == state)
+            return bool(holds(seen))
 
         try:
             await wait_until(reached, attempts=int(within / 0.1), interval=0.1)
         except AssertionError:
-            raise AssertionError(f"{name} never reached {state}; last: {json.dumps(seen)}") from None
+            raise AssertionError(f"{name} never reached {what}; last: {json.dumps(seen)}") from None
         return seen
 
     async def infer(self, name: str) -> tuple[int, dict[str, str], Any]:
@@ -286,7 +292,10 @@ async def test_what_cannot_be_placed_says_why(stack: Stack) -> None:
 
     # With min_replicas it is placed on the two there are, and serves.
     await stack.apply("partial", memory=MB, replicas=3, min_replicas=1)
-    partial = await stack.wait_state("partial", "ModelAvailable")
+    await stack.wait_state("partial", "ModelAvailable")
+    # (available once min_replicas are: the second replica may still be loading at that moment)
+    partial = await stack.wait_for("partial", lambda model: model["available_replicas"] == 2, "2 replicas")
+    assert partial["state"] == "ModelAvailable"
     assert replicas_of(partial) == {"0": "Available", "1": "Available"}
     assert (partial["available_replicas"], partial["spec"]["replicas"]) == (2, 3)
     status, _, body = await stack.infer("partial")
