@@ -11,6 +11,7 @@ are the gateway's user-space work alone.
     .venv/bin/python benchmarks/inprocess.py               # 20 rounds of 2,000 requests (about 15 s)
     .venv/bin/python benchmarks/inprocess.py --profile 30  # and one more round under cProfile
     .venv/bin/python benchmarks/inprocess.py --repeat 0 --opcodes 40  # bytecodes per request, by function
+    .venv/bin/python benchmarks/inprocess.py --workers 2   # the path of `--workers 2` (see below)
     PYTHONPATH=/tmp/base/src .venv/bin/python benchmarks/inprocess.py   # another version (a worktree)
 
 Prints the median CPU time (user + system of this process) per request over the measured rounds,
@@ -22,6 +23,13 @@ runs per request, in one more round traced with sys.settrace. It repeats to with
 (outlier detection also decides on a one-second clock) and says where the interpreter's work is;
 the harness's own functions are in it too (a few percent), and the dataclasses' generated
 __init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`.
+
+`--workers N` runs N gateways in this process as the N workers of one `modelyard serve --workers N`
+(shared files in a temporary folder, prometheus-client in multiprocess mode, in-flight counts in
+shared memory, each worker's routing log shared with the others), the client connections spread
+over them: what a worker's request costs beyond a lone gateway's, its part of the others' work
+(adopting their routing-log records) included. The workers' metrics files are shared by name
+here (one process id), so their values are not meaningful; their cost is.
 """
 
 from __future__ import annotations
@@ -30,10 +38,14 @@ import argparse
 import asyncio
 import collections
 import cProfile
+import os
 import pstats
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -42,8 +54,10 @@ import uvloop
 import modelyard
 from common import CHAT_BODY, CHAT_COMPLETION
 from modelyard.config import GatewayConfig
-from modelyard.gateway.server import start_gateway
 from modelyard.upstream import http1
+
+# (modelyard.gateway is imported in run(): with --workers, prometheus-client must first see
+# PROMETHEUS_MULTIPROC_DIR, which it reads once, when imported)
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
@@ -95,8 +109,8 @@ class Round:
     """`requests` requests over `connections` client connections, each sending its next request
     once its last is answered (as wrk does); done when all are answered, and no more are sent."""
 
-    def __init__(self, server: Any, requests: int, connections: int) -> None:
-        self._server = server
+    def __init__(self, servers: list[Any], requests: int, connections: int) -> None:
+        self._servers = servers
         self._loop = asyncio.get_running_loop()
         self.requests = requests
         self._connections = connections
@@ -105,8 +119,11 @@ class Round:
         self.done = asyncio.Event()
 
     def start(self) -> None:
-        for _ in range(min(self._connections, self.requests)):
-            protocol: Any = self._server._accept()  # what the listener makes for an accepted socket
+        for index in range(min(self._connections, self.requests)):
+            # (what the listener makes for an accepted socket; one worker after another)
+            protocol: Any = self._servers[
+                index % len(self._servers)
+            ]._accept()  # what the listener makes for an accepted socket
             protocol.connection_made(FakeTransport(lambda data, p=protocol: self._answer(p, data)))
             self._clients.append(protocol)
             self._send(protocol)
@@ -129,11 +146,11 @@ class Round:
             protocol.connection_lost(None)
 
 
-async def run(args: argparse.Namespace) -> list[float]:
-    setattr(http1._HostPool, "_connect", fake_connect)  # noqa: B010 (a method replaced on purpose)
-    config = GatewayConfig.model_validate(
+def bench_config(workers: int) -> GatewayConfig:
+    """overhead.py's config: one model, round robin over 3 endpoints."""
+    return GatewayConfig.model_validate(
         {
-            "listen": {"host": "127.0.0.1", "port": 0, "workers": 1},
+            "listen": {"host": "127.0.0.1", "port": 0, "workers": workers},
             "models": [
                 {
                     "name": "bench",
@@ -144,12 +161,31 @@ async def run(args: argparse.Namespace) -> list[float]:
             ],
         }
     )
-    gateway = await start_gateway(config)
+
+
+async def run(args: argparse.Namespace, run_dir: Path | None) -> list[float]:
+    from modelyard.gateway.server import start_gateway
+    from modelyard.serving.process import settle_garbage_collector
+
+    setattr(http1._HostPool, "_connect", fake_connect)  # noqa: B010 (a method replaced on purpose)
+    config = bench_config(args.workers)
+    gateways = []
+    if run_dir is None:
+        gateways.append(await start_gateway(config))
+    else:
+        from modelyard.gateway.siblings import Siblings
+        from modelyard.gateway.workers import worker_share
+
+        for index in range(args.workers):  # the workers' share of the config, as each gets it
+            siblings = Siblings(config, index, args.workers, run_dir)
+            gateways.append(await start_gateway(worker_share(config, args.workers), siblings=siblings))
+    servers = [gateway.server for gateway in gateways]
+    settle_garbage_collector()  # as `modelyard serve` does once it serves
     times = []
     try:
         # A warm-up round, the measured rounds, then one under cProfile when asked.
         for round_ in range(1 + args.repeat + (1 if args.profile else 0)):
-            one = Round(gateway.server, args.requests, args.connections)
+            one = Round(servers, args.requests, args.connections)
             profiler = cProfile.Profile() if round_ > args.repeat else None
             started = time.process_time()
             if profiler:
@@ -168,13 +204,14 @@ async def run(args: argparse.Namespace) -> list[float]:
             elif round_:
                 times.append(elapsed / args.requests * 1e6)
         if args.opcodes:
-            await count_opcodes(gateway, args)
+            await count_opcodes(servers, args)
     finally:
-        await gateway.stop()
+        for gateway in gateways:
+            await gateway.stop()
     return times
 
 
-async def count_opcodes(gateway: Any, args: argparse.Namespace) -> None:
+async def count_opcodes(servers: list[Any], args: argparse.Namespace) -> None:
     """One more round with every bytecode counted, by the function that ran it."""
     counts: collections.Counter[tuple[str, int, str]] = collections.Counter()
 
@@ -188,7 +225,7 @@ async def count_opcodes(gateway: Any, args: argparse.Namespace) -> None:
         frame.f_trace_opcodes = True
         return opcode
 
-    one = Round(gateway.server, args.requests, args.connections)
+    one = Round(servers, args.requests, args.connections)
     sys.settrace(call)
     try:
         one.start()
@@ -201,6 +238,25 @@ async def count_opcodes(gateway: Any, args: argparse.Namespace) -> None:
     for (path, line, name), count in counts.most_common(args.opcodes):
         where = path.split("/src/")[-1].split("site-packages/")[-1]
         print(f"{count / per:8.1f}  {where}:{line} {name}")
+
+
+def make_run_dir(run_dir: Path, workers: int) -> None:
+    """The files `modelyard serve --workers N` shares between its workers (gateway/workers.py)."""
+    if "prometheus_client" in sys.modules:
+        raise SystemExit("prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set")
+    (run_dir / "metrics").mkdir()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")
+
+    from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout
+    from modelyard.gateway.worker_log import LOG_FILE
+    from modelyard.serving.workers import SharedInts
+    from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings
+
+    if METRICS_DIR != "metrics":
+        raise SystemExit(f"gateway/siblings.py names the metrics folder {METRICS_DIR!r} now: update this")
+    SharedInts(run_dir / SHARED_FILE, Layout(bench_config(workers), workers).size, create=True).close()
+    create_rings(run_dir / RINGS_FILE, workers)
+    create_rings(run_dir / LOG_FILE, workers, LOG_RING_BYTES)
 
 
 def main() -> None:
@@ -220,10 +276,25 @@ def main() -> None:
         default=0,
         help="then one more round with its bytecodes counted (sys.settrace): the top N functions",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="run the gateway as this many workers of one `serve --workers N` (default 1: alone)",
+    )
     args = parser.parse_args()
     if args.dump and not args.profile:
         parser.error("--dump needs --profile")
-    times = uvloop.run(run(args))
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    run_dir = Path(tempfile.mkdtemp(prefix="inprocess-")) if args.workers > 1 else None
+    try:
+        if run_dir is not None:
+            make_run_dir(run_dir, args.workers)
+        times = uvloop.run(run(args, run_dir))
+    finally:
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
     print(f"modelyard from {modelyard.__file__}")
     if len(times) >= 2:
         low, _, high = statistics.quantiles(times, n=4)

@@ -148,9 +148,18 @@ async def test_requests_spread_over_both_workers_and_metrics_sum_them(sim_worker
             await _chat(session, gateway.url)
     assert set(seen) == {0, 1} and seen[0] != seen[1]
     for index in (0, 1):  # either worker answers /metrics for both
-        text = await _metrics(await gateway.on_worker(index), gateway.url)
+        # (a worker's counts reach its files, which any worker's scrape sums, within FOLLOW_SECONDS)
+        text = ""
+
+        async def summed(index: int = index) -> bool:
+            nonlocal text
+            text = await _metrics(await gateway.on_worker(index), gateway.url)
+            counts = re.findall(r'^modelyard_requests_total\{[^}]*code="200"[^}]*\} (\S+)$', text, re.M)
+            return sum(float(c) for c in counts) >= 30
+
+        await wait_until(summed, attempts=100, interval=0.02)
         counts = re.findall(r'^modelyard_requests_total\{[^}]*code="200"[^}]*\} (\S+)$', text, re.M)
-        assert sum(float(c) for c in counts) == 30
+        assert sum(float(c) for c in counts) == 30  # each request once, not twice
         assert re.search(r'^modelyard_request_duration_seconds_count\{model="m"\} 30\.0$', text, re.M)
         # Each worker has its own live-log streams: labelled with the one that answered.
         assert re.search(rf'^modelyard_log_streams_open\{{worker="{index}"\}} 0\.0$', text, re.M), text

@@ -38,7 +38,7 @@ from modelyard.errors import (
 from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.metrics import GatewayMetrics
-from modelyard.gateway.routing_log import RoutingRecord
+from modelyard.gateway.routing_log import Entry, RoutingRecord
 from modelyard.protocols.http import RawHeaders
 from modelyard.rpc import OipChannels
 from modelyard.telemetry import Span, safe_text
@@ -467,10 +467,11 @@ class AttemptLoop:
         if ex.span is not None or self._access is not None:
             self._ended(ex, record, seconds)
 
-    def _ended(self, ex: Exchange, record: RoutingRecord, seconds: float) -> None:
+    def _ended(self, ex: Exchange, entry: Entry, seconds: float) -> None:
         """The request's outcome, as the routing log recorded it, for its span and the access log:
         one record, so the three never disagree. `seconds`: the whole request's (the record's
         latency is its last try's, which is the dashboard's)."""
+        record = RoutingRecord(*entry)
         span = ex.span
         if span is not None:
             span.set("modelyard.route", record.route)

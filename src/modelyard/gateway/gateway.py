@@ -282,6 +282,7 @@ class Gateway:
         if self.prefix_sharing is not None:
             await self.prefix_sharing.stop()
         await self.state.close()
+        self.metrics.flush()  # (with workers: into this worker's files, which the others read)
         if self._worker_log is not None:
             self._worker_log.close()
         if self.tracer is not None:  # the spans still batched go out (blocking: off the loop)
@@ -313,10 +314,11 @@ class Gateway:
         self.scrapers[cluster.name] = (scraper, client)
 
     async def _follow(self, siblings: Siblings) -> None:
-        """Every FOLLOW_SECONDS: adopt the leader's health verdicts and scrapes and the other workers'
-        routing-log records, outlier ejections and admin changes, publish this worker's listener
-        counters, and let requests queued for room (circuit_breakers) look again, since the others'
-        releases do not wake them."""
+        """Every FOLLOW_SECONDS: hand this worker's requests since the last round to the others (its
+        metrics files, which any worker's scrape sums, and its routing-log records), adopt the
+        leader's health verdicts and scrapes and the other workers' routing-log records, outlier
+        ejections and admin changes, publish this worker's listener counters, and let requests
+        queued for room (circuit_breakers) look again, since the others' releases do not wake them."""
         while True:
             try:
                 self._follow_once(siblings)
@@ -336,7 +338,10 @@ class Gateway:
             await asyncio.sleep(FOLLOW_SECONDS)
 
     def _follow_once(self, siblings: Siblings) -> None:
+        # This worker's requests since the last round, for the others' scrapes and routing logs.
+        self.metrics.flush()
         if self._worker_log is not None:
+            self._worker_log.flush()
             self._worker_log.follow(self.metrics.routing_log, self.clusters)
         if not self._leader:
             siblings.adopt_probes(self.clusters)

@@ -24,34 +24,44 @@ class _Incrementable(Protocol):
 
 def _counter_value(child: Counter) -> _Incrementable:
     """What a counter child's inc() increments, to increment it without the checks inc() repeats on
-    every call (the request path counts every request). The child itself where that is not there."""
+    every call. The child itself where that is not there."""
     value = getattr(child, "_value", None)
     return value if callable(getattr(value, "inc", None)) else child  # type: ignore[return-value]
 
 
 class _Histogram:
-    """A histogram child observed straight into its bucket and sum (a binary search, not
-    prometheus-client's scan with its checks), or through observe() where those are not there."""
+    """A histogram child, added to a batch at a time: the samples' sum and their count per bucket
+    (prometheus-client has no call for that: its `_sum` and `_buckets`, there since 0.4)."""
 
-    __slots__ = ("_bounds", "_buckets", "_child", "_sum")
+    __slots__ = ("_buckets", "_sum")
 
     def __init__(self, child: Histogram) -> None:
-        self._child = child
-        self._sum: _Incrementable | None = getattr(child, "_sum", None)
-        self._buckets: list[_Incrementable] = list(getattr(child, "_buckets", ()))
-        self._bounds: list[float] = list(getattr(child, "_upper_bounds", ()))
-        if self._sum is None or not self._bounds or len(self._buckets) != len(self._bounds):
-            self._sum = None
+        self._sum: _Incrementable = child._sum
+        self._buckets: list[_Incrementable] = child._buckets
+        if len(self._buckets) != len(_BOUNDS):
+            raise RuntimeError(f"prometheus-client's Histogram changed: {len(self._buckets)} buckets")
 
-    def observe(self, seconds: float) -> None:
-        if self._sum is None:
-            self._child.observe(seconds)
-            return
-        self._sum.inc(seconds)
-        self._buckets[bisect_left(self._bounds, seconds)].inc(1)  # the first bound >= seconds (+Inf last)
+    def add(self, total: float, counts: list[float]) -> None:
+        self._sum.inc(total)
+        for bucket, count in zip(self._buckets, counts, strict=True):
+            if count:
+                bucket.inc(count)
 
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_BOUNDS = [*_LATENCY_BUCKETS, float("inf")]  # a histogram's buckets' upper bounds, +Inf last
+_SUM, _COUNTS = 1, 2  # in a pending entry: [requests, sum of seconds, count per bucket...]
+
+
+class _Flush(Collector):
+    """Registered first: what the request path counted since the last flush is in what follows."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        self._flush()
+        return ()
 
 
 class _InFlightCollector(Collector):
@@ -173,7 +183,15 @@ class GatewayMetrics:
         worker: int | None = None,
     ) -> None:
         self.routing_log = RoutingLog(max_subscribers=max_log_streams, worker=worker)
+        # Each request is counted in `_pending`, plain Python numbers, and added to the Prometheus
+        # metrics in batches (`flush`): when the metrics are read (a scrape, whatever reads a
+        # registry: `_Flush` is registered first), and with workers every FOLLOW_SECONDS, since the
+        # others' scrapes read this worker's counts from its files. prometheus-client's own
+        # calls take a lock, and with workers check the process id (a system call) and write a
+        # file per value: three per request, a sixth of a worker's Python on the request path.
+        self._pending: dict[tuple[str, str, str, int], list[float]] = {}
         self.registry = CollectorRegistry()
+        self.registry.register(_Flush(self.flush))
         # What /metrics serves. With workers (multiprocess_dir, which PROMETHEUS_MULTIPROC_DIR
         # names in every worker), prometheus-client keeps each worker's counters and histograms in
         # files there, and the exposition sums them; the collectors below read shared counters (the
@@ -181,6 +199,7 @@ class GatewayMetrics:
         self.exposition = self.registry
         if multiprocess_dir is not None:
             self.exposition = CollectorRegistry()
+            self.exposition.register(_Flush(self.flush))
             MultiProcessCollector(self.exposition, path=multiprocess_dir)  # type: ignore[no-untyped-call]
         self.requests = Counter(
             "modelyard_requests_total",
@@ -307,6 +326,7 @@ class GatewayMetrics:
         # prometheus-client's labels() locks and hashes per call; cache the children we use.
         self._request_children: dict[tuple[str, str, str, int], _Incrementable] = {}
         self._duration_children: dict[str, _Histogram] = {}
+        self._empty = [0.0] * (_COUNTS + len(_BOUNDS))
 
     def watch_requests(self, totals: Callable[[], Iterable[tuple[str, int]]]) -> None:
         """Export each model's requests in flight (`totals` read at each scrape)."""
@@ -326,13 +346,30 @@ class GatewayMetrics:
         self.health_transitions.labels(model, backend, "healthy" if healthy else "unhealthy").inc()
 
     def observe_request(self, model: str, backend: str, strategy: str, code: int, seconds: float) -> None:
+        """A request (or a try) answered: counted, and its seconds in the duration histogram, at the
+        next `flush`."""
         key = (model, backend, strategy, code)
-        count = self._request_children.get(key)
-        if count is None:
-            child = self.requests.labels(model, backend, strategy, str(code))
-            count = self._request_children[key] = _counter_value(child)
-        count.inc(1)
-        duration = self._duration_children.get(model)
-        if duration is None:
-            duration = self._duration_children[model] = _Histogram(self.duration.labels(model))
-        duration.observe(seconds)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = self._empty.copy()
+        pending[0] += 1
+        pending[_SUM] += seconds
+        pending[_COUNTS + bisect_left(_BOUNDS, seconds)] += 1  # the first bound >= seconds
+
+    def flush(self) -> None:
+        """Add the requests counted since the last flush to the Prometheus metrics."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for key, (count, total, *buckets) in pending.items():
+            counter = self._request_children.get(key)
+            if counter is None:
+                model, backend, strategy, code = key
+                child = self.requests.labels(model, backend, strategy, str(code))
+                counter = self._request_children[key] = _counter_value(child)
+            counter.inc(count)
+            model = key[0]
+            duration = self._duration_children.get(model)
+            if duration is None:
+                duration = self._duration_children[model] = _Histogram(self.duration.labels(model))
+            duration.add(total, buckets)

@@ -7,9 +7,9 @@ that falls behind loses records (its queue is bounded) and is told how many; it 
 request. The subscribers are bounded too (`admin.max_log_streams`): one more is refused.
 
 The workers of one gateway (`--workers`) each keep a log: each hands its records to `share` as it
-makes them (a ring the others read: gateway/siblings.py) and `adopt`s theirs, so that every worker's
-log, and the dashboard following any of them, shows every request. An adopted record takes the next
-`seq` of the log it joins, a few milliseconds after its `time`.
+makes them (gateway/worker_log.py sends them in batches on a ring the others read) and `adopt`s
+theirs, so that every worker's log, and the dashboard following any of them, shows every request.
+An adopted record takes the next `seq` of the log it joins, up to about 0.1 s after its `time`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, fields
+from typing import Any
 
 import orjson
 
@@ -50,24 +50,25 @@ class RoutingRecord:
     worker: int | None = None
 
 
-class _Shared(NamedTuple):
-    """A record another worker shared, as it came (`encode_shared`), and its `seq` here."""
-
-    seq: int
-    data: bytes
-
-
-def _decoded(entry: RoutingRecord | _Shared) -> RoutingRecord:
-    if isinstance(entry, RoutingRecord):
-        return entry
-    return RoutingRecord(entry.seq, *orjson.loads(entry.data))
+# A record as the log keeps it, RoutingRecord's fields in order: a tuple is built without a call
+# (the log takes one per request), and a batch of them is encoded for the other workers as it is.
+Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str, int | None]
+_FIELDS = len(fields(RoutingRecord))
+# A record another worker shared: (its seq here, its fields as they came, with the seq it had there).
+_Shared = tuple[int, list[Any]]
 
 
-def encode_shared(r: RoutingRecord) -> bytes:
-    """A record for the other workers' logs: its fields but `seq`, which each log gives anew (in
-    field order; on every request, so no dataclasses.astuple, which deep-copies: 40x slower)."""
-    fields = (r.time, r.model, r.route, r.subset, r.backend, r.strategy, r.status, r.latency_ms, r.cache_hit)
-    return orjson.dumps((*fields, r.request_id, r.worker))
+def _decoded(entry: Entry | _Shared) -> RoutingRecord:
+    if len(entry) == 2:  # another worker's
+        seq, row = entry
+        return RoutingRecord(seq, *row[1:])
+    return RoutingRecord(*entry)
+
+
+def encode_shared(entries: list[Entry]) -> bytes:
+    """Records for the other workers' logs, as one message (each adopting log gives them its own
+    seq)."""
+    return orjson.dumps(entries)
 
 
 class _End:
@@ -128,7 +129,7 @@ class RoutingLog:
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
         worker: int | None = None,
     ) -> None:
-        self._ring: deque[RoutingRecord | _Shared] = deque(maxlen=size)
+        self._ring: deque[Entry | _Shared] = deque(maxlen=size)
         self._worker = worker
         self._subscribers: list[Subscription] = []
         self.subscriber_queue = subscriber_queue
@@ -136,7 +137,7 @@ class RoutingLog:
         self.refused = 0
         self._seq = 0
         self.closed = False
-        self.share: Callable[[RoutingRecord], None] | None = None  # this log's records, for the others
+        self.share: Callable[[Entry], None] | None = None  # this log's records, for the others
 
     def record(
         self,
@@ -149,9 +150,10 @@ class RoutingLog:
         seconds: float,
         cache_hit: bool | None,
         request_id: str,
-    ) -> RoutingRecord:
+    ) -> Entry:
+        """A try or an answer counted; the record as kept (`RoutingRecord(*entry)` reads it)."""
         self._seq += 1
-        entry = RoutingRecord(
+        entry = (
             self._seq,
             time.time(),
             model,
@@ -165,30 +167,38 @@ class RoutingLog:
             request_id,
             self._worker,
         )
-        self._add(entry)
+        self._ring.append(entry)
+        if self._subscribers:
+            self._push(RoutingRecord(*entry))
         if self.share is not None:
             self.share(entry)
         return entry
 
     def adopt(self, shared: bytes) -> None:
-        """A record another worker's log shared (`encode_shared`), added as if made here. Kept as
-        it came until read, or until someone follows the log: a worker adopts every other worker's
-        requests, and most are never read."""
-        self._seq += 1
-        if self._subscribers:
-            self._add(_decoded(_Shared(self._seq, shared)))
-        else:
-            self._ring.append(_Shared(self._seq, shared))
+        """Records another worker's log shared (`encode_shared`), added as if made here. Kept as
+        they came until read, or until someone follows the log: a worker adopts every other
+        worker's requests, and most are never read. ValueError or TypeError (nothing added) when
+        `shared` is not a list of records."""
+        records = orjson.loads(shared)
+        if not isinstance(records, list) or not all(
+            isinstance(row, list) and len(row) == _FIELDS for row in records
+        ):
+            raise ValueError("a routing-log batch is a list of records' fields")
+        ring, seq = self._ring, self._seq
+        for row in records:
+            seq += 1
+            ring.append((seq, row))
+            if self._subscribers:
+                self._push(RoutingRecord(seq, *row[1:]))
+        self._seq = seq
 
-    def _add(self, entry: RoutingRecord) -> None:
-        self._ring.append(entry)
-        if self._subscribers:
-            for subscriber in self._subscribers:
-                subscriber.push(entry)
+    def _push(self, record: RoutingRecord) -> None:
+        for subscriber in self._subscribers:
+            subscriber.push(record)
 
     def recent(self, after: int = 0) -> list[RoutingRecord]:
         """The records kept, oldest first; with `after`, only those with a greater `seq`."""
-        return [_decoded(r) for r in self._ring if r.seq > after]
+        return [_decoded(r) for r in self._ring if r[0] > after]
 
     def subscribe(self) -> Subscription:
         """A new subscriber; it gets every record from now on (an ended one if the log is closed).

@@ -77,6 +77,7 @@ class Rings:
         self.index, self.count = index, count
         self._ring_bytes = ring_bytes
         self._max_message = ring_bytes // 4
+        self.max_message = self._max_message - _LENGTH.size  # the longest message `send` takes
         with path.open("r+b") as file:
             self._map = mmap.mmap(file.fileno(), rings_size(count, ring_bytes))
         self._view = memoryview(self._map)

@@ -18,11 +18,13 @@ from prometheus_client import generate_latest
 from modelyard.config import LoggingConfig
 from modelyard.gateway.access_log import LOGGER, QUEUE_SIZE, AccessLog, AccessOutput
 from modelyard.gateway.metrics import GatewayMetrics
-from modelyard.gateway.routing_log import RoutingLog
+from modelyard.gateway.routing_log import RoutingLog, RoutingRecord
 
 
 def record_of(log: RoutingLog, backend: str = "w0", request_id: str = "r 1"):  # type: ignore[no-untyped-def]
-    return log.record("m", "default", "*", backend, "round_robin", 503, 0.0125, None, request_id)
+    return RoutingRecord(
+        *log.record("m", "default", "*", backend, "round_robin", 503, 0.0125, None, request_id)
+    )
 
 
 def test_json_has_every_field_from_the_record(caplog: pytest.LogCaptureFixture) -> None:
@@ -202,11 +204,12 @@ WRITER = """
 import sys
 from modelyard.config import LoggingConfig
 from modelyard.gateway.access_log import AccessLog, install_handler
-from modelyard.gateway.routing_log import RoutingLog
+from modelyard.gateway.routing_log import RoutingLog, RoutingRecord
 output = install_handler()
 log, access = RoutingLog(), AccessLog(LoggingConfig(access_log=True))
 for n in range(int(sys.argv[1])):
-    record = log.record("m", "default", "*", "w0", "round_robin", 200, 0.01, None, sys.argv[2] + "x" * 250)
+    entry = log.record("m", "default", "*", "w0", "round_robin", 200, 0.01, None, sys.argv[2] + "x" * 250)
+    record = RoutingRecord(*entry)
     access.write(record, "POST", "/v1/chat/completions", 1, 0, None)
 output.stop()
 """

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from modelyard.errors import TooManyLogStreams
-from modelyard.gateway.routing_log import END, RoutingLog, RoutingRecord, encode_shared
+from modelyard.gateway.routing_log import END, Entry, RoutingLog, RoutingRecord, encode_shared
 
 
 def record(log: RoutingLog, backend: str = "w0", status: int = 200, cache_hit: bool | None = None) -> None:
@@ -125,8 +125,8 @@ def test_subscribers_are_bounded_and_those_refused_are_counted():
 def test_another_workers_records_join_the_log_with_its_own_seq():
     mine, theirs = RoutingLog(), RoutingLog()
     shared: list[bytes] = []
-    theirs.share = lambda entry: shared.append(encode_shared(entry))
-    sent: list[RoutingRecord] = []
+    theirs.share = lambda entry: shared.append(encode_shared([entry]))
+    sent: list[Entry] = []
     mine.share = sent.append
     record(mine, "w0")
     follower = mine.subscribe()
@@ -138,15 +138,29 @@ def test_another_workers_records_join_the_log_with_its_own_seq():
     assert (first.backend, adopted.seq) == ("w0", 2)
     assert adopted == RoutingRecord(2, *astuple(made_there)[1:])  # all but seq, as it was made
     assert list(follower.ready()) == [adopted]
-    assert [entry.backend for entry in sent] == ["w0"]  # an adopted record is not shared again
+    assert [RoutingRecord(*entry).backend for entry in sent] == ["w0"]  # an adopted one is not shared again
 
 
 def test_a_shared_record_nobody_follows_is_read_back_whole():
     theirs, quiet = RoutingLog(), RoutingLog()
     shared: list[bytes] = []
-    theirs.share = lambda entry: shared.append(encode_shared(entry))
+    theirs.share = lambda entry: shared.append(encode_shared([entry]))
     record(theirs, "w1", 200, cache_hit=True)
     quiet.adopt(shared[0])  # nobody follows quiet: kept as it came
     (made_there,) = theirs.recent()
     assert quiet.recent() == [made_there]  # seq 1 in both
     assert quiet.recent(after=1) == []
+
+
+def test_a_batch_from_another_worker_joins_in_order_and_a_malformed_one_adds_nothing():
+    theirs, mine = RoutingLog(worker=1), RoutingLog(worker=0)
+    sent: list[Entry] = []
+    theirs.share = sent.append
+    for backend in ("w0", "w1", "w2"):
+        record(theirs, backend)
+    mine.adopt(encode_shared(sent))  # one message for the three
+    assert [(r.seq, r.backend, r.worker) for r in mine.recent()] == [(1, "w0", 1), (2, "w1", 1), (3, "w2", 1)]
+    for malformed in (b'{"seq": 1}', orjson.dumps([[1, 2.0, "m"]]), orjson.dumps([sent[0], "x"])):
+        with pytest.raises(ValueError):
+            mine.adopt(malformed)
+    assert len(mine.recent()) == 3 and mine.recent(after=3) == []
