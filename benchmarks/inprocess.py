@@ -120,10 +120,9 @@ class Round:
 
     def start(self) -> None:
         for index in range(min(self._connections, self.requests)):
-            # (what the listener makes for an accepted socket; one worker after another)
-            protocol: Any = self._servers[
-                index % len(self._servers)
-            ]._accept()  # what the listener makes for an accepted socket
+            # What the listener makes for an accepted socket; the workers take turns.
+            server = self._servers[index % len(self._servers)]
+            protocol: Any = server._accept()
             protocol.connection_made(FakeTransport(lambda data, p=protocol: self._answer(p, data)))
             self._clients.append(protocol)
             self._send(protocol)

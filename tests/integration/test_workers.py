@@ -155,7 +155,9 @@ async def test_requests_spread_over_both_workers_and_metrics_sum_them(sim_worker
             nonlocal text
             text = await _metrics(await gateway.on_worker(index), gateway.url)
             counts = re.findall(r'^modelyard_requests_total\{[^}]*code="200"[^}]*\} (\S+)$', text, re.M)
-            return sum(float(c) for c in counts) >= 30
+            # (a scrape reads each worker's files in turn: its counters', then its histograms')
+            timed = re.search(r'^modelyard_request_duration_seconds_count\{model="m"\} (\S+)$', text, re.M)
+            return sum(float(c) for c in counts) >= 30 and timed is not None and float(timed[1]) >= 30
 
         await wait_until(summed, attempts=100, interval=0.02)
         counts = re.findall(r'^modelyard_requests_total\{[^}]*code="200"[^}]*\} (\S+)$', text, re.M)

@@ -350,11 +350,23 @@ class GatewayMetrics:
         next `flush`."""
         key = (model, backend, strategy, code)
         pending = self._pending.get(key)
-        if pending is None:
+        if pending is None:  # (the first since the last flush)
             pending = self._pending[key] = self._empty.copy()
+            if key not in self._request_children:
+                self._first_seen(key)
         pending[0] += 1
         pending[_SUM] += seconds
         pending[_COUNTS + bisect_left(_BOUNDS, seconds)] += 1  # the first bound >= seconds
+
+    def _first_seen(self, key: tuple[str, str, str, int]) -> None:
+        """The metrics' children for a label set seen for the first time, made now: their
+        `_created` time is the first request's, not the next flush's."""
+        model, backend, strategy, code = key
+        self._request_children[key] = _counter_value(
+            self.requests.labels(model, backend, strategy, str(code))
+        )
+        if model not in self._duration_children:
+            self._duration_children[model] = _Histogram(self.duration.labels(model))
 
     def flush(self) -> None:
         """Add the requests counted since the last flush to the Prometheus metrics."""
@@ -362,14 +374,5 @@ class GatewayMetrics:
             return
         pending, self._pending = self._pending, {}
         for key, (count, total, *buckets) in pending.items():
-            counter = self._request_children.get(key)
-            if counter is None:
-                model, backend, strategy, code = key
-                child = self.requests.labels(model, backend, strategy, str(code))
-                counter = self._request_children[key] = _counter_value(child)
-            counter.inc(count)
-            model = key[0]
-            duration = self._duration_children.get(model)
-            if duration is None:
-                duration = self._duration_children[model] = _Histogram(self.duration.labels(model))
-            duration.add(total, buckets)
+            self._request_children[key].inc(count)
+            self._duration_children[key[0]].add(total, buckets)

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from modelyard.errors import TooManyLogStreams
+from modelyard.telemetry import safe_text
 
 DEFAULT_SIZE = 500  # records kept for /admin/log
 DEFAULT_SUBSCRIBER_QUEUE = 4096  # records a subscriber may lag behind before it loses some
@@ -164,7 +165,8 @@ class RoutingLog:
             status,
             int(seconds * 1_000_000.0 + 0.5) / 1000.0,  # ms to the microsecond (round() is slower)
             cache_hit,
-            request_id,
+            # (a header's bytes 0x80-0xFF came as lone surrogates, which JSON cannot carry)
+            request_id if request_id.isascii() else safe_text(request_id),
             self._worker,
         )
         self._ring.append(entry)

@@ -44,3 +44,16 @@ def test_a_long_batch_is_sent_without_waiting_and_cut_to_what_a_message_holds(tm
     ids = [r.request_id.partition("-")[0] for r in taken.recent()]
     assert ids == [str(n) for n in range(BATCH_RECORDS)]
     assert first._rings.dropped == 0 and second._rings.dropped == 0
+
+
+def test_a_request_id_with_bytes_that_are_not_utf8_goes_over_escaped(tmp_path: Path) -> None:
+    first, second = _pair(tmp_path)
+    made, taken = RoutingLog(worker=0), RoutingLog(worker=1)
+    made.share = first.share_record
+    raw = b"id-\xff".decode("utf-8", "surrogateescape")  # how the listener decodes such a header
+    made.record("m", "default", "*", "w0", "round_robin", 200, 0.001, None, raw)
+    made.record("m", "default", "*", "w0", "round_robin", 200, 0.001, None, "next")
+    first.flush()
+    second.follow(taken, {})
+    assert [r.request_id for r in taken.recent()] == ["id-\\udcff", "next"]  # the batch whole
+    assert [r.request_id for r in made.recent()] == ["id-\\udcff", "next"]  # JSON can carry it
