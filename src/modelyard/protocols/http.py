@@ -53,11 +53,6 @@ _SHAPE_NAMES = 32
 _SHAPE_BYTES = 1024
 
 
-# A field's name: `tuple(map(NAME_OF, fields))` is a head's names, one C call for all of them
-# (a parser that collected names apart would pay a Python step per field).
-NAME_OF = itemgetter(0)
-
-
 def worth_keeping(names: tuple[bytes, ...]) -> bool:
     """Whether a parser remembers what a head with fields of these names holds."""
     return len(names) <= _SHAPE_NAMES and sum(map(len, names)) <= _SHAPE_BYTES

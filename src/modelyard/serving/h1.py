@@ -32,7 +32,6 @@ from aiohttp.http_parser import SINGLETON_HEADERS
 
 from modelyard.protocols.http import (
     HEADER_TEXT,
-    NAME_OF,
     NOT_FORWARDED_WITH_ID,
     HeaderView,
     RawHeaders,
@@ -206,6 +205,7 @@ class H1Connection(asyncio.Protocol):
         # What the parser callbacks collect for the current head:
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
+        self._names: list[bytes] = []
         self._request: H1Request | None = None  # once the head is read and routed
         self._handler: Handler | None = None
         self._complete = False
@@ -362,6 +362,7 @@ class H1Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # (what the fields mean is worked out once the head is complete: nothing is done before)
         self._fields.append((name, value))
+        self._names.append(name)
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -375,7 +376,7 @@ class H1Connection(asyncio.Protocol):
             limit = settings.max_field_size
             if any(len(name) + len(value) > limit for name, value in fields):
                 raise _NotLean
-        names = tuple(map(NAME_OF, fields))
+        names = tuple(self._names)
         shape = settings.shapes.get(names)
         if shape is None:
             shape = _Shape(names)
@@ -431,6 +432,7 @@ class H1Connection(asyncio.Protocol):
         del raw[: self._body_end]
         self._url = b""
         self._fields = []
+        self._names = []
         self._request = self._handler = None
         self._complete = False
         self._scanned = self._head_end = self._body_end = 0

@@ -24,7 +24,6 @@ import httptools
 from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from modelyard.protocols.http import (
     HEADER_TEXT,
-    NAME_OF,
     PLAIN_CONNECTION,
     RawHeaders,
     connection_options,
@@ -232,6 +231,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._raw_headers: list[tuple[bytes, bytes]] = []  # the fields of the head being read
+        self._names: list[bytes] = []
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._response: UpstreamResponse | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -275,12 +275,12 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._raw_headers.append((name, value))
+        self._names.append(name)
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        raw = self._raw_headers
-        names = tuple(map(NAME_OF, raw))
-        self._raw_headers = []
+        raw, names = self._raw_headers, tuple(self._names)
+        self._raw_headers, self._names = [], []
         if 100 <= status < 200:  # an interim answer (100 Continue): wait for the real one
             return
         shape = self._pool.shape(names)
@@ -320,7 +320,7 @@ class _Connection(asyncio.Protocol):
         self._head = self.loop.create_future()
         self._response = None
         if self._raw_headers:  # the last answer's trailer fields, if it had any, are not this one's
-            self._raw_headers = []
+            self._raw_headers, self._names = [], []
         self._received = self._complete = self._close_delimited = self._keep_alive = False
         if timeout:
             self._deadline = self.loop.call_later(timeout, self._timed_out, timeout)
