@@ -22,7 +22,9 @@ machine's load: under `valgrind --tool=callgrind`, with `--repeat 1` and two val
 runs per request, in one more round traced with sys.settrace. It repeats to within a few bytecodes
 (outlier detection also decides on a one-second clock) and says where the interpreter's work is;
 the harness's own functions are in it too (a few percent), and the dataclasses' generated
-__init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`.
+__init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`. Bytecodes
+say where the work is; instructions say whether a change saves any (a C call may cost more than
+the bytecodes it replaces). The garbage collector is settled as `modelyard serve` settles it.
 
 `--workers N` runs N gateways in this process as the N workers of one `modelyard serve --workers N`
 (shared files in a temporary folder, prometheus-client in multiprocess mode, in-flight counts in
