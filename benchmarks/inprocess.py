@@ -24,14 +24,16 @@ runs per request, in one more round traced with sys.settrace. It repeats to with
 the harness's own functions are in it too (a few percent), and the dataclasses' generated
 __init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`. Bytecodes
 say where the work is; instructions say whether a change saves any (a C call may cost more than
-the bytecodes it replaces). The garbage collector is settled as `modelyard serve` settles it.
+the bytecodes it replaces). The garbage collector is set up as `modelyard serve` sets it up once it
+serves (`settle_garbage_collector` in serving/process.py).
 
-`--workers N` runs N gateways in this process as the N workers of one `modelyard serve --workers N`
-(shared files in a temporary folder, prometheus-client in multiprocess mode, in-flight counts in
-shared memory, each worker's routing log shared with the others), the client connections spread
-over them: what a worker's request costs beyond a lone gateway's, its part of the others' work
-(adopting their routing-log records) included. The workers' metrics files are shared by name
-here (one process id), so their values are not meaningful; their cost is.
+`--workers N` runs N gateways in this process as the N workers of one `modelyard serve --workers N`:
+their shared files in a temporary folder, prometheus-client in multiprocess mode, in-flight counts
+in shared memory, and each worker's routing log shared with the others. The client connections are
+spread over them. It measures what a worker's request costs beyond a lone gateway's, including its
+part of the others' work (adopting their routing-log records). Both workers write the same metrics
+files here (prometheus-client names them by process id, and there is one process), so their values
+mean nothing; the cost of writing them is what is measured.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="one more gateway as a target named NAME, started by CMD as --gateway-cmd says "
         "(repeatable): before/after or setting against setting in one run, e.g. "
         "--variant 'aiohttp=env MODELYARD_LISTEN__LEAN=false .venv/bin/modelyard serve -c {config}'",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start each proxy anew (and warm it up) before each of its runs: at one connection, "
+        "where a process happens to run against wrk and nginx moves latency as much as its code",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write raw results (every run) here")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (configs, logs)")
@@ -227,38 +234,46 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
 
         urls = {"direct": f"http://127.0.0.1:{backend_ports[0]}{CHAT_PATH}"}
         meta: dict[str, Any] = {}
-        proxies: dict[str, int] = {}  # target -> pid whose process tree is the proxy under test
+        # How each proxy under test starts, ready to serve (`--fresh` starts it again before each
+        # run); `running` holds the process now serving, whose tree's CPU is the proxy's.
+        starters: dict[str, Callable[[], Child]] = {}
+
+        def started(child: Child) -> Child:
+            children.append(child)
+            return child
+
         if "nginx" in args.targets:
-            proxy = start_nginx(
-                "proxy (nginx)", tmp / "proxy", proxy_conf(tmp / "proxy", proxy_port, backend_ports)
-            )
-            children.append(proxy)
-            wait_for_port(proxy_port, proxy)
             urls["nginx"] = f"http://127.0.0.1:{proxy_port}{CHAT_PATH}"
-            proxies["nginx"] = proxy.proc.pid
+
+            def start_proxy() -> Child:
+                conf = proxy_conf(tmp / "proxy", proxy_port, backend_ports)
+                proxy = started(start_nginx("proxy (nginx)", tmp / "proxy", conf))
+                wait_for_port(proxy_port, proxy)
+                return proxy
+
+            starters["nginx"] = start_proxy
         if "vllm-router" in args.targets:
-            router = Child(
-                "vllm-router",
-                [
-                    args.vllm_router,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(router_port),
-                    "--worker-urls",
-                    *(f"http://127.0.0.1:{p}" for p in backend_ports),
-                    "--policy",
-                    "round_robin",
-                    "--log-level",
-                    "warning",
-                ],
-                tmp / "vllm-router.log",
-            )
-            children.append(router)
             urls["vllm-router"] = f"http://127.0.0.1:{router_port}{CHAT_PATH}"
-            wait_for_chat(urls["vllm-router"], router)
-            proxies["vllm-router"] = router.proc.pid
-        gateways: dict[str, Child] = {}
+            router_argv = [
+                args.vllm_router,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(router_port),
+                "--worker-urls",
+                *(f"http://127.0.0.1:{p}" for p in backend_ports),
+                "--policy",
+                "round_robin",
+                "--log-level",
+                "warning",
+            ]
+
+            def start_router() -> Child:
+                router = started(Child("vllm-router", router_argv, tmp / "vllm-router.log"))
+                wait_for_chat(urls["vllm-router"], router)
+                return router
+
+            starters["vllm-router"] = start_router
         commands = {"modelyard": args.gateway_cmd, **args.variants}
         for (name, command), port in zip(commands.items(), gateway_ports, strict=True):
             if name not in args.targets:
@@ -266,21 +281,25 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
             config = tmp / f"gateway-{name}.yaml"
             config.write_text(gateway_yaml(port, backend_ports))
             argv = gateway_argv(command, config)
-            gateway = Child(f"gateway {name}", argv, tmp / f"gateway-{name}.log")
-            children.append(gateway)
-            gateways[name] = gateway
             urls[name] = f"http://127.0.0.1:{port}{CHAT_PATH}"
-            status, body = wait_for_chat(urls[name], gateway)
-            proxies[name] = gateway.proc.pid
             if name == "modelyard":
                 meta["gateway_argv"] = argv
                 meta["gateway_versions"] = gateway_versions(argv)
-                meta["gateway_event_loop"] = loaded_event_loop(gateway.proc.pid)
             else:
                 meta.setdefault("variant_argv", {})[name] = argv
-            if not 200 <= status < 300:
-                say(f"[red]{name}: first request answered {status}:[/red] {escape(repr(body[:300]))}")
-                say(f"gateway log tail:\n{escape(gateway.log_tail())}")
+
+            def start_gateway(name: str = name, argv: list[str] = argv) -> Child:
+                gateway = started(Child(f"gateway {name}", argv, tmp / f"gateway-{name}.log"))
+                status, body = wait_for_chat(urls[name], gateway)
+                if not 200 <= status < 300:
+                    say(f"[red]{name}: first request answered {status}:[/red] {escape(repr(body[:300]))}")
+                    say(f"gateway log tail:\n{escape(gateway.log_tail())}")
+                return gateway
+
+            starters[name] = start_gateway
+        running = {target: start() for target, start in starters.items()}
+        if "modelyard" in running:
+            meta["gateway_event_loop"] = loaded_event_loop(running["modelyard"].proc.pid)
 
         # One request per target before loading it: the answer must be the backend's chat.completion.
         for target in args.targets:
@@ -310,7 +329,11 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
         for round_ in range(args.repeat):
             for conns in args.concurrency:
                 for target in args.targets:
-                    pid = proxies.get(target)
+                    if args.fresh and target in running:  # a new process, warmed up, for each run
+                        running[target].stop()
+                        running[target] = starters[target]()
+                        run_wrk(target, urls[target], script, conns, WARMUP_S)
+                    pid = running[target].proc.pid if target in running else None
                     cpu = process_tree_cpu(pid) if pid else None
                     result = run_wrk(target, urls[target], script, conns, args.duration)
                     if cpu is not None:
@@ -322,12 +345,12 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
                         f"  p50 {result.p50_ms:.3f} ms  p99 {result.p99_ms:.3f} ms  errors {result.errors}"
                         + (f"  (wrk exit {result.returncode})" if result.returncode else "")
                     )
-        for name, gateway in gateways.items():
-            if not gateway.alive():
-                code = gateway.proc.returncode
-                say(f"[red]{name} exited during the run ({code}):[/red]\n{escape(gateway.log_tail())}")
-        if "modelyard" in gateways:
-            meta["gateway_log_tail"] = gateways["modelyard"].log_tail(50)
+        for name, child in running.items():
+            if not child.alive():
+                code = child.proc.returncode
+                say(f"[red]{name} exited during the run ({code}):[/red]\n{escape(child.log_tail())}")
+        if "modelyard" in running:
+            meta["gateway_log_tail"] = running["modelyard"].log_tail(50)
         return {"urls": urls, "runs": runs, **meta}
     finally:
         for child in reversed(children):
@@ -439,7 +462,12 @@ def footer(info: dict[str, Any]) -> list[str]:
         lines.append(f"{name} command: {shlex.join(argv)}")
     lines.append(
         f"load: wrk 1 thread, {info['duration_s']:g}s per run, "
-        f"{WARMUP_S:g}s warm-up per target (not reported); backends: 3 zero-latency nginx servers (1 worker)"
+        + (
+            f"each proxy started anew before each run and warmed up for {WARMUP_S:g}s (--fresh)"
+            if info.get("fresh")
+            else f"{WARMUP_S:g}s warm-up per target"
+        )
+        + " (not reported); backends: 3 zero-latency nginx servers (1 worker)"
     )
     return lines
 
@@ -475,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "targets": args.targets,
         "warmup_s": WARMUP_S,
+        "fresh": args.fresh,
     }
     tmp = Path(tempfile.mkdtemp(prefix="modelyard-bench-"))
     failed = True

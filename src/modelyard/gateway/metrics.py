@@ -187,8 +187,9 @@ class GatewayMetrics:
         # metrics in batches (`flush`): when the metrics are read (a scrape, whatever reads a
         # registry: `_Flush` is registered first), and with workers every FOLLOW_SECONDS, since the
         # others' scrapes read this worker's counts from its files. prometheus-client's own
-        # calls take a lock, and with workers check the process id (a system call) and write a
-        # file per value: three per request, a sixth of a worker's Python on the request path.
+        # calls take a lock, and with workers ask the process id (a system call) and write the
+        # value into a memory-mapped file: three per request, about 7% of a worker's time
+        # (benchmarks/README.md).
         self._pending: dict[tuple[str, str, str, int], list[float]] = {}
         self.registry = CollectorRegistry()
         self.registry.register(_Flush(self.flush))
