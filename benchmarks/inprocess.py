@@ -247,19 +247,14 @@ def make_run_dir(run_dir: Path, workers: int) -> None:
     """The files `modelyard serve --workers N` shares between its workers (gateway/workers.py)."""
     if "prometheus_client" in sys.modules:
         raise SystemExit("prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set")
-    (run_dir / "metrics").mkdir()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")
 
-    from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout
-    from modelyard.gateway.worker_log import LOG_FILE
-    from modelyard.serving.workers import SharedInts
-    from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings
+    from modelyard.gateway.siblings import METRICS_DIR
+    from modelyard.gateway.workers import create_run_files
 
     if METRICS_DIR != "metrics":
         raise SystemExit(f"gateway/siblings.py names the metrics folder {METRICS_DIR!r} now: update this")
-    SharedInts(run_dir / SHARED_FILE, Layout(bench_config(workers), workers).size, create=True).close()
-    create_rings(run_dir / RINGS_FILE, workers)
-    create_rings(run_dir / LOG_FILE, workers, LOG_RING_BYTES)
+    create_run_files(run_dir, bench_config(workers), workers).close()
 
 
 def main() -> None:

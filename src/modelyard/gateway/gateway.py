@@ -338,10 +338,11 @@ class Gateway:
             await asyncio.sleep(FOLLOW_SECONDS)
 
     def _follow_once(self, siblings: Siblings) -> None:
-        # This worker's requests since the last round, for the others' scrapes and routing logs.
-        _hand_over(self.metrics.flush)
+        # This worker's requests since the last round, for the others' scrapes and routing logs
+        # (metrics first: once the others hold a request's record, they count it too).
+        self.metrics.flush()
         if self._worker_log is not None:
-            _hand_over(self._worker_log.flush)
+            self._worker_log.flush()
             self._worker_log.follow(self.metrics.routing_log, self.clusters)
         if not self._leader:
             siblings.adopt_probes(self.clusters)
@@ -389,11 +390,3 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
-
-
-def _hand_over(flush: Callable[[], None]) -> None:
-    """One of a follow round's hand-overs; a failure is logged and the round goes on."""
-    try:
-        flush()
-    except Exception:
-        log.exception("handing this worker's requests over to the others failed")

@@ -100,12 +100,8 @@ def serve_workers(
     layout = Layout(config, count)
     shared = None
     try:
-        (run_dir / METRICS_DIR).mkdir()
-        shared = SharedInts(run_dir / SHARED_FILE, layout.size, create=True)
+        shared = create_run_files(run_dir, config, count)
         ints = shared.ints
-        if state_rings:
-            create_rings(run_dir / RINGS_FILE, count)
-        create_rings(run_dir / LOG_FILE, count, LOG_RING_BYTES)  # each worker's routing-log records
         # Read by prometheus-client when each spawned worker imports it.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / METRICS_DIR)
         reserved.append(reserve_port(config.listen.host, config.listen.port))
@@ -130,6 +126,21 @@ def serve_workers(
         for sock in reserved:
             sock.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def create_run_files(run_dir: Path, config: GatewayConfig, count: int) -> SharedInts:
+    """The files in `run_dir` that the `count` workers of a gateway with `config` share: their
+    metrics folder, their shared counters (returned, open) and their rings."""
+    (run_dir / METRICS_DIR).mkdir()
+    shared = SharedInts(run_dir / SHARED_FILE, Layout(config, count).size, create=True)
+    try:
+        if config.state.backend == "memory":  # the workers' routing state (with Redis: Redis)
+            create_rings(run_dir / RINGS_FILE, count)
+        create_rings(run_dir / LOG_FILE, count, LOG_RING_BYTES)  # each worker's routing-log records
+    except BaseException:
+        shared.close()
+        raise
+    return shared
 
 
 def _run_parent(count: int, state_rings: bool, shm: Path = SHM) -> Path | None:

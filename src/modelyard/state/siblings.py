@@ -76,8 +76,7 @@ class Rings:
     def __init__(self, path: Path, index: int, count: int, ring_bytes: int = RING_BYTES) -> None:
         self.index, self.count = index, count
         self._ring_bytes = ring_bytes
-        self._max_message = ring_bytes // 4
-        self.max_message = self._max_message - _LENGTH.size  # the longest message `send` takes
+        self.max_message = ring_bytes // 4 - _LENGTH.size  # the longest message `send` takes
         with path.open("r+b") as file:
             self._map = mmap.mmap(file.fileno(), rings_size(count, ring_bytes))
         self._view = memoryview(self._map)
@@ -88,11 +87,10 @@ class Rings:
 
     def send(self, message: bytes) -> bool:
         """Put `message` in this worker's ring; False (and counted) when it is too large."""
-        size = _LENGTH.size + len(message)
-        if size > self._max_message:
+        if len(message) > self.max_message:
             self.dropped += 1
             return False
-        start, end = self._written, self._written + size
+        start, end = self._written, self._written + _LENGTH.size + len(message)
         _COUNT.pack_into(self._view, self._mine, end)  # readers: what lies before end - ring_bytes is going
         self._copy_in(self._mine, start, _LENGTH.pack(len(message)) + message)
         _COUNT.pack_into(self._view, self._mine + 8, end)
@@ -120,7 +118,7 @@ class Rings:
             at, end = 0, len(span)
             while at < end:
                 (length,) = _LENGTH.unpack_from(span, at)
-                if length > self._max_message or at + _LENGTH.size + length > end:
+                if length > self.max_message or at + _LENGTH.size + length > end:
                     self.dropped += 1  # not a message: a torn length; start again from the end
                     break
                 found.append(span[at + _LENGTH.size : at + _LENGTH.size + length])
