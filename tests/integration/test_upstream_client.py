@@ -506,6 +506,59 @@ async def test_deadline_during_the_body_raises_timeout(servers, clients):
     assert caught.value.status == 504
 
 
+async def test_a_later_request_on_a_kept_alive_connection_gets_its_own_whole_deadline(servers, clients):
+    """The connection keeps one deadline timer across its requests: the timer an earlier request's
+    short deadline armed must not cut a later, longer one short."""
+    ports: list[int] = []
+
+    async def ok(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        return web.Response(text="ok")
+
+    async def slow(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        await asyncio.sleep(0.6)  # past the first request's deadline, well within the second's
+        return web.Response(text="slow")
+
+    url = await servers.web(("GET", "/ok", ok), ("GET", "/slow", slow))
+    client = clients(max_connections=1)
+    async with asyncio.timeout(WAIT):
+        first = await get(client, url, "/ok", deadline=0.3)
+        assert await first.read() == b"ok"
+        second = await get(client, url, "/slow", deadline=3.0)
+        assert await second.read() == b"slow"
+    assert len(ports) == 2
+    assert ports[0] == ports[1]  # one kept-alive connection, so one timer
+
+
+async def test_a_shorter_deadline_after_a_longer_one_on_a_kept_alive_connection_fires_on_time(
+    servers, clients
+):
+    ports: list[int] = []
+
+    async def ok(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        return web.Response(text="ok")
+
+    async def hang(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        await asyncio.sleep(WAIT)
+        raise AssertionError("unreachable")
+
+    url = await servers.web(("GET", "/ok", ok), ("GET", "/hang", hang))
+    client = clients(max_connections=1)
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(WAIT):
+        first = await get(client, url, "/ok", deadline=WAIT - 1)  # arms the connection's timer late
+        assert await first.read() == b"ok"
+        started = loop.time()
+        with pytest.raises(UpstreamTimeout):
+            await get(client, url, "/hang", deadline=0.2)
+        elapsed = loop.time() - started
+    assert 0.2 <= elapsed < 2.0
+    assert ports[0] == ports[1]
+
+
 async def test_connection_refused_is_unreachable(clients):
     with socket.socket() as bound_not_listening:  # holds the port so nothing else can listen on it
         bound_not_listening.bind(("127.0.0.1", 0))

@@ -52,6 +52,16 @@ class Pick:
     cache_hit: bool | None = None  # kv_aware only: was the remembered endpoint used?
 
 
+# Picks without a cache_hit, made once: a frozen dataclass costs two object.__setattr__ calls to
+# make, and most strategies make one per request.
+_PLAIN_PICKS = tuple(Pick(i) for i in range(64))
+
+
+def plain_pick(index: int) -> Pick:
+    """`Pick(index)`."""
+    return _PLAIN_PICKS[index] if index < 64 else Pick(index)
+
+
 class Need(enum.Enum):
     """What a strategy reads beyond the endpoints' own counters."""
 
@@ -98,9 +108,9 @@ class RoundRobin:
             if endpoint.weight != first:
                 break
         else:  # all weigh the same
-            return Pick(ctx.seq % len(endpoints))
+            return plain_pick(ctx.seq % len(endpoints))
         schedule = smooth_weighted_schedule(tuple(e.weight for e in endpoints))
-        return Pick(schedule[ctx.seq % len(schedule)])
+        return plain_pick(schedule[ctx.seq % len(schedule)])
 
 
 class Random:
@@ -110,8 +120,8 @@ class Random:
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
         weights = [e.weight for e in endpoints]
         if all(w == weights[0] for w in weights) or not any(weights):
-            return Pick(rng.randrange(len(endpoints)))
-        return Pick(rng.choices(range(len(endpoints)), weights=weights)[0])
+            return plain_pick(rng.randrange(len(endpoints)))
+        return plain_pick(rng.choices(range(len(endpoints)), weights=weights)[0])
 
 
 def _least(values: Sequence[float], rng: random.Random) -> int:
@@ -126,7 +136,7 @@ class LeastPending:
     needs = NOTHING
 
     def pick(self, endpoints: Sequence[EndpointView], ctx: RoutingContext, rng: random.Random) -> Pick:
-        return Pick(_least([e.in_flight for e in endpoints], rng))
+        return plain_pick(_least([e.in_flight for e in endpoints], rng))
 
 
 class KvAware:
@@ -221,9 +231,9 @@ class CostAware:
         # Costs are products of floats: equal on paper can differ in the last bit.
         cheapest = [i for i, c in enumerate(costs) if math.isclose(c, low, rel_tol=1e-9, abs_tol=1e-12)]
         if len(cheapest) == 1:
-            return Pick(cheapest[0])
+            return plain_pick(cheapest[0])
         best = _least([endpoints[i].outstanding_tokens for i in cheapest], rng)
-        return Pick(cheapest[best])
+        return plain_pick(cheapest[best])
 
 
 class ResourceAware:
@@ -249,12 +259,12 @@ class ResourceAware:
                 assert endpoint.resources is not None  # scored: fresh
                 scored.append((load(endpoint, endpoint.resources), score, i))
         if not scored:
-            return Pick(_least([e.in_flight for e in endpoints], rng))
+            return plain_pick(_least([e.in_flight for e in endpoints], rng))
         least = min(entry[0] for entry in scored)
         candidates = [entry for entry in scored if entry[0] == least]
         best = max(score for _, score, _ in candidates)
         ties = [i for _, score, i in candidates if math.isclose(score, best, rel_tol=1e-12)]
-        return Pick(ties[0] if len(ties) == 1 else rng.choice(ties))
+        return plain_pick(ties[0] if len(ties) == 1 else rng.choice(ties))
 
 
 def load(endpoint: EndpointView, snapshot: ResourceSnapshot) -> float:

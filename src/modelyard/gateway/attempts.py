@@ -19,13 +19,14 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from modelyard.balancing import Pick
 from modelyard.balancing import retry as policy
 from modelyard.balancing.routes import ALL_SUBSETS
 from modelyard.cluster import Endpoint
+from modelyard.config import RetryPolicy
 from modelyard.errors import (
     EndpointTakenOut,
     ModelyardError,
@@ -61,9 +62,9 @@ WARN_EVERY = 10.0  # seconds between warnings about requests failed on one endpo
 _MAX_WARNED = 1024  # endpoints remembered for that; more (placed models coming and going) start afresh
 
 
-@dataclass(slots=True)
-class _Try:
-    """The outcome of one try: `reason` is a retry_on name, or "" for an answer that is final."""
+class _Try(NamedTuple):
+    """The outcome of one try: `reason` is a retry_on name, or "" for an answer that is final.
+    (A tuple: an answer's is made with tuple.__new__, without a Python-level __init__.)"""
 
     reason: str
     error: UpstreamError | None = None
@@ -137,7 +138,8 @@ class AttemptLoop:
         retries_policy = route.retries
         # The route's timeout covers every try, the waits and the answer's body: each try gets what
         # is left as its client deadline (a timer per exchange, no extra task or context).
-        deadline = time.monotonic() + route.timeout if route.timeout else None
+        timeout = route.timeout
+        deadline = time.monotonic() + timeout if timeout else None
         tried: list[Endpoint] = []
         retries = 0
         charged = False  # holds a place in the retry budget from the decision to the try's end
@@ -159,7 +161,7 @@ class AttemptLoop:
                 flight = Flight()
                 cluster.awaiting_answer(endpoint, flight)
                 try:
-                    outcome = await self._try(ex, endpoint, deadline, flight, headers)
+                    outcome = await self._try(ex, endpoint, deadline, flight, headers, retries_policy)
                 except BaseException as exc:  # cancelled (the client left), or the route's time is up
                     cluster.release(endpoint, ex.tokens, id(ex))
                     code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
@@ -251,6 +253,7 @@ class AttemptLoop:
         deadline: float | None,
         flight: Flight,
         headers: RawHeaders | list[tuple[str, str]],
+        retries_policy: RetryPolicy,  # the route's (passed in: each field of a config model costs a lookup)
     ) -> _Try:
         route = ex.route
         remaining = None
@@ -281,7 +284,8 @@ class AttemptLoop:
                 # taken as proof: one request may have crashed a worker, or met an idle close.)
                 ex.cluster.record_connection_failure(endpoint, exc.message)
             return _Try(policy.reason_for_error(exc), error=exc)
-        return _Try(policy.reason_for_status(response.status, route.retries), response=response)
+        reason = policy.reason_for_status(response.status, retries_policy)
+        return tuple.__new__(_Try, (reason, None, response))
 
     async def _send_grpc(
         self,

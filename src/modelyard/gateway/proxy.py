@@ -148,15 +148,8 @@ class Proxy:
             cluster,
             route,
             subset,
-            RoutingContext(
-                routing,
-                cluster.next_seq(),
-                remembered,
-                now=now,
-                prefix=held,
-                waits=waits,
-                service=line,
-            ),
+            # (tuple.__new__: a NamedTuple's own __new__ is a Python function)
+            tuple.__new__(RoutingContext, (routing, cluster.next_seq(), remembered, now, held, waits, line)),
             request.method,
             request.raw_path,
             sent,

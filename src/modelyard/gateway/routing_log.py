@@ -182,17 +182,17 @@ class RoutingLog:
         worker's requests, and most are never read. ValueError or TypeError (nothing added) when
         `shared` is not a list of records."""
         records = orjson.loads(shared)
-        if not isinstance(records, list) or not all(
-            isinstance(row, list) and len(row) == _FIELDS for row in records
+        # (checked and added in C: a worker adopts every other worker's requests)
+        if not isinstance(records, list) or (
+            records and (set(map(type, records)) != {list} or set(map(len, records)) != {_FIELDS})
         ):
             raise ValueError("a routing-log batch is a list of records' fields")
-        ring, seq = self._ring, self._seq
-        for row in records:
-            seq += 1
-            ring.append((seq, row))
-            if self._subscribers:
+        first = self._seq + 1
+        self._seq += len(records)
+        self._ring.extend(zip(range(first, self._seq + 1), records, strict=True))
+        if self._subscribers:
+            for seq, row in enumerate(records, first):
                 self._push(RoutingRecord(seq, *row[1:]))
-        self._seq = seq
 
     def _push(self, record: RoutingRecord) -> None:
         for subscriber in self._subscribers:

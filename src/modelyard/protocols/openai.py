@@ -43,21 +43,18 @@ def routing_request(body: bytes, kind: str) -> RoutingRequest:
     max_tokens = data.get("max_completion_tokens") or data.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         max_tokens = 0 if kind == "embeddings" else DEFAULT_MAX_TOKENS
-    return RoutingRequest(
-        model=model or "",
-        prompt=prompt,
-        prompt_tokens=count_tokens(prompt),
-        max_tokens=max_tokens,
-        stream=data.get("stream") is True,
-        fields=data,
-    )
+    # (made by tuple.__new__: a NamedTuple's own __new__ is a Python function, and this runs per request)
+    fields = (model or "", prompt, count_tokens(prompt), max_tokens, data.get("stream") is True, data)
+    return tuple.__new__(RoutingRequest, fields)
 
 
 def _chat_prompt(messages: list[Any]) -> str:
     parts: list[str] = []
     for message in messages:
         if isinstance(message, dict):
-            parts.append(f"{message.get('role', '')}: {_text_of(message.get('content', ''))}")
+            content = message.get("content", "")
+            text = content if type(content) is str else _text_of(content)  # (most are strings)
+            parts.append(f"{message.get('role', '')}: {text}")
     return "\n".join(parts)
 
 
