@@ -93,22 +93,23 @@ def _field(body: Mapping[str, Any] | None, dotted: str) -> tuple[bool, Any]:
 
 def pick_subset(route: RouteConfig, headers: Mapping[str, str], rng: random.Random) -> str:
     """A destination by weight: sticky by the `hash_on` header's value when present."""
-    if len(route.destinations) == 1:  # (most routes, the implicit one too: nothing to draw)
-        return route.destinations[0].subset
-    total = sum(d.weight for d in route.destinations)
+    destinations = route.destinations
+    if len(destinations) == 1:  # (most routes, the implicit one too: nothing to draw)
+        return destinations[0].subset
+    total = sum(d.weight for d in destinations)
     if total <= 0:
-        return route.destinations[0].subset
+        return destinations[0].subset
     key = headers.get(route.hash_on) if route.hash_on else None
     if key is not None:
         digest = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest()
         point = int.from_bytes(digest, "big") % total
     else:
         point = rng.randrange(total)
-    for destination in route.destinations:
+    for destination in destinations:
         point -= destination.weight
         if point < 0:
             return destination.subset
-    return route.destinations[-1].subset  # pragma: no cover - the weights sum to total
+    return destinations[-1].subset  # pragma: no cover - the weights sum to total
 
 
 def mirrors(route: RouteConfig, rng: random.Random) -> bool:

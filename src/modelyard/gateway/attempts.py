@@ -18,7 +18,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -353,7 +353,7 @@ class AttemptLoop:
                 headers={"Retry-After": "1"},
             )
         if only is None and queued_first and capacity.queued_for(ex.subset):
-            candidates: list[Endpoint] = []
+            candidates: Sequence[Endpoint] = ()
         elif not tried and not capacity.config.max_requests:  # (the usual first try: no limit to check)
             candidates = healthy
         else:

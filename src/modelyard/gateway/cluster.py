@@ -251,23 +251,24 @@ class Cluster:
     def ready(self) -> bool:
         return any(e.health.healthy for e in self.endpoints)
 
-    def routable(self, subset: str, now: float) -> list[Endpoint]:
+    def routable(self, subset: str, now: float) -> Sequence[Endpoint]:
         """The endpoints of `subset` to route to: passing health checks and not ejected; below
         `healthy_panic_threshold` percent of the subset, all of it (Envoy's panic mode), unless
-        none at all is available (then none: the request gets 503 at once)."""
+        none at all is available (then none: the request gets 503 at once). Read-only: the same
+        tuple for every request until something changes it."""
         if now >= self._next_return:
             self._decide(now)
         kept = self._routable.get(subset)
         if kept is not None:
-            return list(kept)  # (a list of the caller's own)
+            return kept
         pool = self.subset(subset)
         outliers = self.outliers
         available = [e for e in pool if e.health.healthy and not outliers[e.name].ejected]
         if not available:
             self._routable[subset] = ()
-            return []  # nothing passes: answer 503 at once rather than try endpoints known to be down
+            return ()  # nothing passes: answer 503 at once rather than try endpoints known to be down
         chosen, panic = routable(available, pool, self.config.healthy_panic_threshold)
-        self._routable[subset] = tuple(chosen)
+        kept = self._routable[subset] = tuple(chosen)
         if panic != (subset in self.panicking):
             log.warning(
                 "model %s: subset %s %s panic mode", self.name, subset, "entering" if panic else "leaving"
@@ -277,7 +278,7 @@ class Cluster:
                 self._on_outlier(self.name, "", "panic")
             else:
                 self.panicking.discard(subset)
-        return chosen
+        return kept
 
     def record_outcome(self, endpoint: Endpoint, ok: bool, latency: float | None, now: float) -> None:
         """An answer (or a failure to get one) from `endpoint`; may eject it, or a slow peer."""

@@ -168,11 +168,10 @@ class UpstreamResponse:
         return self._done and self._error is None
 
     def take(self) -> bytes:
-        """The whole body once `complete`; the connection goes back to the pool."""
-        try:
-            return b"".join(self._chunks)
-        finally:
-            self.close()
+        """The whole body once `complete`. The caller ends its use with `close()`, which gives
+        the connection back: a proxy does that once the body is on its way to its client, which
+        should not wait for the pool's bookkeeping."""
+        return b"".join(self._chunks)
 
     async def read(self) -> bytes:
         try:

@@ -159,10 +159,10 @@ def test_an_ejection_aborts_the_tries_waiting_on_the_ejected_endpoint() -> None:
 def test_a_connection_failure_takes_the_endpoint_out_only_with_active_checks() -> None:
     checked = cluster("a")
     checked.record_connection_failure(checked.endpoints[0], "refused")
-    assert checked.routable("default", 0.0) == [] and not checked.ready
+    assert list(checked.routable("default", 0.0)) == [] and not checked.ready
     unchecked = cluster("a", health_check={"interval": 0})
-    unchecked.record_connection_failure(unchecked.endpoints[0], "refused")
-    assert unchecked.routable("default", 0.0) == list(unchecked.endpoints)  # nothing would bring it back
+    unchecked.record_connection_failure(unchecked.endpoints[0], "refused")  # (nothing would bring it back)
+    assert list(unchecked.routable("default", 0.0)) == list(unchecked.endpoints)
 
 
 def test_an_adopted_verdict_keeps_the_error_only_when_it_failed() -> None:
@@ -312,12 +312,12 @@ def names(c: Cluster, now: float = 0.0) -> list[str]:
 
 def test_what_is_routable_follows_every_change_of_health_ejection_and_endpoints() -> None:
     """`routable` answers from what it worked out last until something changes it: each change
-    shows at once, and a caller changing the list it got changes nothing for the next."""
+    shows at once. What a caller gets is read-only (it is what the next caller gets too)."""
     c = cluster("a", "b", "c", outlier_detection={"consecutive_5xx": 1, "max_ejection_percent": 100})
     a, b, cc = c.endpoints
     assert names(c) == ["a", "b", "c"]
     got = c.routable("default", 0.0)
-    got.clear()  # the caller's own list
+    assert isinstance(got, tuple)  # (no copy per request, so none to change)
     assert names(c) == ["a", "b", "c"]
 
     c.record_probe(a, "down")  # a failed health check
