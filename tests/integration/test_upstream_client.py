@@ -559,6 +559,46 @@ async def test_a_shorter_deadline_after_a_longer_one_on_a_kept_alive_connection_
     assert ports[0] == ports[1]
 
 
+async def test_a_request_without_a_deadline_after_one_with_a_deadline_is_not_cut_short(servers, clients):
+    ports: list[int] = []
+
+    async def ok(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        return web.Response(text="ok")
+
+    async def slow(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        await asyncio.sleep(0.5)  # past the first request's deadline
+        return web.Response(text="slow")
+
+    url = await servers.web(("GET", "/ok", ok), ("GET", "/slow", slow))
+    client = clients(max_connections=1)
+    async with asyncio.timeout(WAIT):
+        first = await get(client, url, "/ok", deadline=0.2)
+        assert await first.read() == b"ok"
+        second = await get(client, url, "/slow", deadline=None)
+        assert await second.read() == b"slow"
+    assert ports[0] == ports[1]
+
+
+async def test_a_connection_whose_deadline_timer_fired_while_idle_is_reused(servers, clients):
+    ports: list[int] = []
+
+    async def ok(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        return web.Response(text="ok")
+
+    url = await servers.web(("GET", "/ok", ok))
+    client = clients(max_connections=1)
+    async with asyncio.timeout(WAIT):
+        first = await get(client, url, "/ok", deadline=0.1)
+        assert await first.read() == b"ok"
+        await asyncio.sleep(0.3)  # the connection sits in the pool past the first request's deadline
+        second = await get(client, url, "/ok", deadline=0.5)
+        assert await second.read() == b"ok"
+    assert ports[0] == ports[1]
+
+
 async def test_connection_refused_is_unreachable(clients):
     with socket.socket() as bound_not_listening:  # holds the port so nothing else can listen on it
         bound_not_listening.bind(("127.0.0.1", 0))

@@ -38,6 +38,7 @@ _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _PAUSE_ABOVE = 256 * 1024  # buffered body bytes before we stop reading from the socket
 _RESUME_BELOW = 64 * 1024
 _MAX_SHAPES = 512  # answer head shapes remembered per origin; past it they are learnt afresh
+_TIMER_STEP = 0.001  # uvloop's timers and clock move in whole milliseconds
 # Content-Type values seen, as the media type they say: a few per server, bounded all the same.
 _MEDIA_TYPES: dict[bytes, str] = {}
 _MAX_MEDIA_TYPES = 256
@@ -245,12 +246,13 @@ class _Connection(asyncio.Protocol):
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._response: UpstreamResponse | None = None
         # The exchange's deadline (loop time), and one timer that looks at it when it fires: on a
-        # kept-alive connection every exchange's deadline is later than the last one's, so the timer
-        # armed for an earlier exchange stays and is moved on when it fires, instead of a timer made
-        # and cancelled per request (uvloop's call_later and cancel cost about 2 us together).
+        # kept-alive connection an exchange's deadline is most often later than the last one's, so
+        # the timer armed for an earlier exchange stays and is moved on when it fires (an earlier
+        # deadline arms it anew), instead of a timer made and cancelled per request (uvloop's
+        # call_later and cancel cost about 2 us together).
         self._due: float | None = None
         self._timeout = 0.0  # what the deadline was given as, for the error
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None  # (uvloop's call_at makes a plain Handle for a 0 delay)
         self._timer_at = 0.0
         self._received = False
         self._complete = False
@@ -400,9 +402,11 @@ class _Connection(asyncio.Protocol):
         due = self._due
         if due is None:
             return  # no exchange with a deadline now: the next one arms a timer of its own
-        if self.loop.time() < due:  # a later exchange's: look again then
-            self._timer = self.loop.call_at(due, self._check_deadline)
-            self._timer_at = due
+        now = self.loop.time()
+        if now < due:  # a later exchange's (or uvloop's whole milliseconds fired it early): look again
+            wait = max(due - now, _TIMER_STEP)  # (a shorter wait would run at once, again and again)
+            self._timer = self.loop.call_later(wait, self._check_deadline)
+            self._timer_at = now + wait
             return
         self._due = None
         self._abort(UpstreamTimeout(f"{self._pool.origin} did not answer within {self._timeout:g}s"))
