@@ -506,26 +506,35 @@ async def test_deadline_during_the_body_raises_timeout(servers, clients):
     assert caught.value.status == 504
 
 
-async def test_a_later_request_on_a_kept_alive_connection_gets_its_own_whole_deadline(servers, clients):
+def answers(
+    ports: list[int], text: str, after: float = 0.0
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A handler that notes the client's port, waits `after` seconds, then answers `text`."""
+
+    async def handle(request: web.Request) -> web.Response:
+        ports.append(peer_port(request))
+        await asyncio.sleep(after)
+        return web.Response(text=text)
+
+    return handle
+
+
+@pytest.mark.parametrize("second_deadline", [3.0, None])
+async def test_a_later_request_on_a_kept_alive_connection_is_not_cut_short_by_an_earlier_deadline(
+    servers, clients, second_deadline
+):
     """The connection keeps one deadline timer across its requests: the timer an earlier request's
-    short deadline armed must not cut a later, longer one short."""
+    short deadline armed must not cut short a later request with a longer deadline, or none."""
     ports: list[int] = []
-
-    async def ok(request: web.Request) -> web.Response:
-        ports.append(peer_port(request))
-        return web.Response(text="ok")
-
-    async def slow(request: web.Request) -> web.Response:
-        ports.append(peer_port(request))
-        await asyncio.sleep(0.6)  # past the first request's deadline, well within the second's
-        return web.Response(text="slow")
-
-    url = await servers.web(("GET", "/ok", ok), ("GET", "/slow", slow))
+    # /slow answers past the first request's deadline, well within the second's
+    url = await servers.web(
+        ("GET", "/ok", answers(ports, "ok")), ("GET", "/slow", answers(ports, "slow", 0.6))
+    )
     client = clients(max_connections=1)
     async with asyncio.timeout(WAIT):
         first = await get(client, url, "/ok", deadline=0.3)
         assert await first.read() == b"ok"
-        second = await get(client, url, "/slow", deadline=3.0)
+        second = await get(client, url, "/slow", deadline=second_deadline)
         assert await second.read() == b"slow"
     assert len(ports) == 2
     assert ports[0] == ports[1]  # one kept-alive connection, so one timer
@@ -535,17 +544,9 @@ async def test_a_shorter_deadline_after_a_longer_one_on_a_kept_alive_connection_
     servers, clients
 ):
     ports: list[int] = []
-
-    async def ok(request: web.Request) -> web.Response:
-        ports.append(peer_port(request))
-        return web.Response(text="ok")
-
-    async def hang(request: web.Request) -> web.Response:
-        ports.append(peer_port(request))
-        await asyncio.sleep(WAIT)
-        raise AssertionError("unreachable")
-
-    url = await servers.web(("GET", "/ok", ok), ("GET", "/hang", hang))
+    url = await servers.web(
+        ("GET", "/ok", answers(ports, "ok")), ("GET", "/hang", answers(ports, "late", WAIT))
+    )
     client = clients(max_connections=1)
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(WAIT):
@@ -559,36 +560,9 @@ async def test_a_shorter_deadline_after_a_longer_one_on_a_kept_alive_connection_
     assert ports[0] == ports[1]
 
 
-async def test_a_request_without_a_deadline_after_one_with_a_deadline_is_not_cut_short(servers, clients):
-    ports: list[int] = []
-
-    async def ok(request: web.Request) -> web.Response:
-        ports.append(peer_port(request))
-        return web.Response(text="ok")
-
-    async def slow(request: web.Request) -> web.Response:
-        ports.append(peer_port(request))
-        await asyncio.sleep(0.5)  # past the first request's deadline
-        return web.Response(text="slow")
-
-    url = await servers.web(("GET", "/ok", ok), ("GET", "/slow", slow))
-    client = clients(max_connections=1)
-    async with asyncio.timeout(WAIT):
-        first = await get(client, url, "/ok", deadline=0.2)
-        assert await first.read() == b"ok"
-        second = await get(client, url, "/slow", deadline=None)
-        assert await second.read() == b"slow"
-    assert ports[0] == ports[1]
-
-
 async def test_a_connection_whose_deadline_timer_fired_while_idle_is_reused(servers, clients):
     ports: list[int] = []
-
-    async def ok(request: web.Request) -> web.Response:
-        ports.append(peer_port(request))
-        return web.Response(text="ok")
-
-    url = await servers.web(("GET", "/ok", ok))
+    url = await servers.web(("GET", "/ok", answers(ports, "ok")))
     client = clients(max_connections=1)
     async with asyncio.timeout(WAIT):
         first = await get(client, url, "/ok", deadline=0.1)
