@@ -137,7 +137,7 @@ class AttemptLoop:
         cluster, route = ex.cluster, ex.route
         retries_policy = route.retries
         # The route's timeout covers every try, the waits and the answer's body: each try gets what
-        # is left as its client deadline (a timer per exchange, no extra task or context).
+        # is left as its client deadline (the upstream connection's one timer, no extra task or context).
         timeout = route.timeout
         deadline = time.monotonic() + timeout if timeout else None
         tried: list[Endpoint] = []

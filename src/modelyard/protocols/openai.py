@@ -44,8 +44,8 @@ def routing_request(body: bytes, kind: str) -> RoutingRequest:
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         max_tokens = 0 if kind == "embeddings" else DEFAULT_MAX_TOKENS
     # (made by tuple.__new__: a NamedTuple's own __new__ is a Python function, and this runs per request)
-    fields = (model or "", prompt, count_tokens(prompt), max_tokens, data.get("stream") is True, data)
-    return tuple.__new__(RoutingRequest, fields)
+    values = (model or "", prompt, count_tokens(prompt), max_tokens, data.get("stream") is True, data)
+    return tuple.__new__(RoutingRequest, values)
 
 
 def _chat_prompt(messages: list[Any]) -> str:
