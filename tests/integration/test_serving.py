@@ -54,9 +54,14 @@ async def gateway_with(sim_workers, gateways):
 
 async def test_slow_request_heads_get_408_and_are_closed(gateway_with, clients, http):
     gateway = await gateway_with(header_timeout=0.2)
-    slow = [await clients(gateway.url) for _ in range(50)]
-    for client in slow:
+    slow = []
+    for _ in range(50):
+        # Each sends the start of its head as soon as it is connected: a connection that has sent
+        # nothing when its header_timeout ends is closed without an answer (the test below), and
+        # connecting all 50 first can take longer than 0.2 s on a busy machine.
+        client = await clients(gateway.url)
         await client.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        slow.append(client)
 
     async def trickle() -> None:  # a header byte now and then, as slowloris sends them
         for _ in range(40):
