@@ -26,7 +26,6 @@ from modelyard.balancing import Pick
 from modelyard.balancing import retry as policy
 from modelyard.balancing.routes import ALL_SUBSETS
 from modelyard.cluster import Endpoint
-from modelyard.config import RetryPolicy
 from modelyard.errors import (
     EndpointTakenOut,
     ModelyardError,
@@ -161,7 +160,7 @@ class AttemptLoop:
                 flight = Flight()
                 cluster.awaiting_answer(endpoint, flight)
                 try:
-                    outcome = await self._try(ex, endpoint, deadline, flight, headers, retries_policy)
+                    outcome = await self._try(ex, endpoint, deadline, flight, headers)
                 except BaseException as exc:  # cancelled (the client left), or the route's time is up
                     cluster.release(endpoint, ex.tokens, id(ex))
                     code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
@@ -253,7 +252,6 @@ class AttemptLoop:
         deadline: float | None,
         flight: Flight,
         headers: RawHeaders | list[tuple[str, str]],
-        retries_policy: RetryPolicy,  # the route's (passed in: each field of a config model costs a lookup)
     ) -> _Try:
         route = ex.route
         remaining = None
@@ -284,7 +282,7 @@ class AttemptLoop:
                 # taken as proof: one request may have crashed a worker, or met an idle close.)
                 ex.cluster.record_connection_failure(endpoint, exc.message)
             return _Try(policy.reason_for_error(exc), error=exc)
-        reason = policy.reason_for_status(response.status, retries_policy)
+        reason = policy.reason_for_status(response.status, route.retries)
         return tuple.__new__(_Try, (reason, None, response))
 
     async def _send_grpc(

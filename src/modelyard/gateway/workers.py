@@ -94,8 +94,7 @@ def serve_workers(
     The HTTP port and listen.grpc_port are both reserved here, so that port 0 becomes one port that
     every worker binds (SO_REUSEPORT) and a port in use is refused before any worker starts."""
     check_workers(config, source, count)
-    state_rings = config.state.backend == "memory"  # the workers' routing state (with Redis: Redis)
-    run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=_run_parent(count, state_rings)))
+    run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=_run_parent(count, _state_rings(config))))
     reserved: list[socket.socket] = []
     layout = Layout(config, count)
     shared = None
@@ -134,13 +133,18 @@ def create_run_files(run_dir: Path, config: GatewayConfig, count: int) -> Shared
     (run_dir / METRICS_DIR).mkdir()
     shared = SharedInts(run_dir / SHARED_FILE, Layout(config, count).size, create=True)
     try:
-        if config.state.backend == "memory":  # the workers' routing state (with Redis: Redis)
+        if _state_rings(config):
             create_rings(run_dir / RINGS_FILE, count)
         create_rings(run_dir / LOG_FILE, count, LOG_RING_BYTES)  # each worker's routing-log records
     except BaseException:
         shared.close()
         raise
     return shared
+
+
+def _state_rings(config: GatewayConfig) -> bool:
+    """Whether the workers share their routing state through rings (with Redis: through Redis)."""
+    return config.state.backend == "memory"
 
 
 def _run_parent(count: int, state_rings: bool, shm: Path = SHM) -> Path | None:
