@@ -15,7 +15,7 @@ import yaml
 
 from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
-from raw_http import Reply, send
+from raw_http import Client, Reply, send
 from raw_http import request as raw_request
 from support import ONE_SLOT, cancel_while_queued, model_config, wait_until
 
@@ -386,3 +386,46 @@ async def test_a_graph_request_the_client_gave_up_is_logged_as_client_closed(
         ("gone", "/v1/graphs/g", 499),
         ("gone", "/v2/models/m/infer", 499),
     ]
+
+
+def _head(path: str, framing: str) -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{framing}\r\n".encode()
+
+
+@pytest.mark.parametrize("listener", ["lean", "aiohttp"])  # a chunked body is aiohttp's to read
+async def test_a_request_refused_without_an_id_gets_one_in_its_answer_and_its_line(
+    sim_workers, gateways, caplog, listener
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], logging={"access_log": True})
+    ids = []
+    for body, status in ((orjson.dumps({"model": "nope", "messages": []}), 404), (b"{bad", 400)):
+        if listener == "lean":
+            data = _head(CHAT, f"Content-Length: {len(body)}\r\n") + body
+        else:
+            chunk = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            data = _head(CHAT, "Transfer-Encoding: chunked\r\n") + chunk
+        reply = await send(gateway.url, data)
+        assert reply.status == status
+        ids.append(reply.headers["x-request-id"])
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    assert [(e["request_id"], e["status"]) for e in entries] == [(ids[0], 404), (ids[1], 400)]
+    assert len(set(ids)) == 2 and all(ids)
+
+
+async def test_a_client_gone_while_its_body_is_read_has_a_499_line(sim_workers, gateways, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], logging={"access_log": True})
+    client = await Client.connect(gateway.url)
+    await client.send(_head(CHAT, "Transfer-Encoding: chunked\r\n") + b'40\r\n{"model": ')
+    client.close()  # the rest of the chunk never comes
+
+    async def logged() -> bool:
+        return bool(access_lines(caplog))
+
+    await wait_until(logged)
+    (entry,) = [orjson.loads(line) for line in access_lines(caplog)]
+    assert (entry["path"], entry["status"], entry["model"], entry["backend"]) == (CHAT, 499, "", "")
+    assert entry["request_id"]

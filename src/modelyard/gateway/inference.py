@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
 from modelyard.errors import BadRequest, ModelyardError, PayloadTooLarge
+from modelyard.gateway.attempts import CLIENT_CLOSED
 from modelyard.gateway.errors import REQUEST_ID, error_answer, internal_error
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
@@ -110,12 +111,16 @@ def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.S
         gateway = request.app[GATEWAY]
         try:
             await route(gateway, request, reply)
+        except (asyncio.CancelledError, ConnectionError):
+            if not reply.request_id:  # gone before routing (while its body was read): logged as such
+                refused(gateway, request, CLIENT_CLOSED, started)
+            raise
         except Exception as exc:  # a ModelyardError, or a bug: its answer and log line carry the id
             if reply.request_id:
                 request[REQUEST_ID] = reply.request_id
             else:
                 status = exc.status if isinstance(exc, ModelyardError | web.HTTPException) else 500
-                refused(gateway, request, status, started)
+                request[REQUEST_ID] = refused(gateway, request, status, started)
             raise
         assert reply.response is not None
         return reply.response
@@ -134,34 +139,45 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
         except ModelyardError as exc:
             if reply.started:
                 raise
+            request_id = reply.request_id or refused_id(gateway, request)
             error = exc
         except (asyncio.CancelledError, ConnectionError):
             raise  # the client went away: nothing to answer
         except Exception:
             if reply.started:
                 raise
-            error = internal_error(
-                request.method, request.path, reply.request_id or request.headers.get("X-Request-Id")
-            )
+            request_id = reply.request_id or refused_id(gateway, request)
+            error = internal_error(request.method, request.path, request_id)
         else:
             return
-        request_id = reply.request_id or request.headers.get("X-Request-Id")
-        headers, body = error_answer(request.path, error, request_id)
         if not reply.request_id:
-            refused(gateway, request, error.status, started)
+            refused(gateway, request, error.status, started, request_id)
+        headers, body = error_answer(request.path, error, request_id)
         reply.whole(error.status, headers, body)
 
     return handle
 
 
-def refused(gateway: Gateway, request: Inbound, status: int, started: float) -> None:
+def refused_id(gateway: Gateway, request: Inbound) -> str:
+    """The id of a request refused before routing: the client's X-Request-Id, else one made here,
+    as for a routed request, so that its answer and its access line carry one."""
+    return request.headers.get("X-Request-Id") or gateway.proxy.new_request_id()
+
+
+def refused(
+    gateway: Gateway, request: Inbound, status: int, started: float, request_id: str | None = None
+) -> str:
     """The access line of a request refused before routing (an unknown model, a malformed or too
-    large body): no model, route or backend. A routed request's line is the attempt loop's."""
+    large body, a client gone while its body was read): no model, route or backend. A routed
+    request's line is the attempt loop's. Returns the request's id (`refused_id` when not given)."""
+    if request_id is None:
+        request_id = refused_id(gateway, request)
     if gateway.access is not None:
         gateway.access.write_fields(
-            time.time(), request.headers.get("X-Request-Id", ""), request.method, request.raw_path,
+            time.time(), request_id, request.method, request.raw_path,
             "", "", "", "", "", 0, status, (time.perf_counter() - started) * 1000, 0,
         )  # fmt: skip
+    return request_id
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -199,7 +215,7 @@ async def run_graph(request: web.Request) -> web.Response:
         service.get(name)  # 404 before reading the body
         body = await read_body(request)
     except (ModelyardError, web.HTTPException) as exc:  # the graph's run writes its own access line
-        refused(gateway, request, exc.status, started)
+        request[REQUEST_ID] = refused(gateway, request, exc.status, started)
         raise
     want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
     return await service.run(name, body, list(request.headers.items()), want_trace)
