@@ -158,6 +158,16 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
     return handle
 
 
+def abandoned(gateway: Gateway) -> Callable[[H1Request, float], None]:
+    """For the lean listener: the access line of a request whose client left while its body was
+    read, `seconds` after its head was."""
+
+    def log_line(request: H1Request, seconds: float) -> None:
+        refused(gateway, request, CLIENT_CLOSED, time.perf_counter() - seconds)
+
+    return log_line
+
+
 def refused_id(gateway: Gateway, request: Inbound) -> str:
     """The id of a request refused before routing: the client's X-Request-Id, else one made here,
     as for a routed request, so that its answer and its access line carry one."""

@@ -8,6 +8,7 @@ from aiohttp import web
 from modelyard.config import GatewayConfig
 from modelyard.gateway.app import OIP_GRPC, create_app, lean_router
 from modelyard.gateway.gateway import GATEWAY
+from modelyard.gateway.inference import abandoned
 from modelyard.gateway.siblings import Siblings
 from modelyard.graph import Graph
 from modelyard.serving import HttpServer
@@ -49,6 +50,7 @@ async def start_gateway(
         config.listen,
         reuse_port=siblings is not None,
         lean=lean_router(app[GATEWAY]) if config.listen.lean else None,
+        lean_abandoned=abandoned(app[GATEWAY]),
         max_body_bytes=config.limits.max_body_bytes,
     )
     app[GATEWAY].watch_listener(server.stats)

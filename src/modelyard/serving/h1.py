@@ -140,6 +140,7 @@ class H1Settings:
     """What every lean connection of one server shares."""
 
     __slots__ = (
+        "abandoned",
         "drain",
         "header_timeout",
         "keepalive_timeout",
@@ -170,8 +171,12 @@ class H1Settings:
         max_line_size: int,
         max_field_size: int,
         max_headers: int,
+        abandoned: Callable[[H1Request, float], None] | None = None,
     ) -> None:
         self.router = router
+        # Told of a routed request whose client left while its body was read (with the seconds
+        # since its head was read); not while the server stops, which closes such connections itself.
+        self.abandoned = abandoned
         self.successor = successor
         self.stopping = False  # set by the server's stop: answers close, nothing is handed off
         self.drain = drain
@@ -202,6 +207,7 @@ class H1Connection(asyncio.Protocol):
         self._scanned = 0  # how far _raw was searched for the end of the head
         self._head_end = 0  # the head's length once complete, else 0
         self._body_end = 0  # the request's length once its head is read
+        self._body_since = 0.0  # loop time when a routed head's body was found incomplete
         # What the parser callbacks collect for the current head:
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
@@ -263,6 +269,12 @@ class H1Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
         self._stop_timers()
+        # A routed request not being answered: its body was still coming. (While the server stops,
+        # it closes such connections itself.)
+        abandoned, request = self._settings.abandoned, self._request
+        waiting = self._task is None and not self._handed_off and not self._settings.stopping
+        if abandoned is not None and request is not None and waiting:
+            abandoned(request, self._loop.time() - self._body_since)
         if self._task is not None:
             self._task.cancel()  # the client went away: stop the request (and its upstream call)
         self._wake_drain()
@@ -305,6 +317,8 @@ class H1Connection(asyncio.Protocol):
             if not self._head_end and not self._read_head():
                 return
             if len(self._raw) < self._body_end:
+                if not self._body_since:
+                    self._body_since = self._loop.time()
                 return  # the rest of the body is still coming
             if self._body_end > self._head_end:
                 try:
@@ -435,7 +449,7 @@ class H1Connection(asyncio.Protocol):
         self._names = []
         self._request = self._handler = None
         self._complete = False
-        self._scanned = self._head_end = self._body_end = 0
+        self._scanned = self._head_end = self._body_end = self._body_since = 0
         reply = _H1Reply(self, self._keep_alive)
         self._task = self._loop.create_task(self._run(handler, request, reply))
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
 from modelyard.config import ListenConfig
 from modelyard.serving.connection import MAX_REFUSALS, GuardedConnection, ListenerStats, Refusal
 from modelyard.serving.drain import closing_while_draining, install_drain
-from modelyard.serving.h1 import H1Connection, H1Settings, Router
+from modelyard.serving.h1 import H1Connection, H1Request, H1Settings, Router
 
 log = logging.getLogger("modelyard.serving")
 
@@ -33,7 +34,8 @@ class HttpServer:
 
     With a `lean` router, connections start as the lean HTTP/1.1 connection (h1.py), which answers
     the routes the router knows and hands the connection to aiohttp's handler at the first request
-    it does not.
+    it does not. `lean_abandoned` is told of a request of those whose client left while its body
+    was read (h1.H1Settings.abandoned).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class HttpServer:
         backlog: int = 1024,
         reuse_port: bool = False,
         lean: Router | None = None,
+        lean_abandoned: Callable[[H1Request, float], None] | None = None,
         max_body_bytes: int = 1024**2,
     ) -> None:
         self.app = app
@@ -65,6 +68,7 @@ class HttpServer:
         self._listener: asyncio.Server | None = None
         self._refusals: set[Refusal] = set()
         self._lean_router = lean
+        self._lean_abandoned = lean_abandoned  # see H1Settings.abandoned
         self._lean_stopping: asyncio.Future[None] | None = None
         self._max_body_bytes = max_body_bytes  # the lean connection's; aiohttp's is the app's
         self._lean_settings: H1Settings | None = None
@@ -112,6 +116,7 @@ class HttpServer:
                 max_line_size=max_line_size,
                 max_field_size=max_field_size,
                 max_headers=max_headers,
+                abandoned=self._lean_abandoned,
             )
         try:
             self._listener = await asyncio.get_running_loop().create_server(
