@@ -15,7 +15,7 @@ import yaml
 
 from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
-from raw_http import Client, Reply, send
+from raw_http import Client, Reply, read_reply, send
 from raw_http import request as raw_request
 from support import ONE_SLOT, cancel_while_queued, model_config, wait_until
 
@@ -400,36 +400,91 @@ async def test_a_request_refused_without_an_id_gets_one_in_its_answer_and_its_li
     (worker,) = await sim_workers(1)
     gateway = await gateways([model_config("m", [worker])], logging={"access_log": True})
     ids = []
-    for body, status in ((orjson.dumps({"model": "nope", "messages": []}), 404), (b"{bad", 400)):
+    refused = (
+        (orjson.dumps({"model": "nope", "messages": []}), 404, ""),
+        (b"{bad", 400, ""),
+        (b"{", 400, "mine"),
+    )
+    for body, status, sent_id in refused:
+        framing = f"X-Request-Id: {sent_id}\r\n" if sent_id else ""
         if listener == "lean":
-            data = _head(CHAT, f"Content-Length: {len(body)}\r\n") + body
+            data = _head(CHAT, framing + f"Content-Length: {len(body)}\r\n") + body
         else:
             chunk = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-            data = _head(CHAT, "Transfer-Encoding: chunked\r\n") + chunk
+            data = _head(CHAT, framing + "Transfer-Encoding: chunked\r\n") + chunk
         reply = await send(gateway.url, data)
         assert reply.status == status
         ids.append(reply.headers["x-request-id"])
     entries = [orjson.loads(line) for line in access_lines(caplog)]
-    assert [(e["request_id"], e["status"]) for e in entries] == [(ids[0], 404), (ids[1], 400)]
-    assert len(set(ids)) == 2 and all(ids)
+    assert [(e["request_id"], e["status"]) for e in entries] == [(ids[0], 404), (ids[1], 400), ("mine", 400)]
+    assert ids[2] == "mine" and ids[0] and ids[1] and ids[0] != ids[1]
+
+
+GRAPH = {"nodes": {"root": {"routerType": "Sequence", "steps": [{"name": "only", "serviceName": "m"}]}}}
+PARTIAL_BODIES = {  # the head and the start of a body whose rest never comes
+    "lean": _head(CHAT, "Content-Length: 64\r\n") + b'{"model": ',
+    "aiohttp": _head(CHAT, "Transfer-Encoding: chunked\r\n") + b'40\r\n{"model": ',
+    "graph": _head("/v1/graphs/g", "Content-Length: 64\r\n") + b'{"inputs": ',
+}
+
+
+@pytest.mark.parametrize("listener", list(PARTIAL_BODIES))  # (graphs are aiohttp's)
+async def test_a_client_gone_while_its_body_is_read_has_a_499_line(
+    sim_workers, gateways, http, caplog, listener
+):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways([model_config("m", [worker])], graphs={"g": GRAPH}, logging={"access_log": True})
+    client = await Client.connect(gateway.url)
+    pipelined = (
+        raw_request("POST", CHAT, orjson.dumps(chat()), X_Request_Id="first") if listener == "lean" else b""
+    )
+    await client.send(pipelined + PARTIAL_BODIES[listener])
+    if pipelined:  # answered, then the client leaves during the next request's body
+        assert (await read_reply(client.reader)).status == 200
+    client.close()
+
+    async def logged(count: int) -> bool:
+        return len(access_lines(caplog)) >= count
+
+    await wait_until(lambda: logged(len(pipelined and b"x") + 1))
+    async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "after"}) as response:
+        assert response.status == 200
+    await wait_until(lambda: logged(len(pipelined and b"x") + 2))
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    path = "/v1/graphs/g" if listener == "graph" else CHAT
+    gone = (path, 499, "", "")
+    assert [(e["path"], e["status"], e["model"], e["backend"]) for e in entries] == [
+        *([(CHAT, 200, "m", "w0")] if pipelined else []),
+        gone,
+        (CHAT, 200, "m", "w0"),
+    ]
+    assert entries[-2]["request_id"] not in ("", "first", "after")
 
 
 @pytest.mark.parametrize("listener", ["lean", "aiohttp"])
-async def test_a_client_gone_while_its_body_is_read_has_a_499_line(sim_workers, gateways, caplog, listener):
+async def test_a_body_still_coming_when_the_gateway_stops_has_no_line(
+    sim_workers, gateways, caplog, listener
+):
     caplog.set_level(logging.INFO, logger=ACCESS)
     (worker,) = await sim_workers(1)
-    gateway = await gateways([model_config("m", [worker])], logging={"access_log": True})
+    gateway = await gateways(
+        [model_config("m", [worker])],
+        logging={"access_log": True},
+        listen={"host": "127.0.0.1", "port": 0, "shutdown_timeout": "100ms"},
+    )
     client = await Client.connect(gateway.url)
     if listener == "lean":
-        await client.send(_head(CHAT, "Content-Length: 64\r\n") + b'{"model": ')
-    else:
-        await client.send(_head(CHAT, "Transfer-Encoding: chunked\r\n") + b'40\r\n{"model": ')
-    client.close()  # the rest of the body never comes
+        await client.send(PARTIAL_BODIES["lean"])
 
-    async def logged() -> bool:
-        return bool(access_lines(caplog))
+        async def read() -> bool:  # the lean connection holds the partial request
+            return any(c.waiting_bytes for c in gateway.server.lean_connections)
 
-    await wait_until(logged)
-    (entry,) = [orjson.loads(line) for line in access_lines(caplog)]
-    assert (entry["path"], entry["status"], entry["model"], entry["backend"]) == (CHAT, 499, "", "")
-    assert entry["request_id"]
+        await wait_until(read)
+    else:  # Expect: 100-continue goes to aiohttp, which says Continue once the handler reads the body
+        await client.send(_head(CHAT, "Content-Length: 64\r\nExpect: 100-continue\r\n"))
+        assert (await read_reply(client.reader)).status == 100
+        await client.send(b'{"model": ')
+    await gateway.stop()  # it closes the connection: the client did not leave
+    client.close()
+    assert access_lines(caplog) == []

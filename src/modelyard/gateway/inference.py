@@ -112,7 +112,7 @@ def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.S
         try:
             await route(gateway, request, reply)
         except (asyncio.CancelledError, ConnectionError):
-            if not reply.request_id:  # gone before routing (while its body was read): logged as such
+            if not reply.request_id and gone_mid_body(request):
                 refused(gateway, request, CLIENT_CLOSED, started)
             raise
         except Exception as exc:  # a ModelyardError, or a bug: its answer and log line carry the id
@@ -166,6 +166,13 @@ def abandoned(gateway: Gateway) -> Callable[[H1Request, float], None]:
         refused(gateway, request, CLIENT_CLOSED, time.perf_counter() - seconds)
 
     return log_line
+
+
+def gone_mid_body(request: web.Request) -> bool:
+    """Whether the client left while aiohttp read the request's body: its connection is lost and
+    the body did not end. (A stop cancels the handler too, with the connection still open; a client
+    gone later, during the affinity lookup, had sent its whole body.)"""
+    return request.transport is None and not request.content.is_eof()
 
 
 def refused_id(gateway: Gateway, request: Inbound) -> str:
@@ -226,6 +233,10 @@ async def run_graph(request: web.Request) -> web.Response:
         body = await read_body(request)
     except (ModelyardError, web.HTTPException) as exc:  # the graph's run writes its own access line
         request[REQUEST_ID] = refused(gateway, request, exc.status, started)
+        raise
+    except (asyncio.CancelledError, ConnectionError):
+        if gone_mid_body(request):
+            refused(gateway, request, CLIENT_CLOSED, started)
         raise
     want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
     return await service.run(name, body, list(request.headers.items()), want_trace)

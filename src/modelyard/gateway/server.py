@@ -50,7 +50,7 @@ async def start_gateway(
         config.listen,
         reuse_port=siblings is not None,
         lean=lean_router(app[GATEWAY]) if config.listen.lean else None,
-        lean_abandoned=abandoned(app[GATEWAY]),
+        lean_abandoned=abandoned(app[GATEWAY]) if config.listen.lean else None,
         max_body_bytes=config.limits.max_body_bytes,
     )
     app[GATEWAY].watch_listener(server.stats)

@@ -174,8 +174,9 @@ class H1Settings:
         abandoned: Callable[[H1Request, float], None] | None = None,
     ) -> None:
         self.router = router
-        # Told of a routed request whose client left while its body was read (with the seconds
-        # since its head was read); not while the server stops, which closes such connections itself.
+        # Told of a routed request whose client left while its body was read, with the seconds
+        # since its head was read (when its body was found incomplete: the same read); not while
+        # the server stops, which closes such connections itself.
         self.abandoned = abandoned
         self.successor = successor
         self.stopping = False  # set by the server's stop: answers close, nothing is handed off
@@ -269,16 +270,16 @@ class H1Connection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
         self._stop_timers()
+        if self._task is not None:
+            self._task.cancel()  # the client went away: stop the request (and its upstream call)
+        self._wake_drain()
+        self._settings.on_lost(self)
         # A routed request not being answered: its body was still coming. (While the server stops,
         # it closes such connections itself.)
         abandoned, request = self._settings.abandoned, self._request
         waiting = self._task is None and not self._handed_off and not self._settings.stopping
         if abandoned is not None and request is not None and waiting:
             abandoned(request, self._loop.time() - self._body_since)
-        if self._task is not None:
-            self._task.cancel()  # the client went away: stop the request (and its upstream call)
-        self._wake_drain()
-        self._settings.on_lost(self)
 
     def pause_writing(self) -> None:
         self._write_paused = True

@@ -34,8 +34,8 @@ class HttpServer:
 
     With a `lean` router, connections start as the lean HTTP/1.1 connection (h1.py), which answers
     the routes the router knows and hands the connection to aiohttp's handler at the first request
-    it does not. `lean_abandoned` is told of a request of those whose client left while its body
-    was read (h1.H1Settings.abandoned).
+    it does not. `lean_abandoned` is told of each request on those routes whose client left while
+    its body was read (h1.H1Settings.abandoned).
     """
 
     def __init__(
