@@ -9,9 +9,12 @@ import re
 import signal
 import sys
 
+import numpy as np
 import orjson
 import pytest
+import tritonclient.grpc as grpcclient
 import yaml
+from tritonclient.utils import InferenceServerException
 
 from modelyard.gateway import GATEWAY, RunningGateway
 from otlp_receiver import OtlpReceiver
@@ -488,3 +491,37 @@ async def test_a_body_still_coming_when_the_gateway_stops_has_no_line(
     await gateway.stop()  # it closes the connection: the client did not leave
     client.close()
     assert access_lines(caplog) == []
+
+
+async def test_grpc_calls_refused_before_routing_have_one_line_each(sim_workers, gateways, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways(
+        [model_config("m", [worker], protocol="v2")],
+        logging={"access_log": True},
+        listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
+    )
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
+    tensor = grpcclient.InferInput("x", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, np.float32))
+    calls = [
+        (client.infer, ("nope", [tensor]), {"headers": {"x-request-id": "g1"}}),
+        (client.infer, ("m", [tensor]), {"model_version": ".", "headers": {"x-request-id": "g2"}}),
+        (client.get_model_metadata, ("nope",), {"headers": {"x-request-id": "g3"}}),
+        (client.is_model_ready, ("nope",), {}),
+    ]
+    try:
+        for call, args, kwargs in calls:
+            with pytest.raises(InferenceServerException):
+                await asyncio.to_thread(call, *args, client_timeout=30.0, **kwargs)
+    finally:
+        await asyncio.to_thread(client.close)
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    assert [(e["request_id"], e["method"], e["path"], e["status"], e["model"]) for e in entries[:3]] == [
+        ("g1", "POST", "/v2/models/nope/infer", 404, ""),
+        ("g2", "POST", "/v2/models/m/versions/./infer", 400, ""),
+        ("g3", "GET", "/v2/models/nope", 404, ""),
+    ]
+    (last,) = entries[3:]
+    assert (last["method"], last["path"], last["status"]) == ("GET", "/v2/models/nope/ready", 404)
+    assert last["request_id"]

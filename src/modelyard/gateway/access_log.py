@@ -19,6 +19,7 @@ import os
 import select
 import sys
 import threading
+import time
 from collections import deque
 from datetime import UTC, datetime
 from typing import IO
@@ -74,6 +75,13 @@ class AccessLog:
             size,
             trace_id,
             record.worker,
+        )
+
+    def refused(self, request_id: str, method: str, path: str, status: int, seconds: float) -> None:
+        """The line of a request refused before routing: no model, route or backend (a routed
+        request's line is the attempt loop's)."""
+        self.write_fields(
+            time.time(), request_id, method, path, "", "", "", "", "", 0, status, seconds * 1000, 0
         )
 
     def write_fields(

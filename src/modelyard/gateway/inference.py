@@ -190,10 +190,9 @@ def refused(
     if request_id is None:
         request_id = refused_id(gateway, request)
     if gateway.access is not None:
-        gateway.access.write_fields(
-            time.time(), request_id, request.method, request.raw_path,
-            "", "", "", "", "", 0, status, (time.perf_counter() - started) * 1000, 0,
-        )  # fmt: skip
+        gateway.access.refused(
+            request_id, request.method, request.raw_path, status, time.perf_counter() - started
+        )
     return request_id
 
 

@@ -15,8 +15,9 @@ the caller's `x-request-id` metadata, else one made here.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from urllib.parse import quote
 
 import orjson
@@ -50,9 +51,11 @@ class GatewayOip:
     async def model_ready(
         self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
     ) -> bool | Relayed:
-        cluster = self._gateway.cluster(model)
+        with self._refusing(headers, "GET", model, version, "/ready"):
+            cluster = self._gateway.cluster(model)
+            path = _path(cluster, version, "/ready")
         try:
-            answer = await self._call(cluster, "GET", _path(cluster, version, "/ready"), headers, b"", call)
+            answer = await self._call(cluster, "GET", path, headers, b"", call)
         except (UpstreamError, NoHealthyEndpoint):
             return False  # nothing serves it now: not ready, as opposed to unknown
         if answer.grpc and answer.status == 200:
@@ -62,28 +65,35 @@ class GatewayOip:
     async def model_metadata(
         self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
     ) -> object:
-        cluster = self._gateway.cluster(model)
-        answer = await self._call(cluster, "GET", _path(cluster, version, ""), headers, b"", call)
+        with self._refusing(headers, "GET", model, version, ""):
+            cluster = self._gateway.cluster(model)
+            path = _path(cluster, version, "")
+        answer = await self._call(cluster, "GET", path, headers, b"", call)
         return _answer(answer)
 
-    def admit(self, model: str) -> None:
+    def admit(self, model: str, headers: Sequence[tuple[str, str]]) -> None:
         """ModelNotFound (or the placement error) for an unknown model, Overloaded when every
         endpoint is full: checked before rpc/ converts the call's tensors."""
-        self._gateway.admit(model)
+        with self._refusing(headers, "POST", model, "", "/infer"):
+            self._gateway.admit(model)
 
     async def infer(
         self, model: str, version: str, call: OipCall, headers: Sequence[tuple[str, str]]
     ) -> object:
         """The inference, once `admit(model)` has passed (rpc/ calls it first)."""
-        cluster = self._gateway.cluster(model)
         sent = [*headers, _JSON]
-        path = _path(cluster, version, "/infer")
-        if cluster.speaks_grpc:  # converted only if an endpoint without gRPC is tried
+        with self._refusing(headers, "POST", model, version, "/infer"):
+            cluster = self._gateway.cluster(model)
+            path = _path(cluster, version, "/infer")
+            # converted before routing unless an endpoint may take the call as it is: a call that
+            # does not convert never takes a slot
+            body = None if cluster.speaks_grpc else orjson.dumps(call.json())
+        if body is None:  # converted only if an endpoint without gRPC is tried
             answer = await self._call(
                 cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json())
             )
-        else:  # converted before routing: a call that does not convert never takes a slot
-            answer = await self._call(cluster, "POST", path, sent, orjson.dumps(call.json()))
+        else:
+            answer = await self._call(cluster, "POST", path, sent, body)
         return _answer(answer)
 
     def stream_relay(self, model: str, headers: Sequence[tuple[str, str]]) -> StreamRelay | None:
@@ -125,17 +135,41 @@ class GatewayOip:
     def _forwarded(self, headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         """The call's metadata as the headers a backend gets, with the caller's x-request-id or a
         new one."""
-        request_id = (
+        return forwarded_request_headers(headers, self._request_id(headers))
+
+    def _request_id(self, headers: Sequence[tuple[str, str]]) -> str:
+        return (
             next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
             or self._gateway.proxy.new_request_id()
         )
-        return forwarded_request_headers(headers, request_id)
+
+    @contextlib.contextmanager
+    def _refusing(
+        self, headers: Sequence[tuple[str, str]], method: str, model: str, version: str, suffix: str
+    ) -> Iterator[None]:
+        """A call refused before routing (an unknown model, a version or tensors that cannot be
+        sent, no room) has its access line, as a REST request's has: the path is the REST one."""
+        started = time.perf_counter()
+        try:
+            yield
+        except ModelyardError as exc:
+            access = self._gateway.access
+            if access is not None:
+                path = _rest_path(model, version, suffix)
+                access.refused(
+                    self._request_id(headers), method, path, exc.status, time.perf_counter() - started
+                )
+            raise
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:
     if version in (".", ".."):
         raise BadRequest(f"model version {version!r} is not allowed")
-    path = "/v2/models/" + quote(cluster.name, safe="")
+    return _rest_path(cluster.name, version, suffix)
+
+
+def _rest_path(model: str, version: str, suffix: str) -> str:
+    path = "/v2/models/" + quote(model, safe="")
     if version:
         path += "/versions/" + quote(version, safe="")
     return path + suffix
