@@ -450,10 +450,11 @@ async def test_a_client_gone_while_its_body_is_read_has_a_499_line(
     async def logged(count: int) -> bool:
         return len(access_lines(caplog)) >= count
 
-    await wait_until(lambda: logged(len(pipelined and b"x") + 1))
+    first = 1 if pipelined else 0  # the pipelined request's line comes first
+    await wait_until(lambda: logged(first + 1))
     async with http.post(gateway.url + CHAT, json=chat(), headers={"X-Request-Id": "after"}) as response:
         assert response.status == 200
-    await wait_until(lambda: logged(len(pipelined and b"x") + 2))
+    await wait_until(lambda: logged(first + 2))
     entries = [orjson.loads(line) for line in access_lines(caplog)]
     path = "/v1/graphs/g" if listener == "graph" else CHAT
     gone = (path, 499, "", "")
@@ -484,7 +485,7 @@ async def test_a_body_still_coming_when_the_gateway_stops_has_no_line(
             return any(c.waiting_bytes for c in gateway.server.lean_connections)
 
         await wait_until(read)
-    else:  # Expect: 100-continue goes to aiohttp, which says Continue once the handler reads the body
+    else:  # Expect: 100-continue goes to aiohttp, which says Continue as it starts the handler
         await client.send(_head(CHAT, "Content-Length: 64\r\nExpect: 100-continue\r\n"))
         assert (await read_reply(client.reader)).status == 100
         await client.send(b'{"model": ')
@@ -505,7 +506,7 @@ async def test_grpc_calls_refused_before_routing_have_one_line_each(sim_workers,
     tensor = grpcclient.InferInput("x", [1], "FP32")
     tensor.set_data_from_numpy(np.ones(1, np.float32))
     calls = [
-        (client.infer, ("nope", [tensor]), {"headers": {"x-request-id": "g1"}}),
+        (client.infer, ("nope", [tensor]), {"model_version": "2", "headers": {"x-request-id": "g1"}}),
         (client.infer, ("m", [tensor]), {"model_version": ".", "headers": {"x-request-id": "g2"}}),
         (client.get_model_metadata, ("nope",), {"headers": {"x-request-id": "g3"}}),
         (client.is_model_ready, ("nope",), {}),
@@ -514,14 +515,24 @@ async def test_grpc_calls_refused_before_routing_have_one_line_each(sim_workers,
         for call, args, kwargs in calls:
             with pytest.raises(InferenceServerException):
                 await asyncio.to_thread(call, *args, client_timeout=30.0, **kwargs)
+        # a routed call: the attempt loop's line only
+        await asyncio.to_thread(
+            client.infer, "m", [tensor], headers={"x-request-id": "ok"}, client_timeout=30.0
+        )
     finally:
         await asyncio.to_thread(client.close)
     entries = [orjson.loads(line) for line in access_lines(caplog)]
     assert [(e["request_id"], e["method"], e["path"], e["status"], e["model"]) for e in entries[:3]] == [
-        ("g1", "POST", "/v2/models/nope/infer", 404, ""),
+        ("g1", "POST", "/v2/models/nope/versions/2/infer", 404, ""),
         ("g2", "POST", "/v2/models/m/versions/./infer", 400, ""),
         ("g3", "GET", "/v2/models/nope", 404, ""),
     ]
-    (last,) = entries[3:]
-    assert (last["method"], last["path"], last["status"]) == ("GET", "/v2/models/nope/ready", 404)
-    assert last["request_id"]
+    ready, routed = entries[3:]
+    assert (ready["method"], ready["path"], ready["status"]) == ("GET", "/v2/models/nope/ready", 404)
+    assert ready["request_id"] not in ("", "ok")
+    assert (routed["request_id"], routed["path"], routed["status"], routed["model"]) == (
+        "ok",
+        "/v2/models/m/infer",
+        200,
+        "m",
+    )

@@ -157,7 +157,7 @@ class Recorder:
     async def model_ready(self, model: str, version: str, headers: Any, call: OipCall) -> bool:
         return True
 
-    def admit(self, model: str, headers: Any) -> None:
+    def admit(self, model: str, version: str, headers: Any) -> None:
         pass
 
     async def model_metadata(self, model: str, version: str, headers: Any, call: OipCall) -> object:

@@ -10,14 +10,14 @@ answer goes back to rpc/ to become a gRPC message. A backend's error answer beco
 `ModelServerAnswered`, carrying its status and message, which rpc/ maps to a gRPC code (and cuts to
 fit the header gRPC carries it in). The call's metadata goes to the backend as the REST path's
 headers do (`forwarded_request_headers`: no hop-by-hop or framing headers), with an X-Request-Id:
-the caller's `x-request-id` metadata, else one made here.
+the caller's `x-request-id` metadata, else one made here. A call refused before routing has an
+access line of its own (`_refused`), as a REST request has.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import quote
 
 import orjson
@@ -51,9 +51,13 @@ class GatewayOip:
     async def model_ready(
         self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
     ) -> bool | Relayed:
-        with self._refusing(headers, "GET", model, version, "/ready"):
+        started = time.perf_counter()
+        try:
             cluster = self._gateway.cluster(model)
             path = _path(cluster, version, "/ready")
+        except ModelyardError as exc:
+            self._refused(headers, "GET", _rest_path(model, version, "/ready"), exc, started)
+            raise
         try:
             answer = await self._call(cluster, "GET", path, headers, b"", call)
         except (UpstreamError, NoHealthyEndpoint):
@@ -65,29 +69,40 @@ class GatewayOip:
     async def model_metadata(
         self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
     ) -> object:
-        with self._refusing(headers, "GET", model, version, ""):
+        started = time.perf_counter()
+        try:
             cluster = self._gateway.cluster(model)
             path = _path(cluster, version, "")
+        except ModelyardError as exc:
+            self._refused(headers, "GET", _rest_path(model, version, ""), exc, started)
+            raise
         answer = await self._call(cluster, "GET", path, headers, b"", call)
         return _answer(answer)
 
-    def admit(self, model: str, headers: Sequence[tuple[str, str]]) -> None:
+    def admit(self, model: str, version: str, headers: Sequence[tuple[str, str]]) -> None:
         """ModelNotFound (or the placement error) for an unknown model, Overloaded when every
         endpoint is full: checked before rpc/ converts the call's tensors."""
-        with self._refusing(headers, "POST", model, "", "/infer"):
+        try:
             self._gateway.admit(model)
+        except ModelyardError as exc:
+            self._refused(headers, "POST", _rest_path(model, version, "/infer"), exc, time.perf_counter())
+            raise
 
     async def infer(
         self, model: str, version: str, call: OipCall, headers: Sequence[tuple[str, str]]
     ) -> object:
         """The inference, once `admit(model)` has passed (rpc/ calls it first)."""
+        started = time.perf_counter()
         sent = [*headers, _JSON]
-        with self._refusing(headers, "POST", model, version, "/infer"):
+        try:
             cluster = self._gateway.cluster(model)
             path = _path(cluster, version, "/infer")
-            # converted before routing unless an endpoint may take the call as it is: a call that
-            # does not convert never takes a slot
+            # Converted before routing unless an endpoint may take the call as it is: a call that
+            # does not convert never takes a slot.
             body = None if cluster.speaks_grpc else orjson.dumps(call.json())
+        except ModelyardError as exc:
+            self._refused(headers, "POST", _rest_path(model, version, "/infer"), exc, started)
+            raise
         if body is None:  # converted only if an endpoint without gRPC is tried
             answer = await self._call(
                 cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json())
@@ -143,23 +158,20 @@ class GatewayOip:
             or self._gateway.proxy.new_request_id()
         )
 
-    @contextlib.contextmanager
-    def _refusing(
-        self, headers: Sequence[tuple[str, str]], method: str, model: str, version: str, suffix: str
-    ) -> Iterator[None]:
-        """A call refused before routing (an unknown model, a version or tensors that cannot be
-        sent, no room) has its access line, as a REST request's has: the path is the REST one."""
-        started = time.perf_counter()
-        try:
-            yield
-        except ModelyardError as exc:
-            access = self._gateway.access
-            if access is not None:
-                path = _rest_path(model, version, suffix)
-                access.refused(
-                    self._request_id(headers), method, path, exc.status, time.perf_counter() - started
-                )
-            raise
+    def _refused(
+        self,
+        headers: Sequence[tuple[str, str]],
+        method: str,
+        path: str,
+        error: ModelyardError,
+        started: float,
+    ) -> None:
+        """The access line of a call refused before routing (an unknown model, a version or tensors
+        that cannot be sent, no room), as a REST request's: `path` is the REST one it stands for."""
+        access = self._gateway.access
+        if access is not None:
+            seconds = time.perf_counter() - started
+            access.refused(self._request_id(headers), method, path, error.status, seconds)
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:

@@ -130,9 +130,10 @@ class OipHandler(Protocol):
         self, model: str, version: str, headers: Headers, call: OipCall
     ) -> bool | Relayed: ...
 
-    def admit(self, model: str, headers: Headers) -> None:
+    def admit(self, model: str, version: str, headers: Headers) -> None:
         """Raise when an inference for `model` would be refused anyway (an unknown model, no
-        capacity): the call fails before its tensors are converted."""
+        capacity): the call fails before its tensors are converted. (`version` and `headers` say
+        which call it was, for the handler's own account of it, such as an access log line.)"""
         ...
 
     async def model_metadata(self, model: str, version: str, headers: Headers, call: OipCall) -> object:
@@ -286,7 +287,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest, headers: Headers) -> pb.ModelInferResponse:
         if not request.model_name:
             raise BadRequest("model_name is required")
-        self._handler.admit(request.model_name, headers)
+        self._handler.admit(request.model_name, request.model_version, headers)
         call = OipCall(MODEL_INFER, request, self._max_json_bytes)
         answer = await self._handler.infer(request.model_name, request.model_version, call, headers)
         if isinstance(answer, Relayed):

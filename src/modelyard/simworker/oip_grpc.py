@@ -42,12 +42,12 @@ class SimOip:
     async def model_ready(self, model: str, version: str, headers: Headers, call: OipCall) -> bool:
         return self._served(model)
 
-    def admit(self, model: str, headers: Headers) -> None:
+    def admit(self, model: str, version: str, headers: Headers) -> None:
         if not self._served(model):
             raise NotFound(f"Model {model} not found")
 
     async def model_metadata(self, model: str, version: str, headers: Headers, call: OipCall) -> object:
-        self.admit(model, headers)
+        self.admit(model, version, headers)
         return oip_model_metadata(model, version or None)
 
     async def infer(self, model: str, version: str, call: OipCall, headers: Headers) -> object:

@@ -106,7 +106,7 @@ class StubHandler:
         self.messages.append((call.method, call.message))
         return Relayed(self.relayed) if self.relayed is not None else {"name": model}
 
-    def admit(self, model: str, headers: Any) -> None:
+    def admit(self, model: str, version: str, headers: Any) -> None:
         self.calls.append(("admit", model))
         if model != "m":
             raise ModelNotFound(model, ["m"])
