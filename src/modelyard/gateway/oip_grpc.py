@@ -51,13 +51,7 @@ class GatewayOip:
     async def model_ready(
         self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
     ) -> bool | Relayed:
-        started = time.perf_counter()
-        try:
-            cluster = self._gateway.cluster(model)
-            path = _path(cluster, version, "/ready")
-        except ModelyardError as exc:
-            self._refused(headers, "GET", _rest_path(model, version, "/ready"), exc, started)
-            raise
+        cluster, path = self._target(headers, "GET", model, version, "/ready")
         try:
             answer = await self._call(cluster, "GET", path, headers, b"", call)
         except (UpstreamError, NoHealthyEndpoint):
@@ -69,13 +63,7 @@ class GatewayOip:
     async def model_metadata(
         self, model: str, version: str, headers: Sequence[tuple[str, str]], call: OipCall
     ) -> object:
-        started = time.perf_counter()
-        try:
-            cluster = self._gateway.cluster(model)
-            path = _path(cluster, version, "")
-        except ModelyardError as exc:
-            self._refused(headers, "GET", _rest_path(model, version, ""), exc, started)
-            raise
+        cluster, path = self._target(headers, "GET", model, version, "")
         answer = await self._call(cluster, "GET", path, headers, b"", call)
         return _answer(answer)
 
@@ -85,24 +73,22 @@ class GatewayOip:
         try:
             self._gateway.admit(model)
         except ModelyardError as exc:
-            self._refused(headers, "POST", _rest_path(model, version, "/infer"), exc, time.perf_counter())
+            self._refused(headers, "POST", _rest_path(model, version, "/infer"), exc)
             raise
 
     async def infer(
         self, model: str, version: str, call: OipCall, headers: Sequence[tuple[str, str]]
     ) -> object:
         """The inference, once `admit(model)` has passed (rpc/ calls it first)."""
-        started = time.perf_counter()
         sent = [*headers, _JSON]
-        try:
-            cluster = self._gateway.cluster(model)
-            path = _path(cluster, version, "/infer")
-            # Converted before routing unless an endpoint may take the call as it is: a call that
-            # does not convert never takes a slot.
-            body = None if cluster.speaks_grpc else orjson.dumps(call.json())
-        except ModelyardError as exc:
-            self._refused(headers, "POST", _rest_path(model, version, "/infer"), exc, started)
-            raise
+        cluster, path = self._target(headers, "POST", model, version, "/infer")
+        body = None
+        if not cluster.speaks_grpc:  # converted before routing: a call that does not convert takes no slot
+            try:
+                body = orjson.dumps(call.json())
+            except ModelyardError as exc:
+                self._refused(headers, "POST", path, exc)
+                raise
         if body is None:  # converted only if an endpoint without gRPC is tried
             answer = await self._call(
                 cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json())
@@ -158,20 +144,27 @@ class GatewayOip:
             or self._gateway.proxy.new_request_id()
         )
 
+    def _target(
+        self, headers: Sequence[tuple[str, str]], method: str, model: str, version: str, suffix: str
+    ) -> tuple[Cluster, str]:
+        """The model's cluster and the REST path a call to it stands for; an unknown model or a
+        version not allowed refuses the call (with its access line)."""
+        try:
+            cluster = self._gateway.cluster(model)
+            return cluster, _path(cluster, version, suffix)
+        except ModelyardError as exc:
+            self._refused(headers, method, _rest_path(model, version, suffix), exc)
+            raise
+
     def _refused(
-        self,
-        headers: Sequence[tuple[str, str]],
-        method: str,
-        path: str,
-        error: ModelyardError,
-        started: float,
+        self, headers: Sequence[tuple[str, str]], method: str, path: str, error: ModelyardError
     ) -> None:
         """The access line of a call refused before routing (an unknown model, a version or tensors
-        that cannot be sent, no room), as a REST request's: `path` is the REST one it stands for."""
+        that cannot be sent, no room), as a REST request's: `path` is the REST one it stands for. It
+        is refused as soon as it is looked at, so its duration is 0 (rpc/ read its message before)."""
         access = self._gateway.access
         if access is not None:
-            seconds = time.perf_counter() - started
-            access.refused(self._request_id(headers), method, path, error.status, seconds)
+            access.refused(self._request_id(headers), method, path, error.status, 0.0)
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:
