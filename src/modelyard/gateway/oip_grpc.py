@@ -82,18 +82,16 @@ class GatewayOip:
         """The inference, once `admit(model)` has passed (rpc/ calls it first)."""
         sent = [*headers, _JSON]
         cluster, path = self._target(headers, "POST", model, version, "/infer")
-        body = None
-        if not cluster.speaks_grpc:  # converted before routing: a call that does not convert takes no slot
+        if cluster.speaks_grpc:  # converted only if an endpoint without gRPC is tried
+            answer = await self._call(
+                cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json())
+            )
+        else:  # converted before routing: a call that does not convert never takes a slot
             try:
                 body = orjson.dumps(call.json())
             except ModelyardError as exc:
                 self._refused(headers, "POST", path, exc)
                 raise
-        if body is None:  # converted only if an endpoint without gRPC is tried
-            answer = await self._call(
-                cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json())
-            )
-        else:
             answer = await self._call(cluster, "POST", path, sent, body)
         return _answer(answer)
 
