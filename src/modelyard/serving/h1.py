@@ -39,6 +39,7 @@ from modelyard.protocols.http import (
     fields_at,
     worth_keeping,
 )
+from modelyard.serving.busy_poll import BusyPoll
 from modelyard.serving.connection import ListenerStats, head_timeout
 from modelyard.serving.drain import Drain
 from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
@@ -141,6 +142,7 @@ class H1Settings:
 
     __slots__ = (
         "abandoned",
+        "busy",
         "drain",
         "header_timeout",
         "keepalive_timeout",
@@ -172,8 +174,10 @@ class H1Settings:
         max_field_size: int,
         max_headers: int,
         abandoned: Callable[[H1Request, float], None] | None = None,
+        busy: BusyPoll | None = None,
     ) -> None:
         self.router = router
+        self.busy = busy  # listen.busy_poll: told when each request's answer begins and ends
         # Told of a routed request whose client left while its body was read, with the seconds
         # since its head was read (when its body was found incomplete: the same read); not while
         # the server stops, which closes such connections itself.
@@ -455,6 +459,9 @@ class H1Connection(asyncio.Protocol):
         self._task = self._loop.create_task(self._run(handler, request, reply))
 
     async def _run(self, handler: Handler, request: H1Request, reply: _H1Reply) -> None:
+        busy = self._settings.busy  # (begun and ended here: a task cancelled before it starts runs neither)
+        if busy is not None:
+            busy.begin()
         try:
             await handler(request, reply)
             if not reply.started:
@@ -476,6 +483,8 @@ class H1Connection(asyncio.Protocol):
             reply.keep_alive = False
         finally:
             self._task = None
+            if busy is not None:
+                busy.end()
         self._after_answer(reply.keep_alive)
 
     def _after_answer(self, keep_alive: bool) -> None:

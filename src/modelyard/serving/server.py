@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from modelyard.config import ListenConfig
+from modelyard.serving.busy_poll import BusyPoll
 from modelyard.serving.connection import MAX_REFUSALS, GuardedConnection, ListenerStats, Refusal
 from modelyard.serving.drain import closing_while_draining, install_drain
 from modelyard.serving.h1 import H1Connection, H1Request, H1Settings, Router
@@ -35,7 +36,8 @@ class HttpServer:
     With a `lean` router, connections start as the lean HTTP/1.1 connection (h1.py), which answers
     the routes the router knows and hands the connection to aiohttp's handler at the first request
     it does not. `lean_abandoned` is told of each request on those routes whose client left while
-    its body was read (h1.H1Settings.abandoned).
+    its body was read (h1.H1Settings.abandoned). With `listen.busy_poll`, the loop polls without
+    sleeping around the lean connections' requests (busy_poll.py).
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class HttpServer:
         self._max_body_bytes = max_body_bytes  # the lean connection's; aiohttp's is the app's
         self._lean_settings: H1Settings | None = None
         self._lean: set[H1Connection] = set()
+        self.busy_poll: BusyPoll | None = None  # once started, with listen.busy_poll and a lean router
 
     @property
     def draining(self) -> bool:
@@ -104,6 +107,8 @@ class HttpServer:
         self._runner = runner  # before listening: the first connection may be accepted at once
         if self._lean_router is not None:
             max_line_size, max_field_size, max_headers = self._parser_limits
+            if self.listen.busy_poll:
+                self.busy_poll = BusyPoll(asyncio.get_running_loop(), self.listen.busy_poll)
             self._lean_settings = H1Settings(
                 router=self._lean_router,
                 successor=self._successor,
@@ -117,6 +122,7 @@ class HttpServer:
                 max_field_size=max_field_size,
                 max_headers=max_headers,
                 abandoned=self._lean_abandoned,
+                busy=self.busy_poll,
             )
         try:
             self._listener = await asyncio.get_running_loop().create_server(
@@ -195,6 +201,8 @@ class HttpServer:
         if runner is None:
             return
         self._drain.active = True  # whatever is still answered closes its connection
+        if self.busy_poll is not None:
+            self.busy_poll.close()
         if self._listener is not None:
             self._listener.close()
         for refusal in list(self._refusals):
