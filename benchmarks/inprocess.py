@@ -22,10 +22,13 @@ machine's load: under `valgrind --tool=callgrind`, with `--repeat 1` and two val
 runs per request, in one more round traced with sys.settrace. It repeats to within a few bytecodes
 (outlier detection also decides on a one-second clock) and says where the interpreter's work is;
 the harness's own functions are in it too (a few percent), and the dataclasses' generated
-__init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`. Bytecodes
-say where the work is; instructions say whether a change saves any (a C call may cost more than
-the bytecodes it replaces). The garbage collector is set up as `modelyard serve` sets it up once it
-serves (`settle_garbage_collector` in serving/process.py).
+__init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`. It also
+splits them by where the request is: from the client's bytes to the request written upstream, while
+the server works, from its answer to the answer written, and after that. At one connection only the
+first and third are the latency the client sees; the rest overlaps the server's and the client's
+time. Bytecodes say where the work is; instructions say whether a change saves any (a C call may
+cost more than the bytecodes it replaces). The garbage collector is set up as `modelyard serve`
+sets it up once it serves (`settle_garbage_collector` in serving/process.py).
 
 `--workers N` runs N gateways in this process as the N workers of one `modelyard serve --workers N`:
 their shared files in a temporary folder, prometheus-client in multiprocess mode, in-flight counts
@@ -101,11 +104,32 @@ class FakeTransport(asyncio.Transport):
         return ("127.0.0.1", 40000) if name == "peername" else default
 
 
+# Where a request is, for --opcodes: what runs between the client's bytes and the request sent
+# upstream, and between the server's answer and the answer written, is the latency the client sees
+# at one connection; what runs while the server works or after the answer is written overlaps them.
+PHASES = ("to the upstream write", "while the server works", "to the answer's write", "after the answer")
+phase = 0
+
+
+def _enter(which: int) -> None:
+    global phase
+    phase = which
+
+
 async def fake_connect(pool: Any, until: float | None = None) -> Any:
     """`_HostPool._connect` without a socket: the server answers each request on the next turn."""
     loop = asyncio.get_running_loop()
     conn = http1._Connection(pool)
-    conn.connection_made(FakeTransport(lambda _data: loop.call_soon(conn.data_received, RESPONSE)))
+
+    def answer() -> None:
+        _enter(2)
+        conn.data_received(RESPONSE)
+
+    def sent(_data: bytes) -> None:
+        _enter(1)
+        loop.call_soon(answer)
+
+    conn.connection_made(FakeTransport(sent))
     return conn
 
 
@@ -133,9 +157,11 @@ class Round:
 
     def _send(self, protocol: Any) -> None:
         self._sent += 1
+        _enter(0)
         protocol.data_received(REQUEST)
 
     def _answer(self, protocol: Any, data: bytes) -> None:
+        _enter(3)
         if not data.startswith(b"HTTP/1.1 200"):
             raise SystemExit(f"unexpected answer: {data[:300]!r}")
         self._answered += 1
@@ -217,11 +243,13 @@ async def run(args: argparse.Namespace, run_dir: Path | None) -> list[float]:
 async def count_opcodes(servers: list[Any], args: argparse.Namespace) -> None:
     """One more round with every bytecode counted, by the function that ran it."""
     counts: collections.Counter[tuple[str, int, str]] = collections.Counter()
+    by_phase = [0] * len(PHASES)
 
     def opcode(frame: FrameType, event: str, arg: Any) -> Any:
         if event == "opcode":
             code = frame.f_code
             counts[code.co_filename, code.co_firstlineno, code.co_qualname] += 1
+            by_phase[phase] += 1
         return opcode
 
     def call(frame: FrameType, event: str, arg: Any) -> Any:
@@ -237,7 +265,10 @@ async def count_opcodes(servers: list[Any], args: argparse.Namespace) -> None:
         sys.settrace(None)
     one.close()
     per = args.requests
-    print(f"{sum(counts.values()) / per:.0f} bytecodes per request; the top {args.opcodes} functions:")
+    print(f"{sum(counts.values()) / per:.0f} bytecodes per request, by where the request is:")
+    for name, count in zip(PHASES, by_phase, strict=True):
+        print(f"{count / per:8.1f}  {name}")
+    print(f"the top {args.opcodes} functions:")
     for (path, line, name), count in counts.most_common(args.opcodes):
         where = path.split("/src/")[-1].split("site-packages/")[-1]
         print(f"{count / per:8.1f}  {where}:{line} {name}")
