@@ -119,19 +119,21 @@ class ListenConfig(_Strict):
         "metadata) from a lean HTTP/1.1 connection (asyncio + httptools), 20-36% less CPU per "
         "request; a connection moves to aiohttp's server at its first other request; false = aiohttp only",
     )
-    busy_poll: Annotated[Seconds, Field(le=1.0)] = Field(
-        0.0,
-        description="around each request on the lean listener, keep polling for this long instead of "
-        "sleeping, while at most one request is being answered (HAProxy's busy-polling): a backend's "
-        "answer or the client's next request is read at once, not after the CPU wakes (slow on virtual "
-        "machines); keeps a CPU busy while requests come within the window; 0 = off",
-    )
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"] = Field(
         "auto",
         description="gateway processes serving this port (SO_REUSEPORT), sharing in-flight counts, "
         "health verdicts, ejections, affinities, the routing log, admin changes and /metrics; auto = "
         f"one per CPU the process may run on (its CPU affinity), at most {AUTO_WORKERS}, and one on a "
         "system other than Linux or with placement.scheduler",
+    )
+    busy_poll: Seconds = Field(
+        0.0,
+        le=1.0,
+        description="after a request on the lean listener begins and after it ends, keep polling for "
+        "this long instead of sleeping, while at most one lean request is being answered (HAProxy's "
+        "busy-polling): a backend's answer or the client's next request that comes within it is read "
+        "at once, not after the CPU wakes (slow on virtual machines); keeps a CPU busy while requests "
+        "keep coming within it; 0 = off",
     )
 
 

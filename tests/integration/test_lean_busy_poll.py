@@ -4,6 +4,8 @@ not once the server stops."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 
 from raw_http import read_reply, request
@@ -64,8 +66,7 @@ async def test_it_polls_around_one_request_not_two_and_stops_with_the_server(sim
     await wait_until(none_answering)
 
     await gateway.stop()
-
-    async def stopped_polling() -> bool:
-        return not busy.polling
-
-    await wait_until(stopped_polling)
+    busy.begin()  # (as a request would: a stopped server's poller never starts again)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not busy.polling
