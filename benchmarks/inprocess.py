@@ -18,17 +18,17 @@ Prints the median CPU time (user + system of this process) per request over the 
 with their quartiles. On a shared machine rounds spread widely (±25% on the 2-core VM here):
 compare medians of runs taken in turn, or count instructions, which do not move with the
 machine's load: under `valgrind --tool=callgrind`, with `--repeat 1` and two values of --requests
-(benchmarks/README.md has the commands). `--opcodes` counts the bytecodes each Python function
-runs per request, in one more round traced with sys.settrace. It repeats to within a few bytecodes
-(outlier detection also decides on a one-second clock) and says where the interpreter's work is;
-the harness's own functions are in it too (a few percent), and the dataclasses' generated
-__init__ methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`. It also
-splits them by where the request is: from the client's bytes to the request written upstream, while
-the server works, from its answer to the answer written, and after that. At one connection only the
-first and third are the latency the client sees; the rest overlaps the server's and the client's
-time. Bytecodes say where the work is; instructions say whether a change saves any (a C call may
-cost more than the bytecodes it replaces). The garbage collector is set up as `modelyard serve`
-sets it up once it serves (`settle_garbage_collector` in serving/process.py).
+(benchmarks/README.md has the commands). `--opcodes` counts the bytecodes each Python function runs
+per request, in one more round traced with sys.settrace. It repeats to within a few bytecodes
+(outlier detection also decides on a one-second clock) and says where the interpreter's work is; the
+harness's own functions are in it too (a few percent), and the dataclasses' generated __init__
+methods are counted together as `<string>:2 __create_fn__.<locals>.__init__`. It also splits the
+bytecodes by where the request is: from the client's bytes to the request written upstream, while
+the backend works, from the backend's answer to the answer written, and after that. At one
+connection only the first and third are the latency the client sees; the rest overlaps the backend's
+and the client's time. Bytecodes say where the work is; instructions say whether a change saves any
+(a C call may cost more than the bytecodes it replaces). The garbage collector is set up as
+`modelyard serve` sets it up once it serves (`settle_garbage_collector` in serving/process.py).
 
 `--workers N` runs N gateways in this process as the N workers of one `modelyard serve --workers N`:
 their shared files in a temporary folder, prometheus-client in multiprocess mode, in-flight counts

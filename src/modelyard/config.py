@@ -129,11 +129,11 @@ class ListenConfig(_Strict):
     busy_poll: Seconds = Field(
         0.0,
         le=1.0,
-        description="after a request on the lean listener begins and after it ends, keep polling for "
-        "this long instead of sleeping, while at most one lean request is being answered (HAProxy's "
-        "busy-polling): a backend's answer or the client's next request that comes within it is read "
-        "at once, not after the CPU wakes (slow on virtual machines); keeps a CPU busy while requests "
-        "keep coming within it; 0 = off",
+        description="once a worker starts answering a request on the lean listener, and again once the "
+        "answer is written, keep polling for this long instead of sleeping, while that worker answers "
+        "at most one lean request (HAProxy's busy-polling): a backend's answer or the client's next "
+        "request that comes within it is read at once, not after the CPU wakes (slow on virtual "
+        "machines); keeps a CPU busy while requests keep coming within it; 0 = off",
     )
 
 

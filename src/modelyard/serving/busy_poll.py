@@ -3,16 +3,17 @@ of sleeping in the poller (HAProxy's `busy-polling`; `listen.busy_poll`).
 
 A CPU that sleeps while its process waits for the next read can take long to wake: on a virtual
 machine the sleep hands the CPU back to the host, and the wake-up goes through it. At one
-connection that wake-up is paid twice a request (the backend's answer, the client's next
-request), and on the 2-CPU VM here it cost more than the gateway's own Python (benchmarks/README.md,
-"One connection: busy polling"). A loop with a callback ready polls with a zero timeout (uvloop's
-and asyncio's own), so a callback that queues itself again keeps the loop awake, and what arrives
+connection that wake-up is paid twice a request (the backend's answer, the client's next request),
+and on the 2-CPU VM here it cost more than the gateway's own Python (benchmarks/README.md, "One
+connection: busy polling"). A loop with a callback ready polls with a zero timeout (asyncio's loop
+and uvloop both do), so a callback that queues itself again keeps the loop awake, and what arrives
 within the window after a request begins or ends is read at once.
 
 Only the lean listener's requests are counted and polled for (the proxied inference routes). It
-polls only while at most one of them is being answered: with more in flight their own traffic
-keeps the worker awake, and polling would only take CPU from the backends and clients that share
-the machine. Off by default: while requests keep coming within the window, it keeps a CPU busy.
+polls only while at most one of them is being answered: with more in flight their own traffic keeps
+the worker awake, and polling would only take CPU from other processes on the machine (in the
+benchmark, the backends and wrk). Off by default: while requests keep coming within the window, it
+keeps a CPU busy.
 """
 
 from __future__ import annotations
