@@ -14,9 +14,12 @@ import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
+from grpc import aio
 from tritonclient.utils import InferenceServerException
 
 from modelyard.gateway import GATEWAY, RunningGateway
+from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
+from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2_grpc as pb_grpc
 from otlp_receiver import OtlpReceiver
 from raw_http import Client, Reply, read_reply, send
 from raw_http import request as raw_request
@@ -536,3 +539,33 @@ async def test_grpc_calls_refused_before_routing_have_one_line_each(sim_workers,
         200,
         "m",
     )
+
+
+async def test_a_grpc_calls_request_id_comes_back_as_its_line_has_it(sim_workers, gateways, caplog):
+    """A gRPC answer carries the call's request id in its trailing metadata (as a REST answer does in
+    X-Request-Id): the id the gateway made when the call sent none, routed or refused."""
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    (worker,) = await sim_workers(1)
+    gateway = await gateways(
+        [model_config("m", [worker], protocol="v2")],
+        logging={"access_log": True},
+        listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
+    )
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(
+        name="x", datatype="FP32", shape=[1], contents=pb.InferTensorContents(fp32_contents=[1.0])
+    )
+    unknown = pb.ModelInferRequest()
+    unknown.CopyFrom(request)
+    unknown.model_name = "nope"
+    async with aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
+        client = pb_grpc.GRPCInferenceServiceStub(channel)
+        routed = client.ModelInfer(request, timeout=30)
+        await routed
+        routed_id = dict(await routed.trailing_metadata())["x-request-id"]
+        with pytest.raises(aio.AioRpcError) as refused:
+            await client.ModelInfer(unknown, timeout=30)
+        refused_id = dict(refused.value.trailing_metadata())["x-request-id"]
+    entries = [orjson.loads(line) for line in access_lines(caplog)]
+    assert [(e["request_id"], e["status"]) for e in entries] == [(routed_id, 200), (refused_id, 404)]
+    assert routed_id != refused_id and len(routed_id) == 32

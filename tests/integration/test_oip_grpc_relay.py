@@ -154,6 +154,9 @@ class Recorder:
     def server_metadata(self) -> tuple[str, str, list[str]]:
         return "recorder", "0", []
 
+    def request_id(self, headers: Any) -> str:
+        return ""  # a backend makes none
+
     async def model_ready(self, model: str, version: str, headers: Any, call: OipCall) -> bool:
         return True
 

@@ -134,9 +134,10 @@ class GatewayOip:
     def _forwarded(self, headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         """The call's metadata as the headers a backend gets, with the caller's x-request-id or a
         new one."""
-        return forwarded_request_headers(headers, self._request_id(headers))
+        return forwarded_request_headers(headers, self.request_id(headers))
 
-    def _request_id(self, headers: Sequence[tuple[str, str]]) -> str:
+    def request_id(self, headers: Sequence[tuple[str, str]]) -> str:
+        """The call's x-request-id metadata, or a new id as a REST request without one gets."""
         return (
             next((v for k, v in headers if k.lower() == _REQUEST_ID), "")
             or self._gateway.proxy.new_request_id()
@@ -162,7 +163,7 @@ class GatewayOip:
         is refused as soon as it is looked at, so its duration is 0 (rpc/ read its message before)."""
         access = self._gateway.access
         if access is not None:
-            access.refused(self._request_id(headers), method, path, error.status, 0.0)
+            access.refused(self.request_id(headers), method, path, error.status, 0.0)
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:

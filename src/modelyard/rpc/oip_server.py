@@ -15,6 +15,12 @@ gateway sets itself; `-bin` metadata (binary) is not forwarded. A value with a c
 visible ASCII, space and tab is refused (INVALID_ARGUMENT): grpc-core takes CR and LF from a raw
 HTTP/2 client, and they must never reach an HTTP/1.1 request head.
 
+A unary call (ModelReady, ModelMetadata, ModelInfer) has a request id, as a REST request does: its
+`x-request-id` metadata, else one the handler makes (`request_id`), added to the headers the
+handler gets. It goes back to the client in the answer's trailing metadata, errors included (the
+counterpart of a REST answer's X-Request-Id header). A stream's requests, answered one by one, have
+an id each that does not come back: one stream has one set of trailing metadata.
+
 An infer call asks the handler to `admit` the model (known, with capacity) before anything else.
 The handler gets the call as an `OipCall`: the request message's bytes, to relay to a backend that
 speaks gRPC as they are, and (for ModelInfer) its JSON for a REST backend, converted only when asked
@@ -69,6 +75,8 @@ _CALL_METADATA = frozenset(
     }
 )
 _NOT_HEADER_TEXT = re.compile(r"[^\t\x20-\x7e]")
+_NOT_METADATA_TEXT = re.compile(r"[^\x20-\x7e]")  # what gRPC allows in a text metadata value
+REQUEST_ID = "x-request-id"
 MAX_DETAILS = 1000
 
 
@@ -120,6 +128,10 @@ class OipHandler(Protocol):
 
     def ready(self) -> bool:
         """Whether the server is ready for inference (REST: GET /v2/health/ready)."""
+        ...
+
+    def request_id(self, headers: Headers) -> str:
+        """A unary call's request id: its x-request-id metadata, else a new one ("": none)."""
         ...
 
     def server_metadata(self) -> tuple[str, str, list[str]]:
@@ -209,6 +221,18 @@ def _headers(context: aio.ServicerContext[Any, Any]) -> list[tuple[str, str]]:
     return call_headers(context.invocation_metadata() or ())
 
 
+def _identified(handler: OipHandler, context: aio.ServicerContext[Any, Any]) -> list[tuple[str, str]]:
+    """A unary call's headers, with its request id (added when the call had none), which is set as
+    the answer's trailing metadata: sent with its status, whether the call succeeds or is aborted."""
+    headers = _headers(context)
+    request_id = handler.request_id(headers)
+    if request_id and _NOT_METADATA_TEXT.search(request_id) is None:  # (a header may hold a tab)
+        if not any(key == REQUEST_ID for key, _ in headers):  # (gRPC's keys are lower case)
+            headers.append((REQUEST_ID, request_id))
+        context.set_trailing_metadata(((REQUEST_ID, request_id),))
+    return headers
+
+
 def _details(message: str) -> str:
     if len(message) <= MAX_DETAILS:
         return message
@@ -265,7 +289,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelReadyResponse:
         async def work() -> pb.ModelReadyResponse:
             call = OipCall(MODEL_READY, request)
-            ready = await self._handler.model_ready(request.name, request.version, _headers(context), call)
+            headers = _identified(self._handler, context)
+            ready = await self._handler.model_ready(request.name, request.version, headers, call)
             if isinstance(ready, Relayed):
                 return _parsed(pb.ModelReadyResponse, ready)
             return pb.ModelReadyResponse(ready=ready)
@@ -277,7 +302,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelMetadataResponse:
         async def work() -> pb.ModelMetadataResponse:
             call = OipCall(MODEL_METADATA, request)
-            body = await self._handler.model_metadata(request.name, request.version, _headers(context), call)
+            headers = _identified(self._handler, context)
+            body = await self._handler.model_metadata(request.name, request.version, headers, call)
             if isinstance(body, Relayed):
                 return _parsed(pb.ModelMetadataResponse, body)
             return model_metadata(body, request.name)
@@ -302,7 +328,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ModelInferResponse:
         async def work() -> pb.ModelInferResponse:
-            return await self._infer(request, _headers(context))
+            return await self._infer(request, _identified(self._handler, context))
 
         return await _answer(context, work)
 

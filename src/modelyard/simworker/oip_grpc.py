@@ -36,6 +36,9 @@ class SimOip:
     def ready(self) -> bool:
         return True
 
+    def request_id(self, headers: Headers) -> str:
+        return ""  # a model server makes none (as Triton and MLServer): nothing added, none sent back
+
     def server_metadata(self) -> tuple[str, str, list[str]]:
         return SERVER_NAME, SERVER_VERSION, []
 

@@ -95,6 +95,9 @@ class StubHandler:
     def ready(self) -> bool:
         return True
 
+    def request_id(self, headers: Any) -> str:
+        return next((v for k, v in headers if k == "x-request-id"), "") or "made-here"
+
     def server_metadata(self) -> tuple[str, str, list[str]]:
         return "stub", "0", []
 
@@ -167,7 +170,7 @@ async def test_the_json_a_call_becomes_is_bounded_by_max_message_bytes(stub):
         await client.ModelInfer(big, timeout=10)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "limits.max_body_bytes (1048576)" in (refused.value.details() or "")
-    assert ("infer", []) not in handler.calls
+    assert not [call for call in handler.calls if call[0] == "infer"]
 
 
 async def test_long_error_messages_are_cut_for_the_status_details(stub):
@@ -206,6 +209,29 @@ async def test_a_relayed_answer_that_is_not_the_message_is_unavailable(stub):
         await client.ModelInfer(_infer("m", b"\0" * 8), timeout=10)
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
     assert failed.value.details() == "the model server's answer is not a ModelInferResponse"
+
+
+async def test_a_unary_calls_request_id_comes_back_in_its_trailing_metadata(stub):
+    handler, client = stub
+    call = client.ModelInfer(_infer("m", b"\0" * 8), metadata=(("x-request-id", "mine"),), timeout=10)
+    await call
+    assert await call.trailing_metadata() == aio.Metadata(("x-request-id", "mine"))
+    call = client.ModelInfer(_infer("m", b"\0" * 8), timeout=10)  # none sent: the handler's own
+    await call
+    assert await call.trailing_metadata() == aio.Metadata(("x-request-id", "made-here"))
+    sent = [
+        [v for k, v in headers if k == "x-request-id"] for name, headers in handler.calls if name == "infer"
+    ]
+    assert sent == [["mine"], ["made-here"]]  # once each, as it went back
+    with pytest.raises(aio.AioRpcError) as refused:  # an error carries it too
+        await client.ModelInfer(_infer("nope", b"\0" * 8), metadata=(("x-request-id", "n1"),), timeout=10)
+    assert refused.value.trailing_metadata() == aio.Metadata(("x-request-id", "n1"))
+    for reply in (
+        client.ModelReady(pb.ModelReadyRequest(name="m"), timeout=10),
+        client.ModelMetadata(pb.ModelMetadataRequest(name="m"), timeout=10),
+    ):
+        await reply
+        assert await reply.trailing_metadata() == aio.Metadata(("x-request-id", "made-here"))
 
 
 async def test_header_injection_through_metadata(stub):
