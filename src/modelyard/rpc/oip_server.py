@@ -18,8 +18,10 @@ HTTP/2 client, and they must never reach an HTTP/1.1 request head.
 A unary call (ModelReady, ModelMetadata, ModelInfer) has a request id, as a REST request does: its
 `x-request-id` metadata, else one the handler makes (`request_id`), added to the headers the
 handler gets. It goes back to the client in the answer's trailing metadata, errors included (the
-counterpart of a REST answer's X-Request-Id header). A stream's requests, answered one by one, have
-an id each that does not come back: one stream has one set of trailing metadata.
+counterpart of a REST answer's X-Request-Id header), unless gRPC metadata cannot carry it (a tab,
+or over MAX_ID_BACK characters), or the call is refused before the handler sees it (metadata no
+header may carry, no model name). A stream's requests, answered one by one, have an id each that
+does not come back: one stream has one set of trailing metadata.
 
 An infer call asks the handler to `admit` the model (known, with capacity) before anything else.
 The handler gets the call as an `OipCall`: the request message's bytes, to relay to a backend that
@@ -77,6 +79,9 @@ _CALL_METADATA = frozenset(
 _NOT_HEADER_TEXT = re.compile(r"[^\t\x20-\x7e]")
 _NOT_METADATA_TEXT = re.compile(r"[^\x20-\x7e]")  # what gRPC allows in a text metadata value
 REQUEST_ID = "x-request-id"
+# Longer ids are not sent back: with MAX_DETAILS of status details they could pass the 8 KiB of
+# metadata a client takes.
+MAX_ID_BACK = 256
 MAX_DETAILS = 1000
 
 
@@ -226,9 +231,13 @@ def _identified(handler: OipHandler, context: aio.ServicerContext[Any, Any]) -> 
     the answer's trailing metadata: sent with its status, whether the call succeeds or is aborted."""
     headers = _headers(context)
     request_id = handler.request_id(headers)
-    if request_id and _NOT_METADATA_TEXT.search(request_id) is None:  # (a header may hold a tab)
-        if not any(key == REQUEST_ID for key, _ in headers):  # (gRPC's keys are lower case)
-            headers.append((REQUEST_ID, request_id))
+    if not request_id:
+        return headers
+    # The one id the handler sees from here (an empty one sent by the client would make it a new
+    # id each time it asked).
+    headers = [(key, value) for key, value in headers if key.lower() != REQUEST_ID]
+    headers.append((REQUEST_ID, request_id))
+    if len(request_id) <= MAX_ID_BACK and _NOT_METADATA_TEXT.search(request_id) is None:
         context.set_trailing_metadata(((REQUEST_ID, request_id),))
     return headers
 
@@ -328,6 +337,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ModelInferResponse:
         async def work() -> pb.ModelInferResponse:
+            if not request.model_name:  # refused before the gateway sees it: no id (and no access line)
+                raise BadRequest("model_name is required")
             return await self._infer(request, _identified(self._handler, context))
 
         return await _answer(context, work)

@@ -223,6 +223,17 @@ async def test_a_unary_calls_request_id_comes_back_in_its_trailing_metadata(stub
         [v for k, v in headers if k == "x-request-id"] for name, headers in handler.calls if name == "infer"
     ]
     assert sent == [["mine"], ["made-here"]]  # once each, as it went back
+    # An empty id is no id: one new one, the same for the handler and the client.
+    call = client.ModelInfer(_infer("m", b"\0" * 8), metadata=(("x-request-id", ""),), timeout=10)
+    await call
+    assert await call.trailing_metadata() == aio.Metadata(("x-request-id", "made-here"))
+    assert [v for k, v in handler.calls[-1][1] if k == "x-request-id"] == ["made-here"]
+    # Too long to send back safely: the handler still has it, the answer carries none.
+    long_id = "i" * (oip_server.MAX_ID_BACK + 1)
+    call = client.ModelInfer(_infer("m", b"\0" * 8), metadata=(("x-request-id", long_id),), timeout=10)
+    await call
+    assert await call.trailing_metadata() == aio.Metadata()
+    assert [v for k, v in handler.calls[-1][1] if k == "x-request-id"] == [long_id]
     with pytest.raises(aio.AioRpcError) as refused:  # an error carries it too
         await client.ModelInfer(_infer("nope", b"\0" * 8), metadata=(("x-request-id", "n1"),), timeout=10)
     assert refused.value.trailing_metadata() == aio.Metadata(("x-request-id", "n1"))
