@@ -497,14 +497,20 @@ async def test_a_body_still_coming_when_the_gateway_stops_has_no_line(
     assert access_lines(caplog) == []
 
 
-async def test_grpc_calls_refused_before_routing_have_one_line_each(sim_workers, gateways, caplog):
+@pytest.fixture
+async def grpc_gateway(sim_workers, gateways, caplog) -> RunningGateway:
+    """A gateway with OIP over gRPC and the access log on (captured), over one sim worker serving m."""
     caplog.set_level(logging.INFO, logger=ACCESS)
     (worker,) = await sim_workers(1)
-    gateway = await gateways(
+    return await gateways(
         [model_config("m", [worker], protocol="v2")],
         logging={"access_log": True},
         listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
     )
+
+
+async def test_grpc_calls_refused_before_routing_have_one_line_each(grpc_gateway, caplog):
+    gateway = grpc_gateway
     client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
     tensor = grpcclient.InferInput("x", [1], "FP32")
     tensor.set_data_from_numpy(np.ones(1, np.float32))
@@ -541,16 +547,10 @@ async def test_grpc_calls_refused_before_routing_have_one_line_each(sim_workers,
     )
 
 
-async def test_a_grpc_calls_request_id_comes_back_as_its_line_has_it(sim_workers, gateways, caplog):
+async def test_a_grpc_calls_request_id_comes_back_as_its_line_has_it(grpc_gateway, caplog):
     """A gRPC answer carries the call's request id in its trailing metadata (as a REST answer does in
     X-Request-Id): the id the gateway made when the call sent none, routed or refused."""
-    caplog.set_level(logging.INFO, logger=ACCESS)
-    (worker,) = await sim_workers(1)
-    gateway = await gateways(
-        [model_config("m", [worker], protocol="v2")],
-        logging={"access_log": True},
-        listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
-    )
+    gateway = grpc_gateway
     request = pb.ModelInferRequest(model_name="m")
     request.inputs.add(
         name="x", datatype="FP32", shape=[1], contents=pb.InferTensorContents(fp32_contents=[1.0])
