@@ -139,19 +139,18 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
         except ModelyardError as exc:
             if reply.started:
                 raise
-            request_id = reply.request_id or refused_id(gateway, request)
+            # (refused before routing: the line is written here, else the attempt loop wrote it)
+            request_id = reply.request_id or refused(gateway, request, exc.status, started)
             error = exc
         except (asyncio.CancelledError, ConnectionError):
             raise  # the client went away: nothing to answer
         except Exception:
             if reply.started:
                 raise
-            request_id = reply.request_id or refused_id(gateway, request)
+            request_id = reply.request_id or refused(gateway, request, 500, started)
             error = internal_error(request.method, request.path, request_id)
         else:
             return
-        if not reply.request_id:
-            refused(gateway, request, error.status, started, request_id)
         headers, body = error_answer(request.path, error, request_id)
         reply.whole(error.status, headers, body)
 
@@ -175,20 +174,12 @@ def gone_mid_body(request: web.Request) -> bool:
     return request.transport is None and not request.content.is_eof()
 
 
-def refused_id(gateway: Gateway, request: Inbound) -> str:
-    """The id of a request refused before routing: the client's X-Request-Id, else one made here,
-    as for a routed request, so that its answer and its access line carry one."""
-    return request.headers.get("X-Request-Id") or gateway.proxy.new_request_id()
-
-
-def refused(
-    gateway: Gateway, request: Inbound, status: int, started: float, request_id: str | None = None
-) -> str:
+def refused(gateway: Gateway, request: Inbound, status: int, started: float) -> str:
     """The access line of a request refused before routing (an unknown model, a malformed or too
     large body, a client gone while its body was read): no model, route or backend. A routed
-    request's line is the attempt loop's. Returns the request's id (`refused_id` when not given)."""
-    if request_id is None:
-        request_id = refused_id(gateway, request)
+    request's line is the attempt loop's. Returns the request's id, for its answer: the client's
+    X-Request-Id, else one made as for a routed request."""
+    request_id = request.headers.get("X-Request-Id") or gateway.proxy.new_request_id()
     if gateway.access is not None:
         gateway.access.refused(
             request_id, request.method, request.raw_path, status, time.perf_counter() - started
