@@ -3,6 +3,7 @@
 Precedence: CLI flags > `MODELYARD_*` environment variables > the YAML file > defaults.
 Environment variables address nested fields with a double underscore:
 `MODELYARD_LISTEN__PORT=9000`, `MODELYARD_ADMIN__TOKEN=secret`, `MODELYARD_STATE__BACKEND=redis`.
+A problem names where the value came from: the flag, the variable, or the file and the field path.
 """
 
 from __future__ import annotations
@@ -622,10 +623,16 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> GatewayConfig:
-    """Read, merge and validate a gateway config; every problem is reported in one ConfigError."""
+    """Read, merge and validate a gateway config: `overrides` (the CLI's flags) over the `MODELYARD_*`
+    variables of `env` (default: the process environment) over the file over defaults. A problem
+    names where its value came from (`Origins`): the flag (`flags` maps a field path to its flag,
+    e.g. {"listen.port": "--port"}), the variable, or the file and the field path."""
+    environment = os.environ if env is None else env
+    data = merged_data(path, env=environment, overrides=overrides)
     source = str(path) if path is not None else "<defaults>"
-    return validate_config(merged_data(path, env=env, overrides=overrides), source)
+    return validate_config(data, source, Origins(environment, overrides, flags))
 
 
 def merged_data(
@@ -640,6 +647,78 @@ def merged_data(
     data = deep_merge(data, env_overrides(environment))
     data = deep_merge(data, dict(overrides or {}))
     return with_otel_endpoint(data, environment)
+
+
+FLAGS_SOURCE = "command line"
+ENV_SOURCE = "environment"
+Loc = tuple[str | int, ...]
+
+
+class Origins:
+    """Which layer above the file set each value of a merged config, so that a problem names what the
+    user wrote: `--port` or `MODELYARD_LISTEN__PORT` rather than a file that never said it."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        overrides: Mapping[str, Any] | None = None,
+        flags: Mapping[str, str] | None = None,
+    ) -> None:
+        names = flags or {}
+        set_by_flags = [
+            (path, names.get(".".join(map(str, path)), _path_text(path)), value)
+            for path, value in _leaves(dict(overrides or {}))
+        ]
+        tree = env_overrides(env)
+        set_by_env: list[tuple[Loc, str, Any]] = []
+        for key in sorted(env):
+            path = _env_path(key)
+            if path is not None:
+                set_by_env.append((path, key, _at(tree, path)))
+        # Highest precedence first: a flag replaced whatever a variable said about the same field.
+        self._layers: list[tuple[str, list[tuple[Loc, str, Any]]]] = [
+            (FLAGS_SOURCE, set_by_flags),
+            (ENV_SOURCE, set_by_env),
+        ]
+
+    def locate(self, loc: Loc) -> tuple[str, str] | None:
+        """(source, name) of the flag or variable that set the value at `loc`: `("environment",
+        "MODELYARD_X__Y[0].name")`; None when the file (or a default) did."""
+        for source, settings in self._layers:
+            for path, name, value in settings:
+                if loc[: len(path)] == path and _holds(value, loc[len(path) :]):
+                    return source, name + _path_text(loc[len(path) :], nested=True)
+                if path[: len(loc)] == loc and loc:  # it set a field inside loc's (an unknown one, say)
+                    return source, f"{name} ({_path_text(loc)})"
+        return None
+
+
+def _leaves(data: dict[str, Any], prefix: Loc = ()) -> list[tuple[Loc, Any]]:
+    found: list[tuple[Loc, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            found += _leaves(value, (*prefix, key))
+        else:
+            found.append(((*prefix, key), value))
+    return found
+
+
+def _at(tree: Any, path: Loc) -> Any:
+    for part in path:
+        tree = tree[part]
+    return tree
+
+
+def _holds(value: Any, rest: Loc) -> bool:
+    """Whether `value`, set by one layer, holds the field `rest` below it. Mappings are merged key by
+    key with the layers below, so a key it lacks came from them; a list replaces theirs whole."""
+    for part in rest:
+        if isinstance(value, list):
+            return True
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 OTEL_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -680,24 +759,37 @@ def with_otel_endpoint(data: dict[str, Any], env: Mapping[str, str]) -> dict[str
     return {**data, "telemetry": {**(telemetry or {}), "otlp_endpoint": endpoint}}
 
 
-def validate_config(data: Any, source: str) -> GatewayConfig:
+def validate_config(data: Any, source: str, origins: Origins | None = None) -> GatewayConfig:
+    """A GatewayConfig from merged data; ConfigError naming `source` and each field path. With
+    `origins`, a problem with a value a flag or a variable set names that flag or variable instead
+    (source "command line" or "environment"): every problem of one source in one ConfigError, the
+    flags' first, then the variables', then the file's."""
     # Uniqueness is checked on the raw data, beside pydantic's checks, so that a file with
     # several problems reports all of them (a model validator would run only on valid fields).
     problems = _duplicate_names(data)
     try:
         config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [describe_problem(err) for err in exc.errors()] + problems
-    if problems:
-        raise ConfigError(source, problems)
-    return config
+        problems = [(err["loc"], describe_problem(err)) for err in exc.errors()] + problems
+    if not problems:
+        return config
+    by_source: dict[str, list[str]] = {FLAGS_SOURCE: [], ENV_SOURCE: [], source: []}
+    for loc, problem in problems:
+        found = origins.locate(loc) if origins is not None else None
+        if found is None:
+            by_source[source].append(problem)
+        else:
+            where, name = found
+            by_source[where].append(name + problem.removeprefix(_path_text(loc) or "(top level)"))
+    where, listed = next((where, listed) for where, listed in by_source.items() if listed)
+    raise ConfigError(where, listed)
 
 
-def _duplicate_names(data: Any) -> list[str]:
+def _duplicate_names(data: Any) -> list[tuple[Loc, str]]:
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, list):
         return []
-    problems: list[str] = []
+    problems: list[tuple[Loc, str]] = []
     seen_models: set[str] = set()
     for i, model in enumerate(models):
         if not isinstance(model, dict):
@@ -705,7 +797,8 @@ def _duplicate_names(data: Any) -> list[str]:
         name = model.get("name")
         if isinstance(name, str):
             if name in seen_models:
-                problems.append(f"models[{i}].name: model names must be unique; {name!r} is repeated")
+                problem = f"models[{i}].name: model names must be unique; {name!r} is repeated"
+                problems.append((("models", i, "name"), problem))
             seen_models.add(name)
         endpoints = model.get("endpoints")
         seen_endpoints: set[str] = set()
@@ -716,10 +809,11 @@ def _duplicate_names(data: Any) -> list[str]:
             if not isinstance(label, str):
                 continue  # pydantic reports the wrong type
             if label in seen_endpoints:
-                problems.append(
+                problem = (
                     f"models[{i}].endpoints[{j}].name: endpoint names must be unique within a model; "
                     f"{label!r} is repeated (it defaults to host:port)"
                 )
+                problems.append((("models", i, "endpoints", j, "name"), problem))
             seen_endpoints.add(label)
     return problems
 
@@ -733,16 +827,23 @@ def _default_endpoint_name(url: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
+def _env_path(key: str) -> tuple[str, ...] | None:
+    """The field path `MODELYARD_A__B` names, ("a", "b"); None for a variable that names none."""
+    if not key.startswith(ENV_PREFIX) or "__" not in key:
+        return None
+    return tuple(key[len(ENV_PREFIX) :].lower().split("__"))
+
+
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     """`MODELYARD_A__B=v` becomes {"a": {"b": "v"}}. Values stay strings (pydantic turns "9000"
     into a port and "true" into a flag, and a token stays "0123" rather than becoming 83); only a
     value written as a JSON/YAML list or mapping (`[...]`, `{...}`) is parsed."""
     result: dict[str, Any] = {}
     for key in sorted(env):  # a stable order, whatever the environment's
-        if not key.startswith(ENV_PREFIX) or "__" not in key:
+        parts = _env_path(key)
+        if parts is None:
             continue
         raw = env[key]
-        parts = key[len(ENV_PREFIX) :].lower().split("__")
         node = result
         for part in parts[:-1]:
             child = node.setdefault(part, {})
@@ -792,12 +893,21 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+# What a value of the wrong type should have been, in the words a config file uses.
+_EXPECTED = {
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "bool_parsing": "expected true or false",
+    "bool_type": "expected true or false",
+}
+
+
 def describe_problem(err: Mapping[str, Any]) -> str:
     """One pydantic error as `field.path[0].name: what was expected (got ...)`."""
-    path = ""
-    for part in err["loc"]:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    message = err["msg"].removeprefix("Value error, ")
+    message = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
     if err["type"] == "literal_error":
         message = f"expected one of {err['ctx']['expected']}"
     elif err["type"] == "extra_forbidden":
@@ -808,4 +918,12 @@ def describe_problem(err: Mapping[str, Any]) -> str:
         if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict | list)
         else f" (got {got!r})"
     )
-    return f"{path or '(top level)'}: {message}{shown}"
+    return f"{_path_text(err['loc']) or '(top level)'}: {message}{shown}"
+
+
+def _path_text(loc: Loc, *, nested: bool = False) -> str:
+    """("models", 0, "name") as `models[0].name`; `nested`: as it follows a name (`.port`, `[0]`)."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path or nested else str(part))
+    return path

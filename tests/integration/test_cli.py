@@ -84,6 +84,39 @@ def test_print_config_applies_env_and_cli_precedence():
     assert re.search(r"^# listen\.workers: \d+ process(es)? here$", result.stdout, re.M)  # what auto gives
 
 
+def test_validate_and_serve_blame_a_bad_variable_not_the_file():
+    # The same precedence as serve (flags > MODELYARD_* > file > defaults), and the line names
+    # where the value came from: the variable, not the file that is fine.
+    env = {"MODELYARD_LISTEN__PORT": "abc"}
+    expected = "error: environment: MODELYARD_LISTEN__PORT: expected an integer (got 'abc')"
+    validated = modelyard("config", "validate", str(EXAMPLES / "gateway.yaml"), env=env)
+    assert (validated.returncode, validated.stderr.strip()) == (1, expected)
+    served = modelyard("serve", "-c", str(EXAMPLES / "gateway.yaml"), "--print-config", env=env)
+    assert (served.returncode, served.stderr.strip()) == (1, expected)
+    demo = modelyard("serve", "--print-config", env=env)  # the embedded demo reads it too
+    assert (demo.returncode, demo.stderr.strip()) == (1, expected)
+
+
+def test_a_problem_in_the_file_still_names_the_file_and_its_field_path(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: {port: abc}\n")
+    env = {"MODELYARD_ADMIN__TOKEN": "t0ken"}  # fine: the file is to blame
+    for command in (("config", "validate", str(bad)), ("serve", "-c", str(bad))):
+        result = modelyard(*command, env=env)
+        assert (result.returncode, result.stderr.strip()) == (
+            1,
+            f"error: {bad}: listen.port: expected an integer (got 'abc')",
+        )
+
+
+def test_a_bad_flag_is_named_as_the_flag():
+    result = modelyard("serve", "-c", str(EXAMPLES / "gateway.yaml"), "--port", "99999")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: command line: --port: Input should be less than or equal to 65535 (got 99999)"
+    )
+
+
 async def test_embedded_demo_serves_chat_and_oip():
     # with the access log on: its lines go to stdout, as with a config file
     process = await asyncio.create_subprocess_exec(

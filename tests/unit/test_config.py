@@ -248,12 +248,59 @@ def test_process_environment_is_read_when_env_not_given(monkeypatch: pytest.Monk
     assert load_config(None).listen.port == 9003
 
 
-def test_bad_env_value_is_reported_with_its_field_path() -> None:
+def test_a_bad_variable_is_named_not_its_field_path() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, env={"MODELYARD_LISTEN__PORT": "not-a-port"})
-    (problem,) = info.value.problems
-    assert problem.startswith("listen.port: ")
-    assert "'not-a-port'" in problem
+    assert info.value.source == "environment"
+    assert info.value.problems == ["MODELYARD_LISTEN__PORT: expected an integer (got 'not-a-port')"]
+
+
+def test_each_problem_names_the_layer_that_set_the_value(tmp_path: Path) -> None:
+    path = write(tmp_path, "listen: {host: 0.0.0.0, port: abc}\nmodels: []\n")
+    # A variable that sets one key of a mapping leaves the file's other keys the file's.
+    env = {"MODELYARD_LISTEN__LEAN": "maybe", "MODELYARD_ADMIN__TOKEN": "t"}
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env=env)
+    assert (info.value.source, info.value.problems) == (
+        "environment",
+        ["MODELYARD_LISTEN__LEAN: expected true or false (got 'maybe')"],
+    )  # the variables' problems first: fixing them shows the file's
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={"MODELYARD_ADMIN__TOKEN": "t"})
+    assert (info.value.source, info.value.problems) == (
+        str(path),
+        ["listen.port: expected an integer (got 'abc')"],
+    )
+    # A flag wins over the variable that set the same field, and is named as the flag.
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            path,
+            env={"MODELYARD_LISTEN__PORT": "9000"},
+            overrides={"listen": {"port": 70000}},
+            flags={"listen.port": "--port"},
+        )
+    assert (info.value.source, info.value.problems) == (
+        "command line",
+        ["--port: Input should be less than or equal to 65535 (got 70000)"],
+    )
+
+
+def test_a_variable_holding_a_mapping_or_an_unknown_field_is_named() -> None:
+    env = {"MODELYARD_PLACEMENT__MODELS": '{"strategy": "fastest", "health_check": {"interval": "x"}}'}
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env=env)
+    assert info.value.problems == [
+        "MODELYARD_PLACEMENT__MODELS.strategy: expected one of 'round_robin', 'random', 'least_pending', "
+        "'kv_aware', 'cost_aware', 'resource_aware' or 'prefix_aware' (got 'fastest')",
+        "MODELYARD_PLACEMENT__MODELS.health_check.interval: expected a duration such as 5, 0.5, "
+        "'250ms', '5s' or '1m' (got 'x')",
+    ]
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env={"MODELYARD_LISTEN__PORTT": "1", "MODELYARD_NOPE__X": "1"})
+    assert info.value.problems == [
+        "MODELYARD_LISTEN__PORTT: unknown field",
+        "MODELYARD_NOPE__X (nope): unknown field",
+    ]
 
 
 def test_config_is_frozen() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from modelyard.cli.model import model_app, server_app
 from modelyard.cli.problems import fail
 from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
-from modelyard.config import GatewayConfig, load_config, merged_data, validate_config
+from modelyard.config import GatewayConfig, Origins, load_config, merged_data, validate_config
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import GATEWAY, start_gateway
 from modelyard.gateway.access_log import install_handler
@@ -48,6 +49,14 @@ app.command("agent")(agent)
 app.command("bench")(bench)
 
 err = Console(stderr=True, highlight=False)
+
+# The field each of serve's flags sets, to name the flag in a problem with its value.
+SERVE_FLAGS = {
+    "listen.host": "--host",
+    "listen.port": "--port",
+    "listen.workers": "--workers",
+    "placement.scheduler": "--scheduler",
+}
 
 
 def _cli_overrides(
@@ -109,7 +118,7 @@ def serve(
         if config is None and not scheduler:
             base = merged_data(None, overrides=overrides)
             parts = {k: base[k] for k in ("listen", "logging") if k in base}  # the rest is the demo's
-            demo = validate_config(parts, "the embedded demo")
+            demo = validate_config(parts, "the embedded demo", Origins(os.environ, overrides, SERVE_FLAGS))
             if demo.listen.workers not in (1, "auto"):  # validated: "1" from the environment is one worker
                 problem = "listen.workers: the demo runs one worker; use -c FILE"
                 raise ConfigError("the embedded demo", [problem])
@@ -127,7 +136,7 @@ def serve(
                 if output is not None:
                     output.stop()
             return
-        loaded = load_config(config, overrides=overrides)
+        loaded = load_config(config, overrides=overrides, flags=SERVE_FLAGS)
         source = str(config) if config is not None else "<defaults>"
         graphs = load_config_graphs(loaded, source)
         count = worker_count(loaded)
@@ -224,12 +233,11 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Config files to c
     failed = False
     for file in files:
         try:
-            config = load_config(file, env={})
+            config = load_config(file)  # with the MODELYARD_* variables, as serve reads it
             graphs = load_config_graphs(config, str(file))
         except ConfigError as error:
             failed = True
-            for problem in error.problems:
-                err.print("[red]error:[/red] " + escape(f"{file}: {problem}"), soft_wrap=True)
+            fail(error)  # the file's problems name the file; a variable's, the variable
         else:
             typer.echo(f"{file}: ok ({_count(len(config.models), 'model')}, {_count(len(graphs), 'graph')})")
     if failed:
