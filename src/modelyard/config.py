@@ -148,7 +148,7 @@ class EndpointConfig(_Strict):
     subset: HeaderName = Field(
         "default", min_length=1, description="the endpoint group routes send traffic to"
     )
-    metrics_url: str = Field("", description="resource_aware: where to scrape; default <url>/metrics")
+    metrics_url: str = Field("", description="resource_aware: where to scrape; '' = <url>/metrics")
     gpu_metrics_url: str = Field("", description="resource_aware: a DCGM exporter for this server's GPU")
     grpc_url: str = Field(
         "",
@@ -180,9 +180,12 @@ class EndpointConfig(_Strict):
         return url.rstrip("/")
 
     @model_validator(mode="after")
-    def _default_name(self) -> EndpointConfig:
+    def _fill_defaults(self) -> EndpointConfig:
+        # The values the defaults stand for, so that --print-config shows what is used.
         if not self.name:
             object.__setattr__(self, "name", _default_endpoint_name(self.url))
+        if not self.metrics_url:
+            object.__setattr__(self, "metrics_url", self.url + "/metrics")
         return self
 
 
@@ -533,6 +536,7 @@ def scheduler_url(address: str) -> str:
 
 
 OTLP_TRACES_PATH = "/v1/traces"
+GATEWAY_SERVICE_NAME = "modelyard-gateway"  # the gateway's spans' service.name unless the config says
 
 
 class TelemetryConfig(_Strict):
@@ -614,8 +618,16 @@ class GatewayConfig(_Strict):
         default_factory=list,
         description="regexes of request headers passed to every graph step (PROPAGATE_HEADERS)",
     )
-    telemetry: TelemetryConfig = TelemetryConfig()
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, validate_default=True)
     logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("telemetry")
+    @classmethod
+    def _gateway_service_name(cls, telemetry: TelemetryConfig) -> TelemetryConfig:
+        # '' stands for the role's own name: this is the gateway's (--print-config shows it).
+        if telemetry.service_name:
+            return telemetry
+        return telemetry.model_copy(update={"service_name": GATEWAY_SERVICE_NAME})
 
 
 def load_config(

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import pytest
+
+from modelyard.config import load_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 BAD_CONFIG = """
@@ -115,6 +118,36 @@ def test_a_bad_flag_is_named_as_the_flag():
     assert result.stderr.strip() == (
         "error: command line: --port: Input should be less than or equal to 65535 (got 99999)"
     )
+
+
+@pytest.mark.parametrize("config", [["-c", str(EXAMPLES / "gateway.yaml")], []], ids=["file", "demo"])
+def test_print_config_into_a_closed_pipe_exits_quietly(config):
+    # `modelyard serve --print-config | head -1`: head has gone before the config is printed.
+    # Closing our end first makes that deterministic: the first write meets a closed pipe.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "modelyard", "serve", *config, "--print-config"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.stderr.close()
+    assert process.wait(60) != 0  # the output was cut short, but nothing to say about it
+    assert stderr == ""
+
+
+def test_print_config_shows_effective_values_and_loads_back(tmp_path):
+    printed = modelyard("serve", "-c", str(EXAMPLES / "gateway.yaml"), "--print-config")
+    assert printed.returncode == 0, printed.stderr
+    # What the defaults mean, not '' (the gateway's own service name, <url>/metrics).
+    assert "  service_name: modelyard-gateway\n" in printed.stdout
+    assert "    metrics_url: http://127.0.0.1:9001/metrics\n" in printed.stdout
+    assert "''" not in printed.stdout.replace("gpu_metrics_url: ''", "").replace("grpc_url: ''", "")
+    again = tmp_path / "printed.yaml"
+    again.write_text(printed.stdout)
+    # (the file's and this environment's settings, as the command printed them)
+    assert load_config(again, env={}) == load_config(EXAMPLES / "gateway.yaml")
+    reprinted = modelyard("serve", "-c", str(again), "--print-config")
+    assert reprinted.stdout == printed.stdout
 
 
 async def test_embedded_demo_serves_chat_and_oip():

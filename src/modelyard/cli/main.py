@@ -114,21 +114,37 @@ def serve(
         level=(log_level or "info").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     overrides = _cli_overrides(host, port, scheduler, workers)
+    embedded = config is None and not scheduler
     try:
-        if config is None and not scheduler:
+        if embedded:
             base = merged_data(None, overrides=overrides)
             parts = {k: base[k] for k in ("listen", "logging") if k in base}  # the rest is the demo's
             demo = validate_config(parts, "the embedded demo", Origins(os.environ, overrides, SERVE_FLAGS))
             if demo.listen.workers not in (1, "auto"):  # validated: "1" from the environment is one worker
                 problem = "listen.workers: the demo runs one worker; use -c FILE"
                 raise ConfigError("the embedded demo", [problem])
-            if print_config:
-                typer.echo(
-                    yaml.safe_dump(base, sort_keys=False)
-                    + "# models: built at start from the demo workers\n"
-                    + f"# placement: follows the demo's scheduler on 127.0.0.1:{SCHEDULER_PORT}"
-                )
-                return
+        else:
+            loaded = load_config(config, overrides=overrides, flags=SERVE_FLAGS)
+            source = str(config) if config is not None else "<defaults>"
+            graphs = load_config_graphs(loaded, source)
+            count = worker_count(loaded)
+    except ModelyardError as error:
+        raise fail(error) from None
+    # A closed stdout (`--print-config | head`) ends the command quietly, as typer does for any
+    # command: it is no listen error.
+    if print_config and embedded:
+        typer.echo(
+            yaml.safe_dump(base, sort_keys=False)
+            + "# models: built at start from the demo workers\n"
+            + f"# placement: follows the demo's scheduler on 127.0.0.1:{SCHEDULER_PORT}"
+        )
+        return
+    if print_config:
+        typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False), nl=False)
+        typer.echo(f"# listen.workers: {count} process{'es' if count > 1 else ''} here")
+        return
+    try:
+        if embedded:
             output = install_handler() if demo.logging.access_log else None
             try:
                 run(_serve_demo(base))
@@ -136,16 +152,8 @@ def serve(
                 if output is not None:
                     output.stop()
             return
-        loaded = load_config(config, overrides=overrides, flags=SERVE_FLAGS)
-        source = str(config) if config is not None else "<defaults>"
-        graphs = load_config_graphs(loaded, source)
-        count = worker_count(loaded)
         level = log_level or loaded.logging.level  # the flag wins over the file
         logging.getLogger().setLevel(level.upper())
-        if print_config:
-            typer.echo(yaml.safe_dump(loaded.model_dump(mode="json"), sort_keys=False), nl=False)
-            typer.echo(f"# listen.workers: {count} process{'es' if count > 1 else ''} here")
-            return
         if count > 1:
             announce = _announce(loaded, graphs, count)
             code = serve_workers(loaded, source, count, announce, level)

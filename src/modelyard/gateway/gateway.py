@@ -14,7 +14,7 @@ from aiohttp import web
 
 from modelyard.balancing import Need
 from modelyard.cluster import Load
-from modelyard.config import GatewayConfig, ModelConfig
+from modelyard.config import GATEWAY_SERVICE_NAME, GatewayConfig, ModelConfig
 from modelyard.errors import ModelNotFound, ModelyardError, Overloaded
 from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.cluster import Cluster
@@ -37,7 +37,6 @@ from modelyard.upstream.graph_invoker import UrlInvoker
 from modelyard.upstream.http1 import Http1Client
 from modelyard.upstream.scrape import ResourceScraper
 
-SERVICE_NAME = "modelyard-gateway"  # the spans' service.name unless telemetry.service_name says
 FOLLOW_SECONDS = 0.05
 VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
 _NOTHING = object()
@@ -58,7 +57,7 @@ class Gateway:
     ) -> None:
         """`tracer`: instead of the one telemetry's config builds (tests read spans in-process)."""
         self.config = config
-        self.tracer = tracer if tracer is not None else build_tracer(config.telemetry, SERVICE_NAME)
+        self.tracer = tracer if tracer is not None else build_tracer(config.telemetry, GATEWAY_SERVICE_NAME)
         self.siblings = siblings  # the other workers of this gateway (listen.workers > 1)
         self.loads: dict[str, Load] = {}
         self.metrics = GatewayMetrics(
