@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 
@@ -60,6 +61,24 @@ def test_bad_sim_worker_memory_prints_one_line_and_exits_1():
     assert result.stderr.strip().splitlines() == [
         "error: sim-worker options: --memory: expected bytes or a quantity like 100Ki or 1Gi, got 'lots'"
     ]
+
+
+async def test_an_agent_port_in_use_is_named_with_what_it_is_for(sim_workers):
+    (server,) = await sim_workers(1, repository_api=True)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "modelyard", "agent", "--scheduler", "127.0.0.1:1", "--server", "s",
+            "--inference-url", server.url, "--memory", "1Gi", "--port", str(port),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, stderr = await asyncio.wait_for(agent.communicate(), 60)
+    assert agent.returncode == 1
+    assert stderr.decode().strip().splitlines()[-1] == (
+        f"error: cannot listen on 127.0.0.1:{port} (agent data plane): Address already in use"
+    )
 
 
 async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler(tmp_path):

@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,45 @@ def test_print_config_shows_effective_values_and_loads_back(tmp_path):
     assert load_config(again, env={}) == load_config(EXAMPLES / "gateway.yaml")
     reprinted = modelyard("serve", "-c", str(again), "--print-config")
     assert reprinted.stdout == printed.stdout
+
+
+GRAPH = '{"nodes": {"root": {"routerType": "Sequence", "steps": [{"serviceUrl": "http://127.0.0.1:1/"}]}}}'
+GRPC_WHY = "address in use or not available"  # all grpc says
+
+
+@pytest.mark.parametrize(
+    ("command", "what", "why"),
+    [
+        (["serve", "-c", "{config}", "--workers", "1"], "gateway HTTP", "Address already in use"),
+        (["serve", "-c", "{grpc_config}", "--workers", "1"], "gateway OIP gRPC", GRPC_WHY),
+        (["scheduler", "--db", ":memory:", "--port", "{port}", "--agent-port", "0"], "scheduler REST",
+         "Address already in use"),
+        (["scheduler", "--db", ":memory:", "--port", "0", "--agent-port", "{port}"], "scheduler agent gRPC",
+         GRPC_WHY),
+        (["sim-worker", "--port", "{port}"], "sim-worker HTTP", "Address already in use"),
+        (["sim-worker", "--port", "0", "--grpc-port", "{port}"], "sim-worker OIP gRPC", GRPC_WHY),
+        (["graph", "serve", "--graph-json", GRAPH, "--host", "127.0.0.1", "--port", "{port}"], "graph router",
+         "Address already in use"),
+    ],
+    ids=["gateway", "gateway-grpc", "scheduler", "scheduler-agents", "sim-worker", "sim-worker-grpc",
+         "graph"],
+)  # fmt: skip
+def test_a_port_in_use_is_named_with_what_it_is_for(tmp_path, command, what, why):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        config = tmp_path / "gateway.yaml"
+        config.write_text(f"listen: {{port: {port}}}\n")
+        grpc_config = tmp_path / "grpc.yaml"
+        grpc_config.write_text(f"listen: {{port: 0, grpc_port: {port}}}\n")
+        values = {"{port}": str(port), "{config}": str(config), "{grpc_config}": str(grpc_config)}
+        result = modelyard(*(values.get(part, part) for part in command))
+    assert result.returncode == 1, result.stdout + result.stderr
+    # (grpc logs its own line first, which is not ours to silence)
+    assert (
+        result.stderr.strip().splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port} ({what}): {why}"
+    )
 
 
 async def test_embedded_demo_serves_chat_and_oip():

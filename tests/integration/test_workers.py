@@ -539,7 +539,9 @@ async def test_a_second_group_on_the_same_port_is_refused(sim_workers, serve_wor
     stdout, stderr = await asyncio.wait_for(second.communicate(), 60)
     assert second.returncode == 1, stdout.decode() + stderr.decode()
     lines = stderr.decode().strip().splitlines()
-    assert lines == ["error: cannot listen: Address already in use"], lines
+    assert lines == [f"error: cannot listen on 127.0.0.1:{port} (gateway HTTP): Address already in use"], (
+        lines
+    )
 
 
 async def test_oip_grpc_is_served_by_both_workers_on_one_port(sim_workers, serve_workers, tmp_path):
@@ -596,9 +598,9 @@ async def test_oip_grpc_is_served_by_both_workers_on_one_port(sim_workers, serve
     stdout, stderr = await asyncio.wait_for(second.communicate(), 60)
     assert second.returncode == 1, stdout.decode() + stderr.decode()
     lines = stderr.decode().strip().splitlines()
-    assert lines == [f"error: cannot listen: listen.grpc_port {port} (OIP gRPC): Address already in use"], (
-        lines
-    )
+    assert lines == [
+        f"error: cannot listen on 127.0.0.1:{port} (gateway OIP gRPC): Address already in use"
+    ], lines
 
 
 def test_what_workers_cannot_share_yet_is_refused(tmp_path):

@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from modelyard.agent import Agent, AgentConfig
+from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.errors import ModelyardError
 from modelyard.kube.podinfo import PodInfoError, capabilities_from_labels, labels_from_file_text
@@ -145,6 +146,8 @@ def agent(
     except ModelyardError as error:
         typer.echo(f"error: agent: {error.message}", err=True)
         raise typer.Exit(1) from None
+    except OSError as error:
+        raise listen_failure(error, [Listener(host, port, "agent data plane")]) from None
 
 
 def _flag(loc: tuple[int | str, ...]) -> str:

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from modelyard import __version__
+from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.problems import fail
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.documents import DocumentError, parse_documents
@@ -223,8 +224,7 @@ def serve(
     try:
         run_loop(main())
     except OSError as exc:
-        err.print("[red]error:[/red] " + escape(f"cannot listen on {host}:{port}: {exc.strerror or exc}"))
-        raise typer.Exit(1) from None
+        raise listen_failure(exc, [Listener(host, port, "graph router")]) from None
 
 
 @app.command("deploy")

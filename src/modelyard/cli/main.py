@@ -11,8 +11,6 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
-from rich.markup import escape
 
 from modelyard import __version__
 from modelyard.cli.agent import agent
@@ -21,6 +19,7 @@ from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.demo_placement import AGENT_PORT, SCHEDULER_PORT, start_demo_placement
 from modelyard.cli.deploy import deploy_app
 from modelyard.cli.graph import app as graph_app
+from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.model import model_app, server_app
 from modelyard.cli.problems import fail
 from modelyard.cli.scheduler import scheduler
@@ -47,8 +46,6 @@ app.command("sim-worker")(sim_worker)
 app.command("scheduler")(scheduler)
 app.command("agent")(agent)
 app.command("bench")(bench)
-
-err = Console(stderr=True, highlight=False)
 
 # The field each of serve's flags sets, to name the flag in a problem with its value.
 SERVE_FLAGS = {
@@ -169,8 +166,15 @@ def serve(
     except ModelyardError as error:
         raise fail(error) from None
     except OSError as error:
-        err.print("[red]error:[/red] " + escape(f"cannot listen: {error.strerror or error}"), soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise listen_failure(error, _listeners(demo if embedded else loaded)) from None
+
+
+def _listeners(config: GatewayConfig) -> list[Listener]:
+    listen = config.listen
+    listeners = [Listener(listen.host, listen.port, "gateway HTTP")]
+    if listen.grpc_port is not None:
+        listeners.append(Listener(listen.host, listen.grpc_port, "gateway OIP gRPC", grpc=True))
+    return listeners
 
 
 def _announce(

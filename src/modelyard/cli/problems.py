@@ -15,7 +15,12 @@ def fail(error: ModelyardError) -> typer.Exit:
     """Print the error (a ConfigError: each problem with its source) and return the exit to raise."""
     if isinstance(error, ConfigError):
         for problem in error.problems:
-            err.print("[red]error:[/red] " + escape(f"{error.source}: {problem}"), soft_wrap=True)
+            print_error(f"{error.source}: {problem}")
     else:
-        err.print("[red]error:[/red] " + escape(f"{error.message}"), soft_wrap=True)
+        print_error(error.message)
     return typer.Exit(1)
+
+
+def print_error(line: str) -> None:
+    """`error: <line>` on stderr, on one line however long."""
+    err.print("[red]error:[/red] " + escape(line), soft_wrap=True)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.scheduler import SchedulerConfig, start_scheduler
@@ -77,7 +78,11 @@ def scheduler(
     except ModelyardError as error:
         _fail(error.message)
     except OSError as error:
-        _fail(f"cannot listen: {error.strerror or error}")
+        listeners = [
+            Listener(host, port, "scheduler REST"),
+            Listener(host, agent_port, "scheduler agent gRPC", grpc=True),
+        ]
+        raise listen_failure(error, listeners) from None
 
 
 def _fail(line: str) -> None:

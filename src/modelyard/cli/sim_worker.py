@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from modelyard.cli.listening import Listener, listen_failure
 from modelyard.placement.manifest import parse_quantity
 from modelyard.serving import run, serve_until_signal
 from modelyard.simworker import SimWorker, SimWorkerConfig
@@ -121,9 +122,10 @@ def sim_worker(
     try:
         run(_serve(config))
     except OSError as exc:  # typically the port is taken
-        where = f"{host}:{port}: {exc.strerror}" if exc.strerror else str(exc)  # gRPC's names its address
-        typer.echo(f"error: sim-worker cannot listen on {where}", err=True)
-        raise typer.Exit(1) from None
+        listeners = [Listener(host, port, "sim-worker HTTP")]
+        if grpc_port is not None:
+            listeners.append(Listener(host, grpc_port, "sim-worker OIP gRPC", grpc=True))
+        raise listen_failure(exc, listeners) from None
 
 
 def _bytes(flag: str, value: str) -> int:
