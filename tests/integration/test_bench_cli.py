@@ -1,12 +1,17 @@
-"""`modelyard bench` end to end: spawned workers and gateways per strategy, a URL, the chart, and bad
-input."""
+"""`modelyard bench` end to end: spawned workers and gateways per strategy, a URL, the chart, the
+progress bars (asked for, or none when piped), Ctrl-C, and bad input."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -26,13 +31,19 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
 def test_spawn_compares_strategies_in_one_table_and_writes_json_and_a_chart(tmp_path):
     pytest.importorskip("matplotlib")
     out, chart = tmp_path / "bench.json", tmp_path / "chart.png"
+    # The quick profile (the README's first bench), made smaller still by the flags.
     done = bench(
-        "--spawn", "2", "--strategies", "least_pending,prefix_aware", "--requests", "16",
-        "--concurrency", "2", "--prompt-tokens", "20", "--system-prompt-tokens", "40",
-        "--output-tokens", "3", "--out", str(out), "--chart", str(chart),
+        "--spawn", "2", "--profile", "quick", "--strategies", "least_pending,prefix_aware",
+        "--requests", "16", "--concurrency", "2", "--prompt-tokens", "20", "--system-prompt-tokens",
+        "40", "--output-tokens", "3", "--out", str(out), "--chart", str(chart), "--progress",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert "16 requests, concurrency 2, against 2 spawned sim-workers" in done.stdout
     assert "least_pending" in done.stdout and "prefix_aware" in done.stdout and "P95 ms" in done.stdout
+    # Asked for, the bars go to stderr: each strategy's run, and the whole bench's runs and time left
+    assert "least_pending" in done.stderr and "prefix_aware" in done.stderr, done.stderr
+    assert "2/2 runs" in done.stderr and " left" in done.stderr
+    assert "\x1b" not in done.stdout  # the table is as plain as without them
     assert chart.read_bytes().startswith(PNG) and f"wrote {chart}" in done.stdout
     assert not (tmp_path / "bench.png").exists()  # --chart says where: none beside --out
     runs = json.loads(out.read_text())["runs"]
@@ -66,6 +77,7 @@ async def test_a_url_is_benched_as_it_is_with_a_chart_beside_out(sim_workers, tm
     )
     assert done.returncode == 0, done.stderr
     assert worker.url in done.stdout
+    assert done.stderr == "" and "\x1b" not in done.stdout  # piped: no bars, no terminal codes
     header, row = out.read_text().splitlines()[:2]
     assert header.startswith("label,requests,errors") and row.startswith(f"{worker.url},10,0")
     assert (tmp_path / "bench.png").read_bytes().startswith(PNG)  # matplotlib is there: drawn beside
@@ -107,3 +119,47 @@ def test_a_run_where_every_request_failed_says_why_and_exits_1(tmp_path):
     done = bench("http://127.0.0.1:9", "--requests", "3")  # the discard port: nothing listens
     assert done.returncode == 1
     assert "every request failed (ClientConnectorError x3)" in done.stderr
+
+
+def test_ctrl_c_stops_the_bench_its_workers_and_gateway_and_clears_the_bars():
+    args = ["--spawn", "1", "--strategies", "least_pending", "--requests", "100000", "--progress"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "modelyard", "bench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        shown = _read_until(process, re.compile(rb"[1-9]\d*/100000"), within=60)  # it is sending
+        children = _children(process.pid)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130 and out == b"", err[-2000:]
+    assert b"Traceback" not in err  # it stops quietly, as a Ctrl-C should
+    stderr = shown + err
+    assert stderr.rfind(b"\x1b[?25h") > stderr.rfind(b"\x1b[?25l")  # the bars hid the cursor: it is back
+    assert len(children) == 2  # a worker and a gateway, both stopped with it
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+
+
+def _read_until(process: subprocess.Popen[bytes], pattern: re.Pattern[bytes], within: float) -> bytes:
+    """What the process wrote to stderr until `pattern` showed (bounded in time)."""
+    assert process.stderr is not None
+    seen = b""
+    until = time.monotonic() + within
+    while not pattern.search(seen):
+        left = until - time.monotonic()
+        ready, _, _ = select.select([process.stderr], [], [], max(0.0, left))
+        assert ready, f"not seen within {within:g}s: {seen[-500:]!r}"
+        chunk = os.read(process.stderr.fileno(), 65536)
+        assert chunk, f"stderr closed: {seen[-500:]!r}"
+        seen += chunk
+    return seen
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    if not path.exists():
+        pytest.skip("no /proc/PID/task/PID/children here")
+    return [int(child) for child in path.read_text().split()]

@@ -1,12 +1,14 @@
 """`modelyard bench`: a load generator for choosing a routing strategy.
 
-workload  WorkloadSpec (what to send) and the named profiles (`inferflow`); the request list
+workload  WorkloadSpec (what to send) and the named profiles (`inferflow`, `quick`); the request list
 runner    sending the requests at a concurrency or a rate, recording each outcome
 spawn     sim-workers and a gateway of our own per strategy (`--spawn N`)
-report    per-run summaries (latency percentiles, TTFT, req/s, backend split, cached share),
-          the table, and the JSON/CSV files
-chart     the PNG (`--chart`): each request's latency and the backend split per strategy; needs
-          matplotlib (`modelyard[bench]`), imported only when a chart is drawn
+progress  the bars on stderr while it runs: runs done, the run in flight, time left
+report    per-run summaries (latency percentiles, TTFT, req/s, backend split, cached share), their
+          medians over runs, the table, and the JSON/CSV files
+chart     the PNG (`--chart`) of the same summaries: each request's latency, the cached share and
+          the backend split per strategy; needs matplotlib (`modelyard[bench]`), imported only when
+          a chart is drawn
 """
 
 from modelyard.bench.report import Summary, summarize

@@ -1,4 +1,8 @@
-"""Summaries of bench runs: the table people compare strategies by, and the JSON/CSV files."""
+"""Summaries of bench runs: the table people compare strategies by, and the JSON/CSV files.
+
+A strategy's Summary is what the table, the files and the chart all show (with --runs, the medians
+`median_of_runs` takes): none of them recomputes a number from the requests.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,9 @@ import csv
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 from rich.table import Table
@@ -39,7 +44,8 @@ class Summary:
     busiest_share: float  # the busiest backend's share of the answered requests
     backends: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)  # why requests failed: status or error
-    # The answered requests' latencies, in the order sent: for the chart, not in the JSON/CSV.
+    # The answered requests' latencies (every run's), in the order answered: the chart's dots, not
+    # in the JSON/CSV.
     latencies_ms: list[float] = field(default_factory=list, repr=False)
 
 
@@ -67,6 +73,24 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
         ),
         latencies_ms=latencies,
     )
+
+
+def median_of_runs(runs: Sequence[Summary]) -> Summary:
+    """One strategy's runs as one Summary: each numeric column's median over the runs, the requests
+    and errors of all of them, every run's latencies (the chart's dots), and the backend split and
+    failures of the run with the median P95 (a split that adds up to one run's requests)."""
+    if len(runs) == 1:
+        return runs[0]
+    middle = sorted(runs, key=lambda s: s.p95_ms)[len(runs) // 2]
+    fields: dict[str, Any] = {}
+    for name in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "req_per_s", "cached_share", "busiest_share"):
+        fields[name] = statistics.median(getattr(s, name) for s in runs)
+    ttfts = [s.ttft_p50_ms for s in runs if s.ttft_p50_ms is not None]
+    fields["ttft_p50_ms"] = statistics.median(ttfts) if ttfts else None
+    fields["errors"] = sum(s.errors for s in runs)
+    fields["requests"] = sum(s.requests for s in runs)
+    fields["latencies_ms"] = [value for s in runs for value in s.latencies_ms]
+    return replace(middle, **fields)
 
 
 def table(summaries: Sequence[Summary], title: str) -> Table:

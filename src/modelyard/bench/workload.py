@@ -11,7 +11,8 @@ sim-worker (and to any tokenizer, roughly).
 `inferflow` reproduces the shape of InferFlow's published experiment: 300 requests at
 concurrency 3, half of them repeats of a Zipf-popular pool, many sharing one of 4 long system
 prompts, against 3 workers with one request slot each, a prefix cache of about 5 prompts,
-prefill 0.8 ms/token and decode 2.5 ms/token.
+prefill 0.8 ms/token and decode 2.5 ms/token. `quick` is the same with 150 requests: a first look
+in about a minute.
 """
 
 from __future__ import annotations
@@ -133,6 +134,13 @@ PROFILES: dict[str, Profile] = {
         SimShape(max_concurrency=1, prefill_ms_per_token=0.8, decode_ms_per_token=2.5, cache_blocks=112),
     ),
 }
+# inferflow's shape with half its requests: a run sends for about 12 s instead of 25 (start-up adds
+# about 10 s more on a 2-core machine), so the two default strategies compare in about a minute.
+# benchmarks/routing_sim.py: prefix_aware still caches 4 to 11 points more than least_pending on
+# every seed at 100 to 300 requests, at the same P95, so the comparison holds.
+PROFILES["quick"] = Profile(
+    PROFILES["inferflow"].workload.model_copy(update={"requests": 150}), PROFILES["inferflow"].sims
+)
 
 
 @dataclass(frozen=True, slots=True)

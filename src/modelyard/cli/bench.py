@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import shlex
 import signal
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +15,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelyard.balancing import check_strategy_name
 from modelyard.bench import (
@@ -29,7 +27,8 @@ from modelyard.bench import (
     summarize,
 )
 from modelyard.bench import chart as charts
-from modelyard.bench.report import table, write
+from modelyard.bench.progress import BenchProgress
+from modelyard.bench.report import median_of_runs, table, write
 from modelyard.bench.spawn import MODEL, spawned
 from modelyard.bench.workload import SimShape, cacheable_share
 from modelyard.config import PrefixAwareConfig
@@ -107,9 +106,18 @@ def bench(
     chart: Annotated[
         Path | None,
         typer.Option(
-            help="Also draw a PNG: per strategy, each request's latency (P50 and P95 marked) and the "
-            "backend split. Needs matplotlib (the bench extra). With --out and no --chart, it is "
-            "drawn beside the file (its name with .png) when matplotlib is installed."
+            help="Also draw a PNG: per strategy, each request's latency (the table's P50 and P95 "
+            "marked), the share of prompt tokens served from cache, and the backend split. Needs "
+            "matplotlib (the bench extra). With --out and no --chart, it is drawn beside the file "
+            "(its name with .png) when matplotlib is installed."
+        ),
+    ] = None,
+    progress: Annotated[
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress",
+            help="Show progress bars and the time left on stderr (default: only when it is a terminal).",
+            show_default=False,
         ),
     ] = None,
 ) -> None:
@@ -118,7 +126,8 @@ def bench(
     Against a URL it runs the workload once. With --spawn N it starts N sim-workers and a gateway
     over them for each of --strategies (fresh ones per run, so no strategy inherits another's
     caches) and prints one row per strategy. --profile inferflow reproduces the shape of
-    InferFlow's published experiment.
+    InferFlow's published experiment; --profile quick is its shape with fewer requests, for a
+    comparison in about a minute.
     """
     # Piped or captured, rich would fold the table to 80 columns: give it room instead.
     console = Console(width=None if sys.stdout.isatty() else 170)
@@ -190,12 +199,22 @@ def bench(
     if chart is not None and not chart.parent.is_dir():
         _fail(f"--chart: {chart.parent}: no such directory")
     command = "modelyard bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    # On stderr, and only at a terminal unless asked: piped or captured, stdout and stderr stay as
+    # they were (isatty, not rich's guess, which FORCE_COLOR in CI turns on).
+    show = sys.stderr.isatty() if progress is None else progress
+    bars = BenchProgress(
+        Console(stderr=True, force_terminal=show, force_interactive=show),
+        spec,
+        runs * (len(names) if spawn else 1),
+        show=show,
+    )
     # SIGTERM stops the run as Ctrl-C does, so the spawned workers and gateway are stopped too.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        summaries: list[Summary] = asyncio.run(
-            _bench(console, url, model, spawn, names, spec, sims, runs, settings, gateway_workers)
-        )
+        with bars:
+            summaries: list[Summary] = asyncio.run(
+                _bench(bars, url, model, spawn, names, spec, sims, runs, settings, gateway_workers)
+            )
     except ModelyardError as error:
         _fail(error.message)
     pace = f", {spec.rate:g} req/s" if spec.rate else ""
@@ -207,21 +226,17 @@ def bench(
         f"concurrency {spec.concurrency}{pace}, against {where}"
     )
     console.print(table(summaries, title + (f" (median of {runs} runs)" if runs > 1 else "")))
+    bound = None
     if not spec.duration:
         # The bound on the "cached" column: what this workload repeats at all.
-        share = cacheable_share(build_requests(spec), sims.block_tokens)
-        console.print(f"an unbounded prefix cache would serve {share:.0%} of these prompt tokens")
+        bound = cacheable_share(build_requests(spec), sims.block_tokens)
+        console.print(f"an unbounded prefix cache would serve {bound:.0%} of these prompt tokens")
     console.print(f"[dim]{command}[/dim]")
     if out is not None:
         write(out, summaries, command)
         console.print(f"wrote {out}")
-    _draw(
-        console,
-        summaries,
-        title + (f" (of {runs} runs, the one with the median P95)" if runs > 1 else ""),
-        chart,
-        out,
-    )
+    many = f" (median of {runs} runs; dots: every run's requests; split: the median-P95 run's)"
+    _draw(console, summaries, title + (many if runs > 1 else ""), bound, chart, out)
     failed = [s for s in summaries if s.requests and s.errors == s.requests]
     if failed:
         for s in failed:
@@ -231,7 +246,12 @@ def bench(
 
 
 def _draw(
-    console: Console, summaries: list[Summary], title: str, chart: Path | None, out: Path | None
+    console: Console,
+    summaries: list[Summary],
+    title: str,
+    cache_bound: float | None,
+    chart: Path | None,
+    out: Path | None,
 ) -> None:
     """The chart asked for, or one beside --out when matplotlib is there to draw it."""
     if chart is None:
@@ -242,7 +262,7 @@ def _draw(
             return
         chart = out.with_suffix(".png")
     try:
-        charts.write_chart(summaries, chart, title)
+        charts.write_chart(summaries, chart, title, cache_bound)
     except ModelyardError as error:
         _fail(f"--chart: {error.message}")
     except OSError as error:
@@ -260,7 +280,7 @@ def _fail(line: str) -> None:
 
 
 async def _bench(
-    console: Console,
+    bars: BenchProgress,
     url: str | None,
     model: str,
     spawn: int,
@@ -276,47 +296,24 @@ async def _bench(
     for label in labels:
         per_run = []
         for number in range(1, runs + 1):
-            title = f"{label} (run {number}/{runs})" if runs > 1 else label
+            title = f"{label} run {number}/{runs}" if runs > 1 else label
             requests = iter_requests(spec) if spec.duration else build_requests(spec)
-            if spawn:
-                async with spawned(
-                    label,
-                    spawn,
-                    sims,
-                    seed=spec.seed,
-                    prefix_aware=prefix_settings,
-                    gateway_workers=gateway_workers,
-                ) as gateway:
-                    outcomes, wall = await _with_progress(console, title, gateway, MODEL, spec, requests)
-            else:
-                assert url is not None
-                outcomes, wall = await _with_progress(console, title, url, model, spec, requests)
+            with bars.run(title) as run:
+                if spawn:
+                    async with spawned(
+                        label,
+                        spawn,
+                        sims,
+                        seed=spec.seed,
+                        prefix_aware=prefix_settings,
+                        gateway_workers=gateway_workers,
+                    ) as gateway:
+                        run.sending()
+                        outcomes, wall = await run_workload(gateway, MODEL, spec, requests, progress=run.sent)
+                else:
+                    assert url is not None
+                    run.sending()
+                    outcomes, wall = await run_workload(url, model, spec, requests, progress=run.sent)
             per_run.append(summarize(label, outcomes, wall))
-        summaries.append(_median(per_run))
+        summaries.append(median_of_runs(per_run))
     return summaries
-
-
-async def _with_progress(
-    console: Console, title: str, url: str, model: str, spec: WorkloadSpec, requests: Any
-) -> Any:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        total = None if spec.duration else spec.requests
-        task = progress.add_task(title, total=total)
-        return await run_workload(url, model, spec, requests, progress=lambda _o: progress.advance(task))
-
-
-def _median(runs: list[Summary]) -> Summary:
-    """Each numeric column's median over the runs; the backend split and the latencies (the chart's)
-    of the run with the median P95."""
-    if len(runs) == 1:
-        return runs[0]
-    middle = sorted(runs, key=lambda s: s.p95_ms)[len(runs) // 2]
-    fields: dict[str, Any] = {}
-    for name in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "req_per_s", "cached_share", "busiest_share"):
-        fields[name] = statistics.median(getattr(s, name) for s in runs)
-    ttfts = [s.ttft_p50_ms for s in runs if s.ttft_p50_ms is not None]
-    fields["ttft_p50_ms"] = statistics.median(ttfts) if ttfts else None
-    fields["errors"] = sum(s.errors for s in runs)
-    fields["requests"] = sum(s.requests for s in runs)
-    return replace(middle, **fields)

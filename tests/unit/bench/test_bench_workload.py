@@ -8,7 +8,7 @@ import json
 import pytest
 
 from modelyard.bench import Outcome, WorkloadSpec, build_requests, summarize
-from modelyard.bench.report import write
+from modelyard.bench.report import median_of_runs, write
 from modelyard.bench.workload import PROFILES, cacheable_share, prompt_tokens
 
 
@@ -85,6 +85,21 @@ def test_the_inferflow_profile_has_its_published_shape():
     )
 
 
+def test_the_quick_profile_is_inferflows_shape_with_fewer_requests():
+    inferflow, quick = PROFILES["inferflow"], PROFILES["quick"]
+    assert quick.sims == inferflow.sims
+    assert quick.workload == inferflow.workload.model_copy(update={"requests": quick.workload.requests})
+    # A run sends for well under half a minute even if no prompt token were ever cached: each
+    # request's prefill and decode on one of 3 single-slot workers.
+    spec, sims = quick.workload, quick.sims
+    prompt = max(len(prompt_tokens(r)) for r in build_requests(spec))
+    worst = spec.requests * (
+        prompt * sims.prefill_ms_per_token + spec.output_tokens * sims.decode_ms_per_token
+    )
+    assert worst / 3 / 1000 < 20
+    assert 100 <= spec.requests < inferflow.workload.requests  # yet enough for the caches to warm
+
+
 def _outcome(latency: float, backend: str, prompt: int = 100, cached: int = 0, status: int = 200) -> Outcome:
     return Outcome(status, latency, None, backend, prompt, cached, "fresh")
 
@@ -122,3 +137,16 @@ def test_a_duration_run_gets_fresh_prompts_without_end():
     many = list(itertools.islice(iter_requests(spec), 500))
     assert len({r.user for r in many}) == 500  # never the first 10 again
     assert many[:10] == build_requests(spec)
+
+
+def test_runs_merge_into_each_columns_median_and_the_median_runs_split():
+    fast = summarize("least_pending", [_outcome(0.1, "w0", cached=20)] * 4, wall=1.0)
+    middle = summarize("least_pending", [_outcome(0.2, "w1", cached=40)] * 4, wall=1.0)
+    slow = summarize("least_pending", [_outcome(0.4, "w0")] * 3 + [_outcome(0.0, "", status=0)], wall=2.0)
+    merged = median_of_runs([slow, fast, middle])
+    assert (merged.p50_ms, merged.p95_ms) == (pytest.approx(200), pytest.approx(200))
+    assert merged.cached_share == pytest.approx(0.2)  # the median of 0, 0.2 and 0.4
+    assert (merged.requests, merged.errors) == (12, 1)  # every run's
+    assert merged.backends == {"w1": 4}  # the run with the median P95
+    assert sorted(merged.latencies_ms) == pytest.approx([100] * 4 + [200] * 4 + [400] * 3)
+    assert median_of_runs([fast]) is fast
