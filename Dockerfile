@@ -12,11 +12,18 @@ FROM ${BASE_IMAGE} AS build
 ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# Exactly the versions `make test` ran, with their hashes (exported from uv.lock by `make lock`);
+# setuptools and wheel, which build modelyard's own wheel, are locked too (build-requirements.txt).
+COPY deploy/image/*requirements*.txt ./
+RUN lock="requirements${EXTRAS:+-$EXTRAS}.txt" \
+    && { [ -f "$lock" ] || { echo "EXTRAS must be empty or storage, not '$EXTRAS'" >&2; exit 1; }; } \
+    && python3 -m venv /opt/modelyard /opt/build \
+    && /opt/modelyard/bin/pip install --require-hashes --no-deps -r "$lock" \
+    && /opt/build/bin/pip install --require-hashes --no-deps -r build-requirements.txt
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN python3 -m venv /opt/modelyard \
-    && /opt/modelyard/bin/pip install --upgrade pip \
-    && /opt/modelyard/bin/pip install ".${EXTRAS:+[$EXTRAS]}"
+RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
+    && /opt/modelyard/bin/pip install --no-deps /tmp/wheel/modelyard-*.whl
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="modelyard" \

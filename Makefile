@@ -1,25 +1,67 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
+#
+# Every install comes from one lock, uv.lock (uv's universal lock: every transitive version, with
+# hashes, for the runtime and each extra), so a fresh machine installs what was tested. uv itself
+# is pinned here and bootstrapped with pip into .tools/. `make lock` refreshes the lock after a
+# change to pyproject.toml; `make test` refuses a lock that no longer matches it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+# uv builds .venv with $(PYTHON), never a Python of its own download.
+export UV_PYTHON := $(PYTHON)
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: demo test lint browser container-tools unit integration bench proto clean
+# The ranges pyproject.toml declares, tested at both ends (scripts/lock.sh locks each end): the unit
+# tests, and the integration tests that found a lower bound too low (aiohttp's server, redis).
+BOUNDS := tests/fixtures/bounds
+BOUNDS_TESTS := tests/unit tests/integration/test_lean_listener.py tests/integration/test_shared_state.py \
+	tests/integration/test_redis_subscription.py
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+.PHONY: demo dev test test-bounds lint lock lock-check browser container-tools unit integration bench proto clean
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
+# The runtime only; --inexact keeps what `make test` added (the same versions: one lock).
+$(VENV)/.installed: pyproject.toml uv.lock | $(UV)
+	@UV=$(UV) scripts/lock.sh check
+	$(UV) sync -q --locked --inexact
 	touch $@
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	@UV=$(UV) scripts/lock.sh check
+	$(UV) sync -q --locked --extra dev
 	touch $@ $(VENV)/.installed
+
+# One line, and exit 1, when a lock no longer matches pyproject.toml (scripts/lock.sh says which).
+lock-check: | $(UV)
+	@UV=$(UV) scripts/lock.sh check
+
+# After a change to pyproject.toml: `make lock` (keeps every version it can);
+# `make lock UPGRADE=redis` upgrades one package, `make lock UPGRADE=all` every one.
+lock: | $(UV)
+	UV=$(UV) scripts/lock.sh write $(UPGRADE)
 
 demo: $(VENV)/.installed
 	$(BIN)/modelyard serve
+
+# The [dev] environment without running anything: the tools the README's later sections use.
+dev: $(STAMP)
+
+.venv-%/.installed: $(BOUNDS)/%.txt | $(UV)
+	$(UV) venv -q --allow-existing .venv-$*
+	VIRTUAL_ENV=.venv-$* $(UV) pip sync -q $<
+	touch $@
+
+test-bounds: lock-check .venv-lowest/.installed .venv-newest/.installed
+	.venv-lowest/bin/pytest -q -p no:cacheprovider $(BOUNDS_TESTS)
+	.venv-newest/bin/pytest -q -p no:cacheprovider $(BOUNDS_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -57,7 +99,7 @@ container-tools:
 		echo "the image test will be skipped (it needs root with $(CONTAINER_TOOLS))"; \
 	fi
 
-test: lint browser container-tools
+test: lock-check lint test-bounds browser container-tools
 	$(BIN)/pytest -q
 
 unit: $(STAMP)
@@ -69,14 +111,18 @@ integration: $(STAMP) browser container-tools
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
 
-# The gRPC code in src/modelyard/rpc/agent_v1/ and rpc/oip_v2/ is generated from proto/ and checked in.
-# The proto packages stay modelyard.agent.v1 and inference; the -I mapping only decides the Python
-# module path. OIP's messages go into a private descriptor pool (the sed): tritonclient's and KServe's
-# generated code put the same `inference.*` names into the default pool, and a process that imports
-# both (our tests, an application embedding the gateway) would fail with "duplicate symbol".
-PROTOC := PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc \
+# The gRPC code in src/modelyard/rpc/agent_v1/ and rpc/oip_v2/ is generated from proto/ and checked in,
+# by the oldest grpcio-tools whose code runs on every protobuf runtime we declare (6.30 to 7.x: its
+# protoc is 30.0, and tritonclient and KServe's client need protobuf 6). It runs in a throwaway uv
+# environment, not .venv (grpcio-tools pins protobuf < 7). The proto packages stay modelyard.agent.v1
+# and inference; the -I mapping only decides the Python module path. OIP's messages go into a private
+# descriptor pool (the sed): tritonclient's and KServe's generated code put the same `inference.*`
+# names into the default pool, and a process that imports both (our tests, an application embedding
+# the gateway) would fail with "duplicate symbol".
+PROTO_TOOLS := --with grpcio-tools==1.72.0 --with mypy-protobuf==5.1.0
+PROTOC := $(UV) run -q --no-project --isolated $(PROTO_TOOLS) python -m grpc_tools.protoc \
 	--python_out=src --grpc_python_out=src --mypy_out=src --mypy_grpc_out=src
-proto: $(STAMP)
+proto: | $(UV)
 	$(PROTOC) -Imodelyard/rpc/agent_v1=proto/modelyard/agent/v1 modelyard/rpc/agent_v1/agent.proto
 	$(PROTOC) -Imodelyard/rpc/oip_v2=proto/inference modelyard/rpc/oip_v2/grpc_predict_v2.proto
 	sed -i 's/_descriptor_pool\.Default()\.AddSerializedFile(/_descriptor_pool.DescriptorPool().AddSerializedFile(/' \
@@ -85,4 +131,4 @@ proto: $(STAMP)
 		|| { echo "make proto: grpc_predict_v2_pb2.py is not in a private DescriptorPool (protoc's output changed?); fix the sed" >&2; exit 1; }
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-lowest .venv-newest $(TOOLS) build dist src/*.egg-info .pytest_cache .ruff_cache

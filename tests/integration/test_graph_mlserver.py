@@ -1,11 +1,14 @@
 """A graph whose steps are served by a real inference server: MLServer with a scikit-learn model.
 
 MLServer and scikit-learn live in their own virtual environment (they pin their own numpy,
-fastapi and protobuf), built by the fixture on first use under `.cache/` and reused after.
+fastapi and protobuf), installed from their own lock (tests/fixtures/mlserver/requirements.txt,
+every version with its hashes: `make lock`), built by the fixture on first use under `.cache/` and
+reused until the lock changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,9 +24,8 @@ import pytest
 from support import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-MLSERVER = "mlserver==1.7.1"
-MLSERVER_SKLEARN = "mlserver-sklearn==1.7.1"
-VENV = ROOT / ".cache" / "mlserver-1.7.1"
+LOCK = ROOT / "tests" / "fixtures" / "mlserver" / "requirements.txt"
+VENV = ROOT / ".cache" / f"mlserver-{hashlib.sha256(LOCK.read_bytes()).hexdigest()[:12]}"
 
 TRAIN = """
 import joblib, sys
@@ -44,7 +46,7 @@ def _mlserver_venv() -> Path:
     shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
     pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, MLSERVER, MLSERVER_SKLEARN], check=True, timeout=900)
+    subprocess.run([*pip, "--require-hashes", "-r", str(LOCK)], check=True, timeout=900)
     ready.write_text("ok\n")
     return VENV
 

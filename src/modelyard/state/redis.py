@@ -123,7 +123,7 @@ class RedisState:
                     log.debug("subscribing to %s failed, again in %.1fs: %r", name, backoff, exc)
             finally:
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # closes its connection
+                    await pubsub.aclose()  # closes its connection
             await asyncio.sleep(backoff)  # Redis is away: retry later, not in a tight loop
             backoff = min(backoff * 2, MAX_BACKOFF)
 

@@ -5,7 +5,7 @@ import warnings
 
 from modelyard.rpc.agent_v1 import agent_pb2 as modelyard_dot_rpc_dot_agent__v1_dot_agent__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.72.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in modelyard/rpc/agent_v1/agent_pb2_grpc.py depends on'
+        + f' but the generated code in modelyard/rpc/agent_v1/agent_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class AgentServiceStub:
+class AgentServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -56,7 +56,7 @@ class AgentServiceStub:
                 _registered_method=True)
 
 
-class AgentServiceServicer:
+class AgentServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Subscribe(self, request, context):
@@ -123,7 +123,7 @@ def add_AgentServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class AgentService:
+class AgentService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
