@@ -242,6 +242,53 @@ async def test_a_configured_model_wins_over_a_placed_one(scheduler, placed_gatew
     assert (await chat(http, gateway))[:2] == (200, "w0")
 
 
+async def test_a_switch_for_every_model_is_the_default_of_models_placed_later(
+    scheduler, placed_gateway, sim_workers, http
+):
+    (worker,) = await sim_workers(1, models=["llm", "later", "parked"])
+    scheduler.place("llm", "ModelAvailable", [("mlserver-0", worker.url)])
+    scheduler.place("parked", "ModelAvailable", [("mlserver-0", worker.url)])
+    gateway = await placed_gateway(models=[model_config("own", [worker], strategy="round_robin")])
+    scheduler.place("parked", "ModelProgressing", [])  # placed again below, after the switch
+    await wait_until(lambda: _async("parked" not in gateway.app[GATEWAY].clusters))
+    async with http.get(gateway.url + "/admin/strategy") as response:
+        before = await response.json()
+    # Models that appear later start with placement.models.strategy; the configured one runs its own.
+    assert (before["strategy"], before["default"]) == ("least_pending", "least_pending")
+    assert before["overrides"] == {"own": "round_robin"}
+
+    async with http.put(gateway.url + "/admin/strategy", json={"strategy": "kv_aware"}) as response:
+        assert response.status == 200
+    scheduler.place("later", "ModelAvailable", [("mlserver-0", worker.url)])
+    scheduler.place("parked", "ModelAvailable", [("mlserver-0", worker.url)])
+    for model in ("later", "parked"):
+        body = {**CHAT, "model": model}
+
+        async def answered(body: dict[str, Any] = body) -> bool:
+            async with http.post(gateway.url + "/v1/chat/completions", json=body) as response:
+                return response.status == 200
+
+        await wait_until(answered)
+        async with http.post(gateway.url + "/v1/chat/completions", json=body) as response:
+            assert response.headers["X-Modelyard-Strategy"] == "kv_aware"
+    async with http.get(gateway.url + "/admin/strategy") as response:
+        after = await response.json()
+    assert (after["strategy"], after["default"], after["overrides"]) == ("kv_aware", "kv_aware", {})
+    assert after["models"] == {
+        "own": "kv_aware",
+        "llm": "kv_aware",
+        "later": "kv_aware",
+        "parked": "kv_aware",
+    }
+
+    # One model's switch is an override of the default, not "mixed".
+    async with http.put(
+        gateway.url + "/admin/strategy", json={"strategy": "random", "model": "llm"}
+    ) as response:
+        one = await response.json()
+    assert (one["strategy"], one["default"], one["overrides"]) == ("kv_aware", "kv_aware", {"llm": "random"})
+
+
 async def test_a_gateway_starts_without_its_scheduler(placed_gateway, http):
     (port,) = free_ports(1)
     gateway = await placed_gateway(scheduler=f"127.0.0.1:{port}", startup_wait=0.1)

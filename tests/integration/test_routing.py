@@ -112,7 +112,13 @@ async def test_strategy_switch_at_runtime_keeps_affinity(sim_workers, gateways, 
         assert response.headers["X-Modelyard-Cache-Hit"] == "true"
         assert response.headers["X-Modelyard-Backend"] == remembered
     async with http.get(gateway.url + "/strategy") as response:
-        assert (await response.json())["strategy"] == "mixed"
+        body = await response.json()
+    # The switch for every model set the default; the one for m overrides it.
+    assert (body["strategy"], body["default"], body["overrides"]) == (
+        "round_robin",
+        "round_robin",
+        {"m": "kv_aware"},
+    )
 
 
 async def test_unknown_strategy_is_400_listing_valid_names(sim_workers, gateways, http):
@@ -124,7 +130,8 @@ async def test_unknown_strategy_is_400_listing_valid_names(sim_workers, gateways
     for name in ("round_robin", "random", "least_pending", "kv_aware", "cost_aware", "resource_aware"):
         assert name in message
     async with http.get(gateway.url + "/admin/strategy") as response:
-        assert (await response.json())["strategy"] == "round_robin"
+        body = await response.json()
+    assert (body["models"], body["default"]) == ({"m": "round_robin"}, "least_pending")  # nothing changed
 
 
 async def test_admin_token_is_required_when_configured(sim_workers, gateways, http):

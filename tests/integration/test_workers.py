@@ -527,6 +527,27 @@ async def test_a_killed_worker_is_started_again_and_sigterm_drains_all(sim_worke
     assert await asyncio.wait_for(gateway.process.wait(), 30) == 0
 
 
+async def test_a_switch_for_every_model_is_every_workers_default(sim_workers, serve_workers):
+    gateway = await serve_workers({"models": [_model(await sim_workers(1))]})
+    first, second = await gateway.on_worker(0), await gateway.on_worker(1)
+    # Both within one round of the second worker's following: it must end where the first is.
+    async with first.put(gateway.url + "/admin/strategy", json={"strategy": "kv_aware"}) as response:
+        assert response.status == 200
+    async with first.put(
+        gateway.url + "/admin/strategy", json={"strategy": "random", "model": "m"}
+    ) as response:
+        expected = await response.json()
+    assert (expected["default"], expected["overrides"]) == ("kv_aware", {"m": "random"})
+    seen: dict[str, Any] = {}
+
+    async def the_same() -> bool:
+        async with second.get(gateway.url + "/admin/strategy") as response:
+            seen.update(await response.json())
+        return seen == expected
+
+    await wait_until(the_same, attempts=250, interval=0.02)
+
+
 async def test_a_second_group_on_the_same_port_is_refused(sim_workers, serve_workers, tmp_path):
     gateway = await serve_workers({"models": [_model(await sim_workers(1))]})
     port = int(gateway.url.rsplit(":", 1)[1])

@@ -23,7 +23,7 @@ from modelyard.config import STRATEGY_NAMES
 from modelyard.documents import DocumentError, parse_document, parse_documents
 from modelyard.errors import BadRequest, GraphInvalid, Unauthorized
 from modelyard.gateway.cluster import Cluster
-from modelyard.gateway.gateway import GATEWAY, Gateway
+from modelyard.gateway.gateway import DEFAULT_STRATEGY_KEY, GATEWAY, Gateway
 from modelyard.gateway.inference import json_response, read_limited_body
 from modelyard.gateway.overview import overview
 from modelyard.gateway.routing_log import RoutingRecord
@@ -72,11 +72,15 @@ async def _read_document(request: web.Request, *, many: bool = False) -> Any:
 
 
 def _strategies(gateway: Gateway) -> dict[str, object]:
+    """The default strategy (what models that appear later start with: placement.models.strategy
+    until a switch for every model), each model's, and those that differ from the default."""
     per_model = {name: c.strategy.name for name, c in gateway.clusters.items()}
-    names = set(per_model.values())
+    default = gateway.default_strategy
     return {
-        "strategy": names.pop() if len(names) == 1 else "mixed",
+        "strategy": default,  # as "default"; it said every model's strategy, or "mixed", before there was one
+        "default": default,
         "models": per_model,
+        "overrides": {name: strategy for name, strategy in per_model.items() if strategy != default},
         "available": list(STRATEGY_NAMES),
     }
 
@@ -87,7 +91,8 @@ async def get_strategy(request: web.Request) -> web.Response:
 
 
 async def put_strategy(request: web.Request) -> web.Response:
-    """Switch strategy for every model, or for one with {"model": ...}. Counters and affinity stay."""
+    """Switch strategy for one model ({"model": ...}), or for every model, which also makes it the
+    default of models that appear later. Counters and affinity stay."""
     check_admin(request)
     gateway = request.app[GATEWAY]
     limit = gateway.config.limits.max_admin_body_bytes
@@ -95,14 +100,13 @@ async def put_strategy(request: web.Request) -> web.Response:
     target = data.get("model")
     if target is not None and not isinstance(target, str):
         raise BadRequest("'model' must be a string naming one model")
-    clusters = [gateway.cluster(target)] if target else list(gateway.clusters.values())
     name = data.get("strategy")
-
-    def apply() -> None:
-        for cluster in clusters:
-            gateway.set_strategy(cluster, name)  # a bad name fails on the first
-
-    gateway.change("strategies", {c.name: name for c in clusters}, apply)
+    if target:
+        cluster = gateway.cluster(target)
+        gateway.change("strategies", {cluster.name: name}, lambda: gateway.set_strategy(cluster, name))
+    else:  # the other workers get each model's switch and the default (no placed models there)
+        every = {model: name for model in gateway.clusters} | {DEFAULT_STRATEGY_KEY: name}
+        gateway.change("strategies", every, lambda: gateway.switch_every_strategy(name))
     return json_response(_strategies(gateway))
 
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from modelyard.balancing import Need
+from modelyard.balancing import Need, check_strategy_name
 from modelyard.cluster import Load
 from modelyard.config import GATEWAY_SERVICE_NAME, GatewayConfig, ModelConfig
 from modelyard.errors import ModelNotFound, ModelyardError, Overloaded
@@ -40,6 +40,9 @@ from modelyard.upstream.scrape import ResourceScraper
 FOLLOW_SECONDS = 0.05
 VERDICT_GRACE = 1.0  # seconds past the probe timeout a follower waits for the leader's first verdicts
 _NOTHING = object()
+# The default strategy's key among the "strategies" admin changes the workers share: beside each
+# model's, so that any order of applying them ends the same; no model is named "" (names are not empty).
+DEFAULT_STRATEGY_KEY = ""
 T = TypeVar("T")
 log = logging.getLogger("modelyard.gateway")
 
@@ -68,6 +71,9 @@ class Gateway:
         )
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
+        # What models that appear later (placed by the scheduler) start with; a switch for every
+        # model sets it.
+        self.default_strategy: str = config.placement.models.strategy
         self.metrics.watch_requests(self._requests_in_flight)
         # The workers of one gateway show each other's requests in their routing logs and canaries.
         self._worker_log = (
@@ -226,6 +232,19 @@ class Gateway:
         cluster.set_strategy(name)
         self._serve_needs(cluster)
 
+    def set_default_strategy(self, name: object) -> None:
+        """The strategy models that appear later start with (UnknownStrategy if none)."""
+        self.default_strategy = check_strategy_name(name)
+
+    def switch_every_strategy(self, name: object) -> None:
+        """Switch every model, placed ones waiting for endpoints too, and make `name` the default
+        of models that appear later. A bad name changes nothing."""
+        self.set_default_strategy(name)
+        for cluster in self.clusters.values():
+            self.set_strategy(cluster, name)
+        for cluster in self.placed.parked():
+            cluster.set_strategy(name)  # what it needs starts when it is installed again
+
     def watch_listener(self, stats: ListenerStats) -> None:
         """Export the listener's counters (with workers, summed over them)."""
         siblings = self.siblings
@@ -370,7 +389,9 @@ class Gateway:
                 if self._applied.get((section, key), _NOTHING) == value:
                     continue
                 self._applied[(section, key)] = value
-                if section == "strategies" and (cluster := self.clusters.get(key)) is not None:
+                if section == "strategies" and key == DEFAULT_STRATEGY_KEY:
+                    self._try("default strategy", lambda v=value: self.set_default_strategy(v))
+                elif section == "strategies" and (cluster := self.clusters.get(key)) is not None:
                     self._try(f"strategy of {key}", lambda c=cluster, v=value: self.set_strategy(c, v))
                 elif section == "routes" and (cluster := self.clusters.get(key)) is not None:
                     self._try(f"routes of {key}", lambda c=cluster, v=value: c.replace_routes(v))

@@ -2,7 +2,8 @@
 
 `PlacedModels.apply` turns each feed event into cluster changes, in one step with no await between
 (a request sees the placed set before an event or after it, never half of a snapshot):
-- a model with endpoints is a cluster built from `placement.models` (a new one) or the same cluster
+- a model with endpoints is a cluster built from `placement.models` with the gateway's default
+  strategy (a new one; `Gateway.default_strategy`) or the same cluster
   with its endpoints replaced (`Cluster.replace_endpoints`: endpoints that stay keep their health,
   outlier record and load; queued requests look again);
 - a model with none leaves `gateway.clusters` (requests get ModelNotPlaced: 503, Retry-After, its
@@ -77,6 +78,10 @@ class PlacedModels:
         else:
             return
         self._gateway.forget_unused_loads()
+
+    def parked(self) -> list[Cluster]:
+        """The clusters of placed models with no endpoint now, kept for when they come back."""
+        return list(self._parked.values())
 
     def view(self) -> dict[str, Any]:
         routable = sorted(n for n in self.models if n in self._gateway.clusters)
@@ -177,7 +182,9 @@ class PlacedModels:
     def _model_config(
         self, name: str, endpoints: list[EndpointConfig], routes: list[RouteConfig]
     ) -> ModelConfig:
-        return ModelConfig(name=name, endpoints=endpoints, routes=routes, **dict(self._config.models))
+        # placement.models, but the strategy is the gateway's default (a switch for every model sets it).
+        settings = {**dict(self._config.models), "strategy": self._gateway.default_strategy}
+        return ModelConfig(name=name, endpoints=endpoints, routes=routes, **settings)
 
 
 class FeedFollower:

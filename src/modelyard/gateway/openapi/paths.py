@@ -415,7 +415,7 @@ class Paths:
                 "get": self._admin_op(
                     f"getStrategy{suffix}",
                     "Admin",
-                    "Each model's strategy",
+                    "The default strategy, each model's, and the models that run another",
                     [],
                     None,
                     answer("the strategies", ref("Strategies")),
@@ -424,7 +424,8 @@ class Paths:
                 "put": self._admin_op(
                     f"putStrategy{suffix}",
                     "Admin",
-                    "Switch the strategy of every model, or of one; counters and affinity stay",
+                    "Switch the strategy of one model, or of every model and the default of models that "
+                    "appear later; counters and affinity stay",
                     [],
                     json_body(ref("StrategyUpdate"), {"strategy": "least_pending"}),
                     answer("the strategies now", ref("Strategies")),

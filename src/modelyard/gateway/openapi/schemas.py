@@ -203,10 +203,24 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
         },
         "Strategies": {
             "type": "object",
-            "required": ["strategy", "models", "available"],
+            "required": ["strategy", "default", "models", "overrides", "available"],
             "properties": {
-                "strategy": {"type": "string", "enum": [*STRATEGY_NAMES, "mixed"]},
+                "strategy": {
+                    "allOf": [ref("StrategyName")],
+                    "description": "the default, as `default` (older gateways: every model's strategy, "
+                    "or `mixed`)",
+                },
+                "default": {
+                    "allOf": [ref("StrategyName")],
+                    "description": "what models that appear later (placed by the scheduler) start with: "
+                    "placement.models.strategy until a switch for every model",
+                },
                 "models": {"type": "object", "additionalProperties": ref("StrategyName")},
+                "overrides": {
+                    "type": "object",
+                    "additionalProperties": ref("StrategyName"),
+                    "description": "the models whose strategy is not the default",
+                },
                 "available": {"type": "array", "items": ref("StrategyName")},
             },
         },
@@ -216,7 +230,8 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
             "properties": {
                 "strategy": ref("StrategyName"),
                 "model": {
-                    "description": "one model; absent, null or empty: every model",
+                    "description": "one model; absent, null or empty: every model, and the default "
+                    "of models that appear later",
                     "anyOf": [ref("ModelName"), {"const": ""}, {"type": "null"}],
                 },
             },
