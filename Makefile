@@ -22,7 +22,7 @@ BOUNDS := tests/fixtures/bounds
 BOUNDS_TESTS := tests/unit tests/integration/test_lean_listener.py tests/integration/test_shared_state.py \
 	tests/integration/test_redis_subscription.py
 
-.PHONY: demo dev test test-bounds lint lock lock-check browser container-tools unit integration bench proto clean
+.PHONY: demo clients dev test test-bounds lint lock lock-check browser container-tools unit integration bench proto clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -51,7 +51,11 @@ lock: | $(UV)
 demo: $(VENV)/.installed
 	$(BIN)/modelyard serve
 
-# The [dev] environment without running anything: the tools the README's later sections use.
+# The clients the README's examples use (openai, numpy, tritonclient), beside the runtime.
+clients: $(VENV)/.installed
+	$(UV) sync -q --locked --inexact --extra clients
+
+# The [dev] environment (the clients, schemathesis and the other test tools) without running tests.
 dev: $(STAMP)
 
 .venv-%/.installed: $(BOUNDS)/%.txt | $(UV)
