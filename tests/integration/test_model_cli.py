@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from fake_scheduler import FakeScheduler, model_json, threaded_scheduler
 from modelyard.cli.main import app
+from modelyard.scheduler.config import MAX_BODY_BYTES, SchedulerConfig
 from support import free_ports
 
 SELDON_MODELS = """\
@@ -245,6 +246,27 @@ def test_apply_of_a_binary_file_is_one_line(scheduler, tmp_path):
     result = cli(scheduler, "model", "apply", "-f", str(path))
     assert result.exit_code == 1
     assert result.stderr.strip() == f"error: {path}: not a text file (byte 8 is not UTF-8)"
+    assert scheduler.applied == []
+
+
+def test_apply_refuses_a_file_over_the_schedulers_limit_before_reading_it(scheduler, tmp_path):
+    assert SchedulerConfig().max_body_bytes == MAX_BODY_BYTES  # one limit, the scheduler's
+    text = SELDON_MODELS + "#" * MAX_BODY_BYTES + "\n"  # valid models, and a comment past the limit
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    size = len(text)
+    expected = (
+        f"error: {path}: {size / 2**20:.1f} MiB ({size} bytes), more than the 1 MiB ({MAX_BODY_BYTES} "
+        "bytes) that model apply reads, the scheduler's limit on a request: split it into smaller files"
+    )
+    result = cli(scheduler, "model", "apply", "-f", str(path))
+    assert (result.exit_code, result.stderr.strip()) == (1, expected)
+    result = cli(scheduler, "model", "apply", "-f", "-", stdin=text)
+    assert (result.exit_code, result.stderr.strip()) == (
+        1,
+        "error: <stdin>: more than the 1 MiB (1048576 bytes) that model apply reads, the scheduler's "
+        "limit on a request: split it into smaller files",
+    )
     assert scheduler.applied == []
 
 

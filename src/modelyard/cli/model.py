@@ -27,6 +27,7 @@ from modelyard.errors import ModelSpecInvalid, ModelyardError, NotFound, Schedul
 from modelyard.placement.manifest import spec_to_plain, specs_from_manifests
 from modelyard.placement.spec import ModelSpec
 from modelyard.placement.states import ModelState
+from modelyard.scheduler.config import MAX_BODY_BYTES
 from modelyard.upstream.scheduler_client import DEFAULT_SCHEDULER, SchedulerClient
 
 model_app = typer.Typer(no_args_is_help=True, help="Models placed by the scheduler.")
@@ -133,7 +134,10 @@ def _read_specs(files: list[str]) -> list[ModelSpec] | None:
     for file in files:
         source = "<stdin>" if file == "-" else file
         try:
-            text = sys.stdin.read() if file == "-" else Path(file).read_text()
+            text = _read_limited(file)
+            if text is None:
+                failed = True
+                continue
             found = specs_from_manifests(parse_documents(text, untrusted=False), source)
         except OSError as exc:
             _error(f"{source}: cannot read file: {exc.strerror or exc}")
@@ -159,6 +163,29 @@ def _read_specs(files: list[str]) -> list[ModelSpec] | None:
             seen[spec.name] = source
             specs.append(spec)
     return None if failed else specs
+
+
+def _read_limited(file: str) -> str | None:
+    """The file's text (`-`: stdin's), or None after saying it is larger than the scheduler takes in
+    a request: refused unread, since parsing megabytes of YAML takes long and much memory."""
+    if file == "-":
+        data = sys.stdin.buffer.read(MAX_BODY_BYTES + 1)
+        if len(data) > MAX_BODY_BYTES:
+            _error(f"<stdin>: {_TOO_LARGE}")
+            return None
+        return data.decode()
+    size = Path(file).stat().st_size
+    if size > MAX_BODY_BYTES:
+        _error(f"{file}: {size / _MIB:.1f} MiB ({size} bytes), {_TOO_LARGE}")
+        return None
+    return Path(file).read_text()
+
+
+_MIB = 1024 * 1024
+_TOO_LARGE = (
+    f"more than the {MAX_BODY_BYTES / _MIB:g} MiB ({MAX_BODY_BYTES} bytes) that model apply reads, the "
+    "scheduler's limit on a request: split it into smaller files"
+)
 
 
 @model_app.command("list")

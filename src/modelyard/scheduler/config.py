@@ -7,6 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelyard.config import TelemetryConfig
 
 DEFAULT_DB = "./modelyard-scheduler.db"
+# The largest REST request body (a model spec); `modelyard model apply` refuses a larger file unread.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 class SchedulerConfig(BaseModel):
@@ -26,7 +28,7 @@ class SchedulerConfig(BaseModel):
         1024, ge=1, description="feed lines a slow reader may lag before it is dropped"
     )
     agent_queue_size: int = Field(1024, ge=1, description="operations queued per agent stream")
-    max_body_bytes: int = Field(1024 * 1024, ge=1, description="REST request bodies")
+    max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="REST request bodies")
     # Model autoscaling (compat §9; placement/scaling.py): for models with min_replicas or max_replicas.
     autoscaling: bool = Field(True, description="scale models on lag and inactivity")
     scale_up_lag: float = Field(
