@@ -23,6 +23,7 @@ from modelyard.upstream.scheduler_client import SchedulerClient
 from support import wait_until
 
 MODELS = Path(__file__).parents[2] / "examples" / "placement" / "models.yaml"
+README = Path(__file__).parents[2] / "README.md"
 
 
 @pytest.fixture
@@ -84,6 +85,12 @@ async def test_the_example_models_are_placed_by_memory_and_served_through_the_ga
             return (await chat(http, gateway, "chat-small"))[0] == 404
 
         await wait_until(gone, attempts=200, interval=0.02)
+        # The README shows this answer: chat-huge is known (it answers 503 while it cannot be placed).
+        _, _, body = await chat(http, gateway, "chat-small")
+        assert f'{{"error":{{"message":"{body["error"]["message"]}",' in README.read_text()
+        assert body["error"]["message"] == (
+            "model 'chat-small' not found; known models: chat-huge, chat-large, demo-echo, demo-llm"
+        )
 
 
 async def test_a_port_in_use_is_named_in_one_line():
