@@ -141,7 +141,8 @@ def test_print_config_shows_effective_values_and_loads_back(tmp_path):
     assert printed.returncode == 0, printed.stderr
     # What the defaults mean, not '' (the gateway's own service name, <url>/metrics).
     assert "  service_name: modelyard-gateway\n" in printed.stdout
-    assert "    metrics_url: http://127.0.0.1:9001/metrics\n" in printed.stdout
+    first_url = load_config(EXAMPLES / "gateway.yaml").models[0].endpoints[0].url
+    assert f"    metrics_url: {first_url}/metrics\n" in printed.stdout
     assert "''" not in printed.stdout.replace("gpu_metrics_url: ''", "").replace("grpc_url: ''", "")
     again = tmp_path / "printed.yaml"
     again.write_text(printed.stdout)
