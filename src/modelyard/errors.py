@@ -138,6 +138,7 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
     def __init__(self, model: object, known: Iterable[str]) -> None:
+        self.model = model if isinstance(model, str) else ""  # as asked: the routing log names it
         names = ", ".join(sorted(known)) or "(none)"
         what = "no model given" if not model else f"model {model!r} not found"
         super().__init__(f"{what}; known models: {names}")

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import jsonschema_rs  # comes with schemathesis
 import orjson
 import pytest
 
-from modelyard.gateway import GATEWAY
+from fake_scheduler import FakeScheduler
+from modelyard.gateway import GATEWAY, RunningGateway
 from modelyard.gateway import admin as admin_module
+from raw_http import send as send_raw
 from support import free_ports, metric_value, model_config, wait_until
 
 TOKEN = "dashboard-secret"
@@ -266,3 +270,158 @@ async def test_the_dashboard_with_a_trailing_slash_sends_the_browser_to_the_page
         assert followed.status == 200 and followed.content_type == "text/html"
         assert str(followed.url) == gateway.url + "/dashboard"
         assert "modelyard dashboard" in await followed.text()
+
+
+# --- what the dashboard learnt from a new user's first hour (issue 27) --------------------------
+
+
+@pytest.fixture
+async def scheduler() -> AsyncIterator[FakeScheduler]:
+    fake = await FakeScheduler().start()
+    yield fake
+    await fake.stop()
+
+
+# chat-huge as the real scheduler's feed says it (examples/placement/models.yaml): nowhere to go
+HUGE = {
+    "name": "chat-huge",
+    "version": 1,
+    "state": "ScheduleFailed",
+    "reason": "Failed to schedule model as no matching servers are available",
+    "available_replicas": 0,
+    "unavailable_replicas": 1,
+    "endpoints": [],
+}
+
+
+async def placed_gateway(
+    gateways: Any, scheduler: FakeScheduler, models: list[dict[str, Any]]
+) -> RunningGateway:
+    scheduler.entries["chat-huge"] = HUGE  # in the snapshot the gateway waits for at start
+    placement = {"scheduler": scheduler.url, "models": {"health_check": {"interval": "60s"}}}
+    return await gateways(models, placement=placement)
+
+
+def raw_post(path: str, body: bytes, request_id: str, listener: str) -> bytes:
+    """A POST the lean listener reads (Content-Length), or one it hands to aiohttp (chunked)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nX-Request-Id: {request_id}\r\n"
+    )
+    if listener == "lean":
+        return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+async def test_refused_requests_are_in_the_log_and_its_stream_from_either_listener(
+    sim_workers, gateways, http, scheduler
+):
+    gateway = await placed_gateway(gateways, scheduler, [model_config("m", await sim_workers(1))])
+    refused = [  # (path, model asked for, status)
+        (CHAT, "nope", 404),  # no such model
+        (CHAT, "chat-huge", 503),  # the scheduler knows it, but it has nowhere to run
+        ("/v2/models/nope/infer", "nope", 404),  # the model in the path
+    ]
+    async with http.get(gateway.url + "/admin/log/stream") as stream:
+        await stream.content.readuntil(b"\n\n")
+        await send(http, gateway.url, "routed")
+        for listener in ("lean", "aiohttp"):
+            for path, model, status in refused:
+                body = orjson.dumps(chat(model=model)) if path == CHAT else b"{}"
+                reply = await send_raw(
+                    gateway.url, raw_post(path, body, f"{listener}-{model}-{status}", listener)
+                )
+                assert reply.status == status, reply.body
+        streamed = [orjson.loads((await next_event(stream))["data"]) for _ in range(7)]
+    records = (await get_json(http, gateway.url + "/admin/log"))["records"]
+    assert streamed == records  # once each, in both
+    routed, *refusals = records
+    assert (routed["request_id"], routed["refused"], routed["backend"]) == ("routed", False, "w0")
+    seen = [(r["request_id"], r["model"], r["status"], r["refused"]) for r in refusals]
+    assert seen == [
+        (f"{listener}-{model}-{status}", model, status, True)
+        for listener in ("lean", "aiohttp")
+        for _path, model, status in refused
+    ]
+    for record in refusals:  # no route, strategy or backend: nothing was routed
+        assert (record["route"], record["subset"], record["backend"], record["strategy"]) == ("", "", "", "")
+        assert record["cache_hit"] is None and record["latency_ms"] >= 0
+
+
+async def test_a_body_that_names_no_model_is_refused_and_logged_without_one(sim_workers, gateways, http):
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    for listener in ("lean", "aiohttp"):
+        reply = await send_raw(gateway.url, raw_post(CHAT, b"{bad", f"bad-{listener}", listener))
+        assert reply.status == 400
+    records = (await get_json(http, gateway.url + "/admin/log"))["records"]
+    assert [(r["request_id"], r["model"], r["status"], r["refused"]) for r in records] == [
+        ("bad-lean", "", 400, True),
+        ("bad-aiohttp", "", 400, True),
+    ]
+
+
+async def test_the_overview_shows_every_placed_model_with_its_state_replicas_and_reason(
+    sim_workers, gateways, http, scheduler
+):
+    (worker,) = await sim_workers(1, models=["llm"])
+    gateway = await placed_gateway(gateways, scheduler, [])
+    scheduler.place("llm", "ModelAvailable", [("mlserver-0", worker.url)])  # no counts: an older scheduler
+
+    async def placed() -> bool:
+        return "llm" in gateway.app[GATEWAY].clusters
+
+    await wait_until(placed)
+    overview = await get_json(http, gateway.url + "/admin/overview")
+    placement = overview["placement"]
+    assert (placement["scheduler"], placement["connected"], placement["synced"]) == (
+        scheduler.url,
+        True,
+        True,
+    )
+    assert placement["models"] == [
+        {
+            "name": "chat-huge",
+            "version": 1,
+            "state": "ScheduleFailed",
+            "reason": HUGE["reason"],
+            "ready_replicas": 0,
+            "desired_replicas": 1,
+            "routable": False,
+        },
+        {
+            "name": "llm",
+            "version": 1,
+            "state": "ModelAvailable",
+            "reason": "",
+            "ready_replicas": None,
+            "desired_replicas": None,
+            "routable": True,
+        },
+    ]
+    assert [m["name"] for m in overview["models"]] == ["llm"]  # chat-huge has no endpoint to show
+    await matches_the_document(http, gateway.url, overview, "Overview")
+
+
+async def test_each_model_shows_its_own_requests_on_a_server_it_shares(sim_workers, gateways, http):
+    workers = await sim_workers(1, decode_ms_per_token=20.0)
+    gateway = await gateways([model_config("m", workers), model_config("echo", workers)])
+    long = await http.post(gateway.url + CHAT, json=chat("long", max_tokens=5000, stream=True))
+    try:
+        await long.content.readline()  # m's request is running on the one server
+        overview = await get_json(http, gateway.url + "/admin/overview")
+    finally:
+        long.close()
+    endpoints = {m["name"]: m["endpoints"][0] for m in overview["models"]}
+    assert (endpoints["m"]["model_in_flight"], endpoints["m"]["in_flight"]) == (1, 1)
+    assert (endpoints["echo"]["model_in_flight"], endpoints["echo"]["in_flight"]) == (0, 1)
+    assert overview["placement"] is None  # no scheduler followed
+    await matches_the_document(http, gateway.url, overview, "Overview")
+    await send(http, gateway.url, "after")
+    log = await get_json(http, gateway.url + "/admin/log")
+    await matches_the_document(http, gateway.url, log, "RoutingLog")
+
+
+async def matches_the_document(http: aiohttp.ClientSession, url: str, answer: Any, schema: str) -> None:
+    """`answer` is what the gateway's own OpenAPI document says of `schema`."""
+    document = await get_json(http, url + "/openapi.json")
+    root = {"$ref": f"#/components/schemas/{schema}", "components": document["components"]}
+    jsonschema_rs.validator_for(root).validate(answer)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import (
@@ -29,9 +30,17 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from modelyard.gateway import RunningGateway
+from modelyard.cli.demo import demo_config, start_demo_workers
+from modelyard.cli.demo_placement import DemoPlacement, start_demo_placement
+from modelyard.documents import parse_documents
+from modelyard.gateway import RunningGateway, start_gateway
+from modelyard.placement.manifest import spec_to_plain, specs_from_manifests
+from modelyard.upstream.scheduler_client import SchedulerClient
+from raw_http import send as send_raw
 from support import model_config, wait_until
 
+MODELS = Path(__file__).parents[2] / "examples" / "placement" / "models.yaml"
+NONE = "\u2013"  # the en dash the page shows where there is nothing
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ROOT = Path(__file__).resolve().parents[2]
@@ -337,3 +346,239 @@ async def test_a_refused_log_stream_says_why_and_comes_back_once_there_is_room(
     console = await dashboard.run(dashboard.driver.get_log, "browser")  # the 503s, not the fixture's
     refused = [e["message"] for e in console if e["level"] == "SEVERE"]
     assert refused and all("/admin/log/stream" in m and "503" in m for m in refused), refused
+
+
+# --- what a new user's first hour found missing (issue 27) ----------------------------------------
+
+
+def chat_body(model: str, content: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+async def post_chat(
+    http: aiohttp.ClientSession, url: str, model: str, request_id: str
+) -> aiohttp.ClientResponse:
+    async with http.post(
+        url + "/v1/chat/completions",
+        json=chat_body(model, max_tokens=2),
+        headers={"X-Request-Id": request_id},
+    ) as response:
+        await response.read()
+        return response
+
+
+def raw_chat(model: str, request_id: str, listener: str) -> bytes:
+    """A chat request the lean listener reads (Content-Length), or one it hands to aiohttp (chunked)."""
+    body = orjson.dumps(chat_body(model))
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"X-Request-Id: {request_id}\r\n"
+    )
+    if listener == "lean":
+        return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+def cells(row: WebElement, *names: str) -> dict[str, str]:
+    return {name: str(row.find_element(By.CSS_SELECTOR, f"td[data-field='{name}']").text) for name in names}
+
+
+def logged_ids(d: WebDriver) -> list[str]:
+    """The request ids of the log's rows, as shown (newest first)."""
+    return [
+        str(r.get_attribute("data-request-id")) for r in d.find_elements(By.CSS_SELECTOR, "#log tbody tr")
+    ]
+
+
+async def test_a_models_row_counts_its_own_requests_in_flight_not_another_models(
+    sim_workers, gateways, http, page
+):
+    # The demo's two models share their servers: a request of one is not the other's.
+    workers = await sim_workers(1, decode_ms_per_token=20.0)
+    gateway = await gateways([model_config("chat", workers), model_config("echo", workers)])
+    dashboard = await page(gateway)
+
+    def in_flight(model: str) -> Callable[[WebDriver], tuple[str, str] | None]:
+        def read(d: WebDriver) -> tuple[str, str] | None:
+            row = d.find_element(By.CSS_SELECTOR, f"article[data-model='{model}'] tr[data-endpoint='w0']")
+            shown = cells(row, "in-flight", "server-in-flight")
+            return shown["in-flight"], shown["server-in-flight"]
+
+        return read
+
+    long = await http.post(
+        gateway.url + "/v1/chat/completions", json=chat_body("chat", max_tokens=5000, stream=True)
+    )
+    try:
+        await long.content.readline()  # chat's request runs on the one server
+        await dashboard.until(lambda d: in_flight("chat")(d) == ("1", "1"), "chat's request in chat's row")
+        assert await dashboard.run(in_flight("echo"), dashboard.driver) == ("0", "1")  # none of echo's
+        heads = await dashboard.run(
+            lambda: [
+                h.text
+                for h in dashboard.driver.find_elements(By.CSS_SELECTOR, "article[data-model='echo'] th")
+            ]
+        )
+        assert "in flight" in heads and "server total" in heads
+        await dashboard.screenshot("in-flight")
+    finally:
+        long.close()
+    await dashboard.until(lambda d: in_flight("chat")(d) == ("0", "0"), "the request ended")
+
+
+async def test_refused_requests_show_in_the_live_log_from_either_listener(sim_workers, gateways, page):
+    gateway = await gateways([model_config("chat", await sim_workers(1))])
+    dashboard = await page(gateway)
+    await dashboard.shows("#log-status", "live")
+    for listener in ("lean", "aiohttp"):
+        reply = await send_raw(gateway.url, raw_chat("nope", f"unknown-{listener}", listener))
+        assert reply.status == 404
+    for listener in ("lean", "aiohttp"):
+        row = await dashboard.element(f"#log tr[data-request-id='unknown-{listener}']")
+        shown = await dashboard.run(cells, row, "model", "backend", "status", "route", "strategy")
+        assert shown == {
+            "model": "nope",
+            "backend": "refused (no backend)",
+            "status": "404",
+            "route": NONE,
+            "strategy": NONE,
+        }
+        assert await dashboard.run(row.get_attribute, "data-refused") == "true"
+    await dashboard.screenshot("refused")
+
+
+@pytest.fixture
+async def demo_placement() -> AsyncIterator[tuple[DemoPlacement, RunningGateway]]:
+    """The embedded demo with its scheduler, agents and sim-workers, in-process on free ports."""
+    placement = await start_demo_placement(port=0, agent_port=0)
+    workers = await start_demo_workers()
+    gateway = await start_gateway(demo_config(workers, {"listen": {"port": 0}}, placement))
+    yield placement, gateway
+    await gateway.stop()
+    await placement.stop()
+    for _name, worker in workers:
+        await worker.stop()
+
+
+async def test_the_placement_panel_shows_each_placed_model_and_why_one_cannot_be_placed(
+    demo_placement, http, page
+):
+    placement, gateway = demo_placement
+    specs = specs_from_manifests(parse_documents(MODELS.read_text(), untrusted=False), str(MODELS))
+    async with SchedulerClient(placement.url) as scheduler:  # `modelyard model apply -f ...`
+        for spec in specs:
+            await scheduler.apply(spec_to_plain(spec), spec.name)
+        huge = await scheduler.get("chat-huge")
+    dashboard = await page(gateway)
+
+    def placed(model: str) -> Callable[[WebDriver], dict[str, str] | None]:
+        def read(d: WebDriver) -> dict[str, str] | None:
+            row = d.find_element(By.CSS_SELECTOR, f"#placement tr[data-model='{model}']")
+            return cells(row, "state", "replicas", "requests", "reason")
+
+        return read
+
+    expected = {
+        "chat-small": {"state": "ModelAvailable", "replicas": "2/2", "requests": "routed", "reason": NONE},
+        "chat-large": {"state": "ModelAvailable", "replicas": "1/1", "requests": "routed", "reason": NONE},
+    }
+    for model, shown in expected.items():
+        await dashboard.until(lambda d, m=model, s=shown: placed(m)(d) == s, f"{model} placed", within=30)
+    row = await dashboard.until(placed("chat-huge"), "chat-huge in the panel")
+    assert row["state"] == "ScheduleFailed" and row["replicas"] == "0/1"
+    assert row["requests"] == "503, not available"
+    assert "no matching server" in row["reason"] and row["reason"] == huge["reason"]
+    assert (await dashboard.text("#placement-status")).startswith(f"following {placement.url}")
+
+    # Its requests are refused, and the log says so.
+    assert (await post_chat(http, gateway.url, "chat-huge", "huge-1")).status == 503
+    logged = await dashboard.element("#log tr[data-request-id='huge-1']")
+    shown = await dashboard.run(cells, logged, "model", "status", "backend")
+    assert shown == {"model": "chat-huge", "status": "503", "backend": "refused (no backend)"}
+    await dashboard.shows("#traffic tr[data-model='chat-huge'] [data-current='errors']", "100.0%")
+    await dashboard.screenshot("placement")
+
+
+async def test_the_charts_show_each_models_requests_errors_and_p95_over_time(
+    sim_workers, gateways, http, page
+):
+    good, failing = await sim_workers(1), await sim_workers(1, fail_rate=1.0)
+    gateway = await gateways([model_config("chat", good), model_config("flaky", failing)])
+    dashboard = await page(gateway)
+    await dashboard.shows("#log-status", "live")
+    for i in range(6):
+        assert (await post_chat(http, gateway.url, "chat", f"ok-{i}")).status == 200
+    for i in range(2):
+        assert (await post_chat(http, gateway.url, "flaky", f"failed-{i}")).status >= 500
+    assert (await post_chat(http, gateway.url, "nope", "unknown")).status == 404
+
+    def current(model: str, chart: str) -> Callable[[WebDriver], str]:
+        css = f"#traffic tr[data-model='{model}'] [data-current='{chart}']"
+        return lambda d: str(d.find_element(By.CSS_SELECTOR, css).text)
+
+    await dashboard.until(lambda d: current("chat", "errors")(d) == "0.0%", "chat's errors: none")
+    await dashboard.until(lambda d: current("flaky", "errors")(d) == "100.0%", "flaky's errors: all")
+    whole = await dashboard.until(
+        lambda d: (t := current("", "errors")(d)) not in (NONE, "0.0%") and t, "the gateway's"
+    )
+    assert 0 < float(whole.rstrip("%")) < 100  # the 404 for no model counts there, and only there
+    assert (await dashboard.text("#traffic tr[data-model='chat'] [data-current='rate']")).endswith("/s")
+    assert (await dashboard.text("#traffic tr[data-model='chat'] [data-current='p95']")).endswith(" ms")
+
+    def line(model: str, chart: str) -> Callable[[WebDriver], list[str] | None]:
+        css = f"#traffic tr[data-model='{model}'] svg[data-chart='{chart}'] polyline"
+        return lambda d: d.find_element(By.CSS_SELECTOR, css).get_attribute("points").split() or None
+
+    assert (
+        len(await dashboard.until(line("chat", "rate"), "chat's requests over 5 minutes")) == 60
+    )  # 5 s steps
+    assert (
+        float((await dashboard.until(line("chat", "rate"), "the last point"))[-1].split(",")[1]) < 25
+    )  # above 0
+    models = await dashboard.run(
+        lambda: [
+            r.get_attribute("data-model")
+            for r in dashboard.driver.find_elements(By.CSS_SELECTOR, "#traffic tbody tr")
+        ]
+    )
+    assert models == ["", "chat", "flaky"]  # the gateway, then each model: no row for a name no model has
+    await dashboard.screenshot("charts")
+
+
+async def test_the_log_filter_shows_only_the_records_that_match(sim_workers, gateways, http, page):
+    workers = await sim_workers(2)
+    gateway = await gateways([model_config("chat", workers), model_config("echo", workers)])
+    dashboard = await page(gateway)
+    await dashboard.shows("#log-status", "live")
+    first = await post_chat(http, gateway.url, "chat", "c1")
+    second = await post_chat(http, gateway.url, "chat", "c2")
+    assert first.headers["X-Modelyard-Backend"] != second.headers["X-Modelyard-Backend"]  # round robin
+    await post_chat(http, gateway.url, "echo", "e1")
+    await post_chat(http, gateway.url, "nope", "n1")
+    await dashboard.until(lambda d: logged_ids(d) == ["n1", "e1", "c2", "c1"], "every request")
+
+    await dashboard.choose("#log-model", "echo")
+    await dashboard.until(lambda d: logged_ids(d) == ["e1"], "echo's only")
+    await dashboard.shows("#log-shown", "1 of the last 4 records match")
+    await post_chat(http, gateway.url, "chat", "c3")  # a new record is filtered as well
+    await post_chat(http, gateway.url, "echo", "e2")
+    await dashboard.until(lambda d: logged_ids(d) == ["e2", "e1"], "echo's new one too")
+
+    await dashboard.choose("#log-model", "")
+    await dashboard.choose("#log-class", "4")
+    await dashboard.until(lambda d: logged_ids(d) == ["n1"], "the 4xx")
+    await dashboard.choose("#log-class", "refused")
+    await dashboard.until(lambda d: logged_ids(d) == ["n1"], "the refused")
+    await dashboard.choose("#log-class", "2")
+    await dashboard.until(lambda d: logged_ids(d) == ["e2", "c3", "e1", "c2", "c1"], "the 2xx")
+
+    await dashboard.choose("#log-model", "chat")
+    await dashboard.type("#log-text", second.headers["X-Modelyard-Backend"])  # any field: the backend
+    await dashboard.until(
+        lambda d: "c2" in logged_ids(d) and "c1" not in logged_ids(d), "chat's on c2's backend"
+    )
+    await dashboard.type("#log-text", "C3")  # the request id, in any case
+    await dashboard.until(lambda d: logged_ids(d) == ["c3"], "one request")
+    await dashboard.type("#log-text", "no such thing")
+    await dashboard.shows("#log-empty", "No record kept matches the filter.")
+    await dashboard.screenshot("filtered")

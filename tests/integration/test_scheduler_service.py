@@ -144,6 +144,8 @@ async def test_apply_place_serve_and_lose_the_agent(scheduler: Any, http: aiohtt
             "version": 1,
             "state": "ModelAvailable",
             "reason": "",
+            "available_replicas": 1,
+            "unavailable_replicas": 0,
             "endpoints": [{"name": "mlserver-0", "url": AGENT_URL, "version": 1}],
             "versions": [{"version": 1, "weight": 100}],
         }

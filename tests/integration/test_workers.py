@@ -411,6 +411,40 @@ async def test_each_workers_routing_log_shows_every_workers_requests(sim_workers
         assert sorted(ids) == sorted(sent)  # each once
 
 
+async def test_the_overview_counts_each_models_requests_on_a_shared_server_over_every_worker(
+    sim_workers, serve_workers
+):
+    (worker,) = await sim_workers(1, models=["m", "n"], decode_ms_per_token=20.0)
+    gateway = await serve_workers({"models": [_model([worker]), {**_model([worker]), "name": "n"}]})
+    first, second = await gateway.on_worker(0), await gateway.on_worker(1)
+    seen: list[tuple[int, int]] = []
+
+    async def shown_by_the_first() -> bool:
+        async with first.get(gateway.url + "/admin/overview") as response:
+            endpoints = [m["endpoints"][0] for m in (await response.json())["models"]]
+        seen[:] = [(e["model_in_flight"], e["in_flight"]) for e in endpoints]
+        return seen == [(1, 1), (0, 1)]  # m's request, on the server n shares
+
+    body = orjson.dumps({**CHAT, "max_tokens": 5000, "stream": True})
+    async with second.post(gateway.url + "/v1/chat/completions", data=body) as long:
+        await long.content.readline()  # running in the second worker
+        await wait_until(shown_by_the_first, attempts=200, interval=0.02)
+    assert seen == [(1, 1), (0, 1)]
+
+    async with second.post(
+        gateway.url + "/v1/chat/completions", data=orjson.dumps({**CHAT, "model": "nope"})
+    ) as refused:
+        assert refused.status == 404
+        request_id = refused.headers["X-Request-Id"]
+
+    async def logged_by_the_first() -> bool:
+        async with first.get(gateway.url + "/admin/log") as response:
+            records = (await response.json())["records"]
+        return any(r["request_id"] == request_id and r["refused"] and r["worker"] == 1 for r in records)
+
+    await wait_until(logged_by_the_first, attempts=200, interval=0.02)
+
+
 async def _has_all(found: Awaitable[list[str]], wanted: list[str]) -> bool:
     return set(wanted) <= set(await found)
 

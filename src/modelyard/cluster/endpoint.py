@@ -86,6 +86,9 @@ class Endpoint:
     grpc_url: str = ""  # its OIP gRPC port (grpc://host:port): OIP gRPC calls are relayed there as gRPC
     health: HealthState = field(default_factory=HealthState)
     resources: ResourceSnapshot | None = None  # the latest scrape (resource_aware)
+    # This model's requests on it, in this process: `in_flight` is its server's, over every model
+    # there (what a strategy weighs); this is what the model itself has sent (what an admin reads).
+    model_in_flight: int = 0
 
     @property
     def healthy(self) -> bool:

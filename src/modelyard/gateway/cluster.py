@@ -208,6 +208,7 @@ class Cluster:
         take there, and return the sample it makes for the service model: (uncached prompt
         characters, when sent, whether the endpoint was idle)."""
         endpoint.load.acquire(tokens)
+        endpoint.model_in_flight += 1
         if not self._tracks_flights or ctx is None or ctx.prefix is None:
             return None
         held = ctx.prefix.get(endpoint.name, 0) * self.config.prefix_aware.chunk_chars
@@ -220,6 +221,7 @@ class Cluster:
 
     def release(self, endpoint: Endpoint, tokens: int, key: int = 0) -> None:
         endpoint.load.release(tokens)
+        endpoint.model_in_flight -= 1
         if self.flights:  # prefix_aware's (kept also past a switch away, until they end)
             self.flights.end(endpoint.name, key)
         if len(self.capacity):
@@ -435,7 +437,8 @@ class Cluster:
                 "checked": health.checked,
                 "last_error": health.last_error,
             },
-            "in_flight": endpoint.in_flight,
+            "in_flight": endpoint.in_flight,  # the server's, over every model it serves here
+            "model_in_flight": endpoint.model_in_flight,
             "outstanding_tokens": endpoint.outstanding_tokens,
             "ejection": {
                 "ejected": outlier.ejected,

@@ -120,7 +120,7 @@ def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.S
                 request[REQUEST_ID] = reply.request_id
             else:
                 status = exc.status if isinstance(exc, ModelyardError | web.HTTPException) else 500
-                request[REQUEST_ID] = refused(gateway, request, status, started)
+                request[REQUEST_ID] = refused(gateway, request, status, started, _model_named(request, exc))
             raise
         assert reply.response is not None
         return reply.response
@@ -140,7 +140,9 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
             if reply.started:
                 raise
             # (refused before routing: the line is written here, else the attempt loop wrote it)
-            request_id = reply.request_id or refused(gateway, request, exc.status, started)
+            request_id = reply.request_id or refused(
+                gateway, request, exc.status, started, _model_named(request, exc)
+            )
             error = exc
         except (asyncio.CancelledError, ConnectionError):
             raise  # the client went away: nothing to answer
@@ -174,17 +176,27 @@ def gone_mid_body(request: web.Request) -> bool:
     return request.transport is None and not request.content.is_eof()
 
 
-def refused(gateway: Gateway, request: Inbound, status: int, started: float) -> str:
-    """The access line of a request refused before routing (an unknown model, a malformed or too
-    large body, a client gone while its body was read): no model, route or backend. A routed
-    request's line is the attempt loop's. Returns the request's id, for its answer: the client's
+def refused(gateway: Gateway, request: Inbound, status: int, started: float, model: str = "") -> str:
+    """The access line and the routing-log record of a request refused before routing (an unknown
+    model, a model not placed, a malformed or too large body, a client gone while its body was
+    read): no route or backend, and `model` only when the request named one. A routed request's
+    line and record are the attempt loop's. Returns the request's id, for its answer: the client's
     X-Request-Id, else one made as for a routed request."""
     request_id = request.headers.get("X-Request-Id") or gateway.proxy.new_request_id()
+    seconds = time.perf_counter() - started
+    gateway.metrics.routing_log.record_refused(model, status, seconds, request_id)
     if gateway.access is not None:
-        gateway.access.refused(
-            request_id, request.method, request.raw_path, status, time.perf_counter() - started
-        )
+        gateway.access.refused(request_id, request.method, request.raw_path, status, seconds)
     return request_id
+
+
+def _model_named(request: Inbound, error: BaseException) -> str:
+    """The model a refused request asked for: the error's (the name in an OpenAI body is read
+    only by the route), else the path's (`/v2/models/{name}/...`), else none."""
+    model = getattr(error, "model", None)
+    if isinstance(model, str) and model:
+        return model
+    return request.match_info.get("name", "")
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ answer goes back to rpc/ to become a gRPC message. A backend's error answer beco
 fit the header gRPC carries it in). The call's metadata goes to the backend as the REST path's
 headers do (`forwarded_request_headers`: no hop-by-hop or framing headers), with an X-Request-Id:
 the caller's `x-request-id` metadata, else one made here. A call refused before routing has an
-access line of its own (`_refused`), as a REST request has.
+access line and a routing-log record of its own (`_refused`), as a REST request has.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class GatewayOip:
         try:
             self._gateway.admit(model)
         except ModelyardError as exc:
-            self._refused(headers, "POST", _rest_path(model, version, "/infer"), exc)
+            self._refused(headers, model, "POST", _rest_path(model, version, "/infer"), exc)
             raise
 
     async def infer(
@@ -90,7 +90,7 @@ class GatewayOip:
             try:
                 body = orjson.dumps(call.json())
             except ModelyardError as exc:
-                self._refused(headers, "POST", path, exc)
+                self._refused(headers, model, "POST", path, exc)
                 raise
             answer = await self._call(cluster, "POST", path, sent, body)
         return _answer(answer)
@@ -152,18 +152,26 @@ class GatewayOip:
             cluster = self._gateway.cluster(model)
             return cluster, _path(cluster, version, suffix)
         except ModelyardError as exc:
-            self._refused(headers, method, _rest_path(model, version, suffix), exc)
+            self._refused(headers, model, method, _rest_path(model, version, suffix), exc)
             raise
 
     def _refused(
-        self, headers: Sequence[tuple[str, str]], method: str, path: str, error: ModelyardError
+        self,
+        headers: Sequence[tuple[str, str]],
+        model: str,
+        method: str,
+        path: str,
+        error: ModelyardError,
     ) -> None:
-        """The access line of a call refused before routing (an unknown model, a version or tensors
-        that cannot be sent, no room), as a REST request's: `path` is the REST one it stands for. It
-        is refused as soon as it is looked at, so its duration is 0 (rpc/ read its message before)."""
+        """The access line and routing-log record of a call refused before routing (an unknown
+        model, a version or tensors that cannot be sent, no room), as a REST request's: `path` is
+        the REST one it stands for. It is refused as soon as it is looked at, so its duration is 0
+        (rpc/ read its message before)."""
+        request_id = self.request_id(headers)
+        self._gateway.metrics.routing_log.record_refused(model, error.status, 0.0, request_id)
         access = self._gateway.access
         if access is not None:
-            access.refused(self.request_id(headers), method, path, error.status, 0.0)
+            access.refused(request_id, method, path, error.status, 0.0)
 
 
 def _path(cluster: Cluster, version: str, suffix: str) -> str:

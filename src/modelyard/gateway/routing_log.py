@@ -1,5 +1,6 @@
 """The routing log: where each request went and how it ended, kept for the dashboard and
-`/admin/log`, and streamed to whoever follows it (`/admin/log/stream`).
+`/admin/log`, and streamed to whoever follows it (`/admin/log/stream`). A request refused before
+routing (an unknown model, one not placed, a bad body) has a record too, marked `refused`.
 
 On the request path a record costs a small object, an append to a bounded ring and, only while
 someone follows the log, a `put_nowait` per subscriber: nothing awaits, nothing blocks. A subscriber
@@ -29,13 +30,16 @@ from modelyard.telemetry import safe_text
 DEFAULT_SIZE = 500  # records kept for /admin/log
 DEFAULT_SUBSCRIBER_QUEUE = 4096  # records a subscriber may lag behind before it loses some
 DEFAULT_MAX_SUBSCRIBERS = 16  # admin.max_log_streams' default
+MAX_REFUSED_NAME = 200  # characters kept of a refused request's model name (client text, any size)
 
 
 @dataclass(slots=True)
 class RoutingRecord:
     """One counted try or answer: `backend` is "" when no endpoint was chosen (503, 429);
     `cache_hit` is None for strategies without affinity; `time` is seconds since the epoch;
-    `worker` is the worker that answered (`--workers`), None for a gateway of one process."""
+    `worker` is the worker that answered (`--workers`), None for a gateway of one process;
+    `refused`: answered before routing (an unknown model, a model not placed, a bad body), so no
+    route, strategy or backend, and `model` is the name asked for ("" when none could be read)."""
 
     seq: int
     time: float
@@ -49,11 +53,12 @@ class RoutingRecord:
     cache_hit: bool | None
     request_id: str
     worker: int | None = None
+    refused: bool = False
 
 
 # A record as the log keeps it, RoutingRecord's fields in order: a tuple is built without a call
 # (the log takes one per request), and a batch of them is encoded for the other workers as it is.
-Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str, int | None]
+Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str, int | None, bool]
 _FIELDS = len(fields(RoutingRecord))
 # A record another worker shared: (its seq here, its fields as they came, with the seq it had there).
 _Shared = tuple[int, list[Any]]
@@ -168,6 +173,7 @@ class RoutingLog:
             # (a header's bytes 0x80-0xFF came as lone surrogates, which JSON cannot carry)
             request_id if request_id.isascii() else safe_text(request_id),
             self._worker,
+            False,
         )
         self._ring.append(entry)
         if self._subscribers:
@@ -175,6 +181,31 @@ class RoutingLog:
         if self.share is not None:
             self.share(entry)
         return entry
+
+    def record_refused(self, model: str, status: int, seconds: float, request_id: str) -> None:
+        """A request answered before routing, with no route, strategy or backend: `model` as the
+        client named it ("" when none could be read), cut to MAX_REFUSED_NAME characters."""
+        self._seq += 1
+        entry: Entry = (
+            self._seq,
+            time.time(),
+            safe_text(model[:MAX_REFUSED_NAME]),
+            "",
+            "",
+            "",
+            "",
+            status,
+            int(seconds * 1_000_000.0 + 0.5) / 1000.0,
+            None,
+            safe_text(request_id),
+            self._worker,
+            True,
+        )
+        self._ring.append(entry)
+        if self._subscribers:
+            self._push(RoutingRecord(*entry))
+        if self.share is not None:
+            self.share(entry)
 
     def adopt(self, shared: bytes) -> None:
         """Records another worker's log shared (`encode_shared`), added as if made here. Kept as

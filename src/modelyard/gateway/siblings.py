@@ -15,8 +15,9 @@ locks on the request path:
 - resources: per (model, endpoint), the leader's latest scrape (resource_aware) under a seqlock: a
   sequence number, odd while the leader writes, then one slot per field (`encode_snapshot`); the
   leader alone scrapes, the others adopt each new snapshot whole (`read_snapshot`);
-- model counts: per model, a row per worker (requests queued for room, active, retrying), written
-  every follow round, so that /admin/overview shows the sums;
+- model counts: per model, a row per worker (requests queued for room, active, retrying), and per
+  (model, endpoint) a slot per worker (the model's requests on that endpoint), written every follow
+  round, so that /admin/overview shows the sums;
 - ejections: per (model, endpoint), a row per worker holding its latest outlier ejection under a
   seqlock (until when, as monotonic time, which all processes of the machine share; the ejection
   multiplier): every worker judges the answers it relays, and the others take its ejections as
@@ -159,7 +160,8 @@ class Layout:
         self.models = {model.name: slot for slot, model in enumerate(config.models)}
         self.ejections_at = self.resources_at + SNAPSHOT_SLOTS * len(self.probes)
         self.counts_at = self.ejections_at + EJECTION_SLOTS * len(self.probes) * count
-        self.size = self.counts_at + COUNT_SLOTS * len(self.models) * count
+        self.endpoint_counts_at = self.counts_at + COUNT_SLOTS * len(self.models) * count
+        self.size = self.endpoint_counts_at + len(self.probes) * count
 
     def load_row(self, slot: int, index: int) -> int:
         """Where worker `index`'s in-flight count for server `slot` is (its tokens follow)."""
@@ -168,6 +170,10 @@ class Layout:
     def count_row(self, slot: int, index: int) -> int:
         """Where worker `index`'s counts for model `slot` are."""
         return self.counts_at + (slot * self.count + index) * COUNT_SLOTS
+
+    def endpoint_count(self, slot: int, index: int) -> int:
+        """Where worker `index`'s count of its model's requests on endpoint `slot` is."""
+        return self.endpoint_counts_at + slot * self.count + index
 
     def ejection_row(self, slot: int, index: int) -> int:
         """Where worker `index`'s latest ejection of endpoint `slot` is."""
@@ -181,6 +187,8 @@ def worker_exited(ints: memoryview, layout: Layout, index: int) -> None:
     for slot in layout.models.values():  # its queued, active and retrying requests ended with it
         at = layout.count_row(slot, index)
         ints[at : at + COUNT_SLOTS] = array("q", [0] * COUNT_SLOTS)
+    for slot in layout.probes.values():
+        ints[layout.endpoint_count(slot, index)] = 0
     row = layout.listener_at + index * _LISTENER_FIELDS
     ints[row] = 0  # open connections: closed with the process
     for field in range(1, _LISTENER_FIELDS):
@@ -350,16 +358,36 @@ class Siblings:
     # --- model counts (for /admin/overview) -----------------------------------------------------
 
     def publish_counts(self, clusters: Mapping[str, Cluster]) -> None:
+        ints = self._ints
         for name, slot in self.layout.models.items():
             cluster = clusters.get(name)
             if cluster is not None:
                 at = self.layout.count_row(slot, self.index)
-                ints = self._ints
                 ints[at], ints[at + 1], ints[at + 2] = (
                     len(cluster.capacity),
                     cluster.budget.active,
                     cluster.budget.retrying,
                 )
+        for cluster in clusters.values():
+            for endpoint in cluster.endpoints:
+                probe = self.layout.probes.get((cluster.name, endpoint.name))
+                if probe is not None:
+                    ints[self.layout.endpoint_count(probe, self.index)] = endpoint.model_in_flight
+
+    def endpoint_totals(self, cluster: Cluster) -> dict[str, int]:
+        """What /admin/overview shows of a model's requests on each of its endpoints over every
+        worker: this worker's live counts and the others' last published (at most a follow round
+        old). An endpoint not in the config (none: placement is one process) has this worker's."""
+        totals = {}
+        for endpoint in cluster.endpoints:
+            total = endpoint.model_in_flight
+            slot = self.layout.probes.get((cluster.name, endpoint.name))
+            if slot is not None:
+                for index in range(self.count):
+                    if index != self.index:
+                        total += self._ints[self.layout.endpoint_count(slot, index)]
+            totals[endpoint.name] = total
+        return totals
 
     def model_totals(self, cluster: Cluster) -> dict[str, int] | None:
         """What /admin/overview shows of a model's requests over every worker: this worker's live

@@ -15,7 +15,12 @@ from aiohttp import web
 from modelyard.errors import NotFound
 
 PAGE = "/dashboard"
-ASSETS = {"index.html": "text/html", "dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+ASSETS = {
+    "index.html": "text/html",
+    "charts.js": "text/javascript",
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+}
 _HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "

@@ -5,9 +5,10 @@
     {"type": "removed", "name": "iris"}             the model is gone
     {"type": "ping"}                                keep-alive
 
-An entry is `{"name", "version", "state", "reason", "endpoints": [{"name", "url", "version"}],
-"versions": [{"version", "weight"}]}`; `versions` (each version's share of the traffic, two of
-them during a rollout) and each endpoint's `version` are absent from older schedulers. Parsing is
+An entry is `{"name", "version", "state", "reason", "available_replicas", "unavailable_replicas",
+"endpoints": [{"name", "url", "version"}], "versions": [{"version", "weight"}]}`; `versions` (each
+version's share of the traffic, two of them during a rollout), each endpoint's `version` and the
+replica counts are absent from older schedulers. Parsing is
 strict about what the gateway routes on (names, endpoint URLs) and lenient about the rest: a line
 of an unknown type is ignored (a newer scheduler may add some), and a snapshot entry that is bad is
 reported beside the good ones rather than costing the gateway every model.
@@ -46,6 +47,10 @@ class PlacedModel:
     reason: str
     endpoints: tuple[FeedEndpoint, ...]
     versions: tuple[VersionShare, ...] = ()  # empty from an older scheduler
+    # The latest version's replicas that traffic may go to, and the rest of those desired (loading,
+    # failed or not placed); None from an older scheduler.
+    available_replicas: int | None = None
+    unavailable_replicas: int | None = None
 
     @property
     def split(self) -> bool:
@@ -139,7 +144,14 @@ def parse_entry(data: Any, where: str = "model") -> PlacedModel:
         reason if isinstance(reason, str) else "",
         tuple(endpoints),
         versions,
+        _count(data.get("available_replicas")),
+        _count(data.get("unavailable_replicas")),
     )
+
+
+def _count(value: Any) -> int | None:
+    """A replica count, shown but never routed on: anything but a count reads as unknown."""
+    return value if _integer(value) and value >= 0 else None
 
 
 def _versions(raw: Any, where: str) -> tuple[VersionShare, ...]:

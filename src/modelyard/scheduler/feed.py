@@ -18,7 +18,9 @@ FeedLine = dict[str, Any]
 
 
 def feed_entry(model: Model, servers: Mapping[str, Server]) -> FeedLine:
-    """`{"name", "version", "state", "reason", "endpoints", "versions"}` per docs/placement.md.
+    """`{"name", "version", "state", "reason", "available_replicas", "unavailable_replicas",
+    "endpoints", "versions"}` per docs/placement.md: the state, reason and replica counts are the
+    latest version's, as `GET /v1/models` gives them (the gateway's dashboard shows them).
 
     During a rollout the entry names both versions' routable replicas, and `versions` gives each
     version's share of the traffic (`traffic_split`, compat §6.2 step 3): while the latest version
@@ -54,6 +56,8 @@ def feed_entry(model: Model, servers: Mapping[str, Server]) -> FeedLine:
         "version": latest.version,
         "state": latest.status.state.value,
         "reason": latest.status.reason,
+        "available_replicas": latest.status.available,
+        "unavailable_replicas": latest.status.unavailable,
         "endpoints": [
             {"name": r.endpoint_name, "url": r.inference_url, "version": version.version}
             for version, replicas in groups

@@ -120,6 +120,20 @@ def test_endpoints_on_one_server_share_its_load_across_clusters() -> None:
     assert second.endpoints[0].in_flight == 0
 
 
+def test_the_overview_shows_each_models_own_requests_on_a_shared_server_beside_the_servers() -> None:
+    loads: dict[str, BackendLoad] = {}
+    config = ModelConfig.model_validate({"name": "m", "endpoints": endpoints("a")})
+    busy, idle = Cluster(config, loads), Cluster(config.model_copy(update={"name": "n"}), loads)
+    busy.acquire(busy.endpoints[0], tokens=10)
+    busy.acquire(busy.endpoints[0], tokens=10)
+    (theirs,) = idle.describe(now=0.0)["endpoints"]
+    (mine,) = busy.describe(now=0.0)["endpoints"]
+    assert (theirs["model_in_flight"], theirs["in_flight"]) == (0, 2)  # none of n's: both are m's
+    assert (mine["model_in_flight"], mine["in_flight"]) == (2, 2)
+    busy.release(busy.endpoints[0], tokens=10)
+    assert busy.describe(now=0.0)["endpoints"][0]["model_in_flight"] == 1
+
+
 def test_a_failed_health_check_aborts_the_tries_waiting_on_that_endpoint_only() -> None:
     recorder = Recorder()
     c = cluster("a", "b", recorder=recorder, health_check={"unhealthy_threshold": 2})
@@ -295,6 +309,7 @@ def test_describe_shows_the_model_and_each_endpoints_state_as_the_overview_does(
         "weight": 1,
         "health": {"status": "healthy", "checked": False, "last_error": ""},
         "in_flight": 0,
+        "model_in_flight": 0,
         "outstanding_tokens": 0,
         "ejection": {"ejected": False, "seconds_left": None, "ejections": 0, "consecutive_failures": 0},
         "circuit": {"state": "closed", "max_requests": 1},

@@ -10,7 +10,14 @@ import orjson
 import pytest
 
 from modelyard.errors import TooManyLogStreams
-from modelyard.gateway.routing_log import END, Entry, RoutingLog, RoutingRecord, encode_shared
+from modelyard.gateway.routing_log import (
+    END,
+    MAX_REFUSED_NAME,
+    Entry,
+    RoutingLog,
+    RoutingRecord,
+    encode_shared,
+)
 
 
 def record(log: RoutingLog, backend: str = "w0", status: int = 200, cache_hit: bool | None = None) -> None:
@@ -39,7 +46,26 @@ def test_a_record_holds_where_the_request_went_and_how_it_ended():
         "cache_hit": True,
         "request_id": "req-1",
         "worker": None,
+        "refused": False,
     }
+
+
+def test_a_refused_request_is_recorded_with_the_model_asked_for_and_no_backend():
+    log = RoutingLog(worker=2)
+    subscription = log.subscribe()
+    sent: list[Entry] = []
+    log.share = sent.append
+    log.record_refused("chat-huge", 503, 0.0004, "r-1")
+    log.record_refused("x" * 10_000 + "\udcff", 404, 0.0, "id-\udcff")  # client text, any size
+    huge, unknown = log.recent()
+    assert huge == RoutingRecord(1, huge.time, "chat-huge", "", "", "", "", 503, 0.4, None, "r-1", 2, True)
+    assert unknown.model == "x" * MAX_REFUSED_NAME and unknown.refused
+    assert unknown.request_id == "id-\\udcff"  # as JSON can carry it
+    assert orjson.loads(orjson.dumps(unknown))["status"] == 404
+    assert list(subscription.ready()) == [huge, unknown]  # followed and shared as any record
+    assert [RoutingRecord(*entry).refused for entry in sent] == [True, True]
+    record(log)
+    assert log.recent()[-1].refused is False
 
 
 def test_the_ring_keeps_the_latest_records_in_order():

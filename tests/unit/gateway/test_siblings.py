@@ -458,6 +458,24 @@ def test_the_overview_counts_every_workers_requests(pair, tmp_path):
     assert first.model_totals(mine["m"])["active_requests"] == 1
 
 
+def test_the_overview_counts_each_models_requests_on_an_endpoint_over_every_worker(pair, tmp_path):
+    first, second = pair
+    config = _config()
+    mine = {m.name: Cluster(m, {}) for m in config.models}
+    theirs = {m.name: Cluster(m, {}) for m in config.models}
+    mine["m"].acquire(mine["m"].endpoints[1], tokens=1)  # m on b, here
+    for _ in range(2):
+        theirs["m"].acquire(theirs["m"].endpoints[1], tokens=1)  # and twice in the other worker
+    theirs["n"].acquire(theirs["n"].endpoints[0], tokens=1)  # n on the same server b
+    second.publish_counts(theirs)
+    assert first.endpoint_totals(mine["m"]) == {"a": 0, "b": 3}
+    assert first.endpoint_totals(mine["n"]) == {"b": 1}
+    shared = SharedInts(tmp_path / SHARED_FILE, Layout(config, 2).size, create=False)
+    worker_exited(shared.ints, Layout(config, 2), 1)  # what the second had ended with it
+    assert first.endpoint_totals(mine["m"]) == {"a": 0, "b": 1}
+    assert first.endpoint_totals(mine["n"]) == {"b": 0}
+
+
 def test_another_workers_canary_events_join_the_account():
     from modelyard.gateway.shadow import apply_canary
 

@@ -32,6 +32,17 @@ def test_each_line_type():
     assert parse_feed_line(b'{"type": "snapshot", "models": [' + ENTRY + b"]}") == Snapshot((IRIS,))
 
 
+def test_replica_counts_are_read_and_anything_but_a_count_is_unknown():
+    counted = parse_feed_line(
+        b'{"type": "model", "available_replicas": 0, "unavailable_replicas": 1, ' + ENTRY[1:]
+    )
+    assert isinstance(counted, ModelChanged)
+    assert (counted.model.available_replicas, counted.model.unavailable_replicas) == (0, 1)
+    assert (IRIS.available_replicas, IRIS.unavailable_replicas) == (None, None)  # an older scheduler
+    odd = b'{"type": "model", "available_replicas": -1, "unavailable_replicas": true, ' + ENTRY[1:]
+    assert parse_feed_line(odd) == ModelChanged(IRIS)  # shown, never routed on: not worth refusing
+
+
 def test_blank_lines_and_unknown_types_are_skipped():
     assert parse_feed_line(b"   ") is None
     assert parse_feed_line(b'{"type": "server", "name": "mlserver"}') is None

@@ -32,6 +32,27 @@ def test_created_model_is_loaded_then_available_and_published() -> None:
     assert h.lines[-1]["state"] == "ModelAvailable"
 
 
+def test_the_feed_says_how_many_replicas_are_ready_of_those_desired() -> None:
+    h = Harness()
+    h.state.apply(spec(replicas=1), 1.0)  # no server yet: nowhere to go
+    failed = h.lines[-1]
+    assert (failed["state"], failed["available_replicas"], failed["unavailable_replicas"]) == (
+        "ScheduleFailed",
+        0,
+        1,
+    )
+    assert failed["reason"].startswith("Failed to schedule") and failed["endpoints"] == []
+    h.connect()
+    h.answer()
+    h.state.event("mlserver", 0, "iris", 1, AgentEventKind.LOADED, now=2.0)
+    available = h.lines[-1]
+    assert (available["state"], available["available_replicas"], available["unavailable_replicas"]) == (
+        "ModelAvailable",
+        1,
+        0,
+    )
+
+
 @pytest.mark.parametrize(
     ("second", "change", "version"),
     [

@@ -148,6 +148,8 @@ async function refreshOverview() {
     const data = await response.json();
     renderModels(data.models);
     renderStrategies(data);
+    renderPlacement(data.placement);
+    setModelNames([...data.models.map((model) => model.name), ...(data.placement ? data.placement.models.map((m) => m.name) : [])]);
     say("models-status", "updated " + new Date().toLocaleTimeString([], { hour12: false }));
   } catch (error) {
     if (error instanceof AuthNeeded) {
@@ -183,9 +185,15 @@ function renderModel(model) {
     `${model.retries_in_flight} retrying`,
     model.routes.length ? "routes: " + model.routes.join(", ") : "no routes (every endpoint)",
   ].join(" · ");
-  const head = el("tr", {}, ...["endpoint", "subset", "url", "health", "in flight", "ejection", "circuit"].map(
-    (name) => el("th", { class: name === "in flight" ? "num" : "" }, name),
-  ));
+  // A server may serve several models: "in flight" is this model's requests on the endpoint, the
+  // server's total (what least_pending and the circuit breaker weigh) is beside it, named as such.
+  const columns = [
+    ["endpoint"], ["subset"], ["url"], ["health"],
+    ["in flight", "this model's requests on this endpoint", "num"],
+    ["server total", "requests this gateway has on the server, for every model it serves there", "num"],
+    ["ejection"], ["circuit"],
+  ];
+  const head = el("tr", {}, ...columns.map(([name, title, kind]) => el("th", { class: kind || "", title: title || "" }, name)));
   const rows = model.endpoints.map((endpoint) => renderEndpoint(endpoint));
   return el(
     "article",
@@ -212,10 +220,46 @@ function renderEndpoint(endpoint) {
     el("td", {}, endpoint.subset),
     el("td", { class: "muted" }, endpoint.url),
     el("td", { class: health.status === "healthy" ? "ok" : "bad", title: health.checked ? "" : "not probed yet" }, healthText),
-    el("td", { class: "num" }, endpoint.in_flight),
+    el("td", { class: "num", "data-field": "in-flight" }, endpoint.model_in_flight),
+    el("td", { class: "num muted", "data-field": "server-in-flight" }, endpoint.in_flight),
     el("td", { class: ejection.ejected ? "bad" : "" }, ejectionText),
     el("td", { class: circuit.state === "open" ? "bad" : "" }, circuitText),
   );
+}
+
+// --- models the scheduler places -------------------------------------------------------------------
+
+// Every model the scheduler places, as its feed last said: one that cannot be placed has no
+// endpoint, so the panel above never shows it; here it is, with why.
+const STATE_CLASS = { ModelAvailable: "ok", ModelFailed: "bad", ScheduleFailed: "bad", ModelTerminateFailed: "bad" };
+
+function renderPlacement(placement) {
+  $("placement-section").hidden = !placement;
+  if (!placement) return;
+  let status = `following ${placement.scheduler}`;
+  if (!placement.connected) {
+    const why = placement.last_error ? ` (${placement.last_error})` : "";
+    status = placement.synced
+      ? `the feed from ${placement.scheduler} is lost${why}: what it last said, the endpoints kept`
+      : `waiting for ${placement.scheduler}${why}`;
+  }
+  say("placement-status", status, placement.connected ? "" : "bad");
+  const replicas = (model) =>
+    model.ready_replicas === null || model.desired_replicas === null ? "?" : `${model.ready_replicas}/${model.desired_replicas}`;
+  const rows = placement.models.map((model) =>
+    el(
+      "tr",
+      { "data-model": model.name },
+      el("td", {}, model.name),
+      el("td", { class: "num" }, model.version),
+      el("td", { "data-field": "state", class: STATE_CLASS[model.state] || "warn" }, model.state),
+      el("td", { "data-field": "replicas", class: "num", title: "ready/desired replicas" }, replicas(model)),
+      el("td", { "data-field": "requests", class: model.routable ? "ok" : "bad" }, model.routable ? "routed" : "503, not available"),
+      el("td", { "data-field": "reason", class: "reason" }, model.reason || "–"),
+    ),
+  );
+  $("placement").tBodies[0].replaceChildren(...rows);
+  $("placement-empty").hidden = rows.length > 0;
 }
 
 // --- strategy ----------------------------------------------------------------------------------
@@ -285,6 +329,11 @@ let lastSeq = 0; // the stream replays what the gateway kept after it (0: everyt
 let dropped = 0;
 let pendingRecords = [];
 let drawScheduled = false;
+// The records received, newest last, kept so that a new filter applies to them: bounded, as the
+// gateway's own ring is (a busy gateway sends thousands a second).
+const LOG_KEEP = 1000;
+let logRecords = [];
+let logFilter = { model: "", statusClass: "", text: "" };
 
 async function followLog() {
   if (logController) logController.abort();
@@ -321,14 +370,16 @@ function onLogEvent(type, data) {
   if (type === "dropped") {
     dropped += JSON.parse(data).dropped;
     say("log-status", `live; ${dropped} records skipped because this page fell behind`, "bad");
+    say("traffic-status", `${dropped} records skipped: the charts count fewer requests than there were`, "bad");
     return;
   }
   if (type !== "message") return;
   const record = JSON.parse(data);
   lastSeq = record.seq;
-  // Drawn once per frame, at most LOG_ROWS of them: a busy gateway sends thousands a second.
+  traffic.add(record); // every record, even those the table has no room for
+  // Drawn once per frame: a busy gateway sends thousands a second.
   pendingRecords.push(record);
-  if (pendingRecords.length > LOG_ROWS) pendingRecords.splice(0, pendingRecords.length - LOG_ROWS);
+  if (pendingRecords.length > LOG_KEEP) pendingRecords.splice(0, pendingRecords.length - LOG_KEEP);
   if (!drawScheduled) {
     drawScheduled = true;
     requestAnimationFrame(drawLog);
@@ -337,30 +388,96 @@ function onLogEvent(type, data) {
 
 function drawLog() {
   drawScheduled = false;
-  const rows = pendingRecords.map(logRow).reverse(); // newest first
+  const fresh = pendingRecords;
   pendingRecords = [];
+  logRecords.push(...fresh);
+  if (logRecords.length > LOG_KEEP) logRecords.splice(0, logRecords.length - LOG_KEEP);
+  const rows = fresh.filter(shown).slice(-LOG_ROWS).map(logRow).reverse(); // newest first
   const body = $("log").tBodies[0];
   body.prepend(...rows);
   while (body.rows.length > LOG_ROWS) body.deleteRow(-1);
-  $("log-empty").hidden = true;
+  showLogCount();
 }
 
-function logRow(record) {
+// The table again, from the records kept, for a filter just changed: the newest LOG_ROWS that match.
+function redrawLog() {
+  const rows = [];
+  for (let i = logRecords.length - 1; i >= 0 && rows.length < LOG_ROWS; i--) {
+    if (shown(logRecords[i])) rows.push(logRow(logRecords[i], false));
+  }
+  $("log").tBodies[0].replaceChildren(...rows);
+  showLogCount();
+}
+
+function showLogCount() {
+  const drawn = $("log").tBodies[0].rows.length;
+  const filtering = logFilter.model || logFilter.statusClass || logFilter.text;
+  $("log-empty").textContent = logRecords.length ? "No record kept matches the filter." : "No request routed yet.";
+  $("log-empty").hidden = drawn > 0;
+  $("log-shown").textContent = filtering ? `${drawn} of the last ${logRecords.length} records match` : "";
+}
+
+function readFilter() {
+  logFilter = {
+    model: $("log-model").value,
+    statusClass: $("log-class").value,
+    text: $("log-text").value.trim().toLowerCase(),
+  };
+  redrawLog();
+}
+
+function shown(record) {
+  const { model, statusClass, text } = logFilter;
+  if (model && record.model !== model) return false;
+  if (statusClass === "refused") {
+    if (!record.refused) return false;
+  } else if (statusClass && String(record.status)[0] !== statusClass) {
+    return false;
+  }
+  if (!text) return true;
+  const fields = [record.model, record.route, record.subset, record.backend, record.strategy, record.status, record.request_id];
+  if (record.refused) fields.push("refused");
+  return fields.some((field) => String(field).toLowerCase().includes(text));
+}
+
+function logRow(record, fresh = true) {
   const cache = record.cache_hit === null ? "–" : record.cache_hit ? "hit" : "miss";
+  // A request refused before routing (an unknown model, one not placed, a bad body) went nowhere.
+  const backend = record.refused ? "refused (no backend)" : record.backend || "(none)";
+  const dash = (text) => (record.refused ? "–" : text);
   return el(
     "tr",
-    { class: "fresh", "data-request-id": record.request_id, "data-seq": String(record.seq) },
+    {
+      class: (fresh ? "fresh" : "") + (record.refused ? " refused" : ""),
+      "data-request-id": record.request_id,
+      "data-seq": String(record.seq),
+      "data-refused": String(Boolean(record.refused)),
+    },
     el("td", {}, clock(record.time)),
-    el("td", { "data-field": "model" }, record.model),
-    el("td", { "data-field": "route" }, record.route),
-    el("td", { "data-field": "subset" }, record.subset),
-    el("td", { "data-field": "backend" }, record.backend || "(none)"),
-    el("td", { "data-field": "strategy" }, record.strategy),
+    el("td", { "data-field": "model" }, record.model || "–"),
+    el("td", { "data-field": "route" }, dash(record.route)),
+    el("td", { "data-field": "subset" }, dash(record.subset)),
+    el("td", { "data-field": "backend", class: record.refused ? "bad" : "" }, backend),
+    el("td", { "data-field": "strategy" }, dash(record.strategy)),
     el("td", { "data-field": "status", class: record.status < 400 ? "ok" : "bad" }, record.status),
     el("td", { "data-field": "latency", class: "num" }, fixed(record.latency_ms)),
     el("td", { "data-field": "cache" }, cache),
     el("td", { class: "id" }, record.request_id || "–"), // graph steps the gateway calls itself have none
   );
+}
+
+// The model names the overview knows (served and placed), for the log's filter and the charts.
+let modelNames = [];
+let modelNamesKnown = false; // the log's first records may come before the first overview
+
+function setModelNames(names) {
+  const unique = [...new Set(names)];
+  if (modelNamesKnown && unique.join() === modelNames.join()) return;
+  modelNames = unique;
+  modelNamesKnown = true;
+  fillSelect($("log-model"), unique, 1);
+  if ($("log-model").value !== logFilter.model) readFilter(); // the model filtered on is gone
+  traffic.draw();
 }
 
 // --- chat ----------------------------------------------------------------------------------------
@@ -605,6 +722,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("chat-form").addEventListener("submit", sendChat);
   $("graph-form").addEventListener("submit", runGraph);
   $("canary-model").addEventListener("change", refreshCanary);
+  $("log-filter").addEventListener("submit", (event) => event.preventDefault());
+  for (const id of ["log-model", "log-class"]) $(id).addEventListener("change", readFilter);
+  $("log-text").addEventListener("input", readFilter);
+  setInterval(() => traffic.draw(), 1000);
   showTokenState();
   loadModels();
   restart();

@@ -369,7 +369,8 @@ class Paths:
             "get": self._admin_op(
                 "getOverview",
                 "Admin",
-                "Per model: its strategy, and each endpoint's health, in-flight, ejection and circuit",
+                "Per model: its strategy, and each endpoint's health, in-flight (the model's and its "
+                "server's), ejection and circuit; every model the scheduler places, with its state",
                 [],
                 None,
                 answer("the overview (never the token)", ref("Overview")),
@@ -380,7 +381,7 @@ class Paths:
             "get": self._admin_op(
                 "getRoutingLog",
                 "Admin",
-                "The routing log's recent records, oldest first",
+                "The routing log's recent records, oldest first; requests refused before routing too",
                 [],
                 None,
                 answer("the records kept", ref("RoutingLog")),

@@ -290,12 +290,65 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
         },
         "Overview": {  # gateway.overview
             "type": "object",
-            "required": ["models", "strategies", "admin_token_required", "graph_views_protected"],
+            "required": [
+                "models",
+                "strategies",
+                "admin_token_required",
+                "graph_views_protected",
+                "placement",
+            ],
             "properties": {
                 "models": {"type": "array", "items": ref("OverviewModel")},
                 "strategies": {"type": "array", "items": ref("StrategyName")},
                 "admin_token_required": {"type": "boolean"},
                 "graph_views_protected": {"type": "boolean"},
+                "placement": {
+                    "oneOf": [ref("OverviewPlacement"), {"type": "null"}],
+                    "description": "what the scheduler's feed says of the models it places; null "
+                    "without placement.scheduler",
+                },
+            },
+        },
+        "OverviewPlacement": {
+            "type": "object",
+            "required": ["scheduler", "connected", "synced", "last_error", "models"],
+            "properties": {
+                "scheduler": {"type": "string"},
+                "connected": {"type": "boolean", "description": "the feed is connected now"},
+                "synced": {"type": "boolean", "description": "a snapshot has been applied"},
+                "last_error": {"type": "string", "description": "why the feed last broke; empty: never"},
+                "models": {"type": "array", "items": ref("OverviewPlacedModel")},
+            },
+        },
+        "OverviewPlacedModel": {
+            "type": "object",
+            "required": [
+                "name",
+                "version",
+                "state",
+                "reason",
+                "ready_replicas",
+                "desired_replicas",
+                "routable",
+            ],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "integer", "description": "the latest version"},
+                "state": {
+                    "type": "string",
+                    "description": "the latest version's, e.g. ModelAvailable, ScheduleFailed",
+                },
+                "reason": {"type": "string", "description": "why, for the failure states; else empty"},
+                "ready_replicas": {
+                    "type": ["integer", "null"],
+                    "description": "replicas traffic may go to; null: the scheduler does not say",
+                },
+                "desired_replicas": {
+                    "type": ["integer", "null"],
+                    "description": "ready ones and those loading, failed or not placed; null: the "
+                    "scheduler does not say",
+                },
+                "routable": {"type": "boolean", "description": "false: requests for it get 503"},
             },
         },
         "OverviewModel": {
@@ -335,6 +388,7 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "weight",
                 "health",
                 "in_flight",
+                "model_in_flight",
                 "outstanding_tokens",
                 "ejection",
                 "circuit",
@@ -358,7 +412,11 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                         "last_error": {"type": "string"},
                     },
                 },
-                "in_flight": {"type": "integer", "description": "this gateway's requests to its server"},
+                "in_flight": {
+                    "type": "integer",
+                    "description": "this gateway's requests to its server, for every model it serves there",
+                },
+                "model_in_flight": {"type": "integer", "description": "this model's requests on it"},
                 "outstanding_tokens": {"type": "integer"},
                 "ejection": {
                     "type": "object",
@@ -401,6 +459,7 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "cache_hit",
                 "request_id",
                 "worker",
+                "refused",
             ],
             "properties": {
                 "seq": {"type": "integer", "description": "increases by one per record"},
@@ -420,6 +479,11 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "worker": {
                     "type": ["integer", "null"],
                     "description": "the worker that answered (--workers); null for one process",
+                },
+                "refused": {
+                    "type": "boolean",
+                    "description": "answered before routing (an unknown model, one not placed, a bad "
+                    "body): no route, strategy or backend; model is the name asked for, if any",
                 },
             },
         },

@@ -1,0 +1,202 @@
+// The dashboard's traffic charts: small sparklines drawn as plain SVG from the routing-log records
+// dashboard.js receives (`traffic.add`), redrawn every second (`traffic.draw`). Loaded before
+// dashboard.js, whose helpers ($, el, fixed, percent) and model names it reads when it runs.
+"use strict";
+
+// Per model, because that is how an LLM gateway is read: its models differ by orders of magnitude
+// (a chat model answers in seconds, an embedding or echo model in milliseconds), so one P95 for the
+// whole gateway would only show the slowest model's and hide a fast one getting slower. The first
+// row is the whole gateway still, the place where requests for no known model (404s) show up.
+// The data is the routing log this page follows anyway: no extra poll, and bounded whatever the
+// rate (per series, WINDOW_S / BUCKET_S buckets of fixed size; series only for the gateway and the
+// models the overview names).
+const WINDOW_S = 300;
+const BUCKET_S = 5;
+const BUCKETS = WINDOW_S / BUCKET_S;
+const RECENT_BUCKETS = 12; // the number beside each chart: the last minute, steadier than 5 s
+// A bucket's latencies as a histogram of fixed bins, 4 per doubling from 0.01 ms (about ±9%),
+// instead of every sample: a P95 to that precision in constant memory.
+const BIN_FLOOR_MS = 0.01;
+const BINS_PER_DOUBLING = 4;
+const BINS = 27 * BINS_PER_DOUBLING; // up to 0.01 ms × 2^27, over 20 minutes
+const CHART_W = 150;
+const CHART_H = 26;
+const GATEWAY_ROW = "";
+const MAX_SERIES = 100; // names kept before the overview says which are models (then only those)
+const SVG = "http://www.w3.org/2000/svg";
+
+class Series {
+  constructor() {
+    this.buckets = new Map(); // bucket number (gateway time / BUCKET_S) -> {count, errors, served, bins}
+  }
+
+  add(bucket, record) {
+    let b = this.buckets.get(bucket);
+    if (!b) {
+      b = { count: 0, errors: 0, served: 0, bins: new Uint32Array(BINS) };
+      this.buckets.set(bucket, b);
+    }
+    b.count += 1;
+    if (record.status >= 400) b.errors += 1;
+    // A refusal's latency is how long saying no took, not a model's: left out of the P95.
+    if (!record.refused) {
+      const bin = Math.floor(Math.log2(Math.max(record.latency_ms, BIN_FLOOR_MS) / BIN_FLOOR_MS) * BINS_PER_DOUBLING);
+      b.bins[Math.min(bin, BINS - 1)] += 1;
+      b.served += 1;
+    }
+  }
+
+  forgetBefore(bucket) {
+    for (const key of this.buckets.keys()) if (key < bucket) this.buckets.delete(key);
+  }
+
+  // The last BUCKETS points, oldest first: requests/s, error share (null: no answer), P95 ms (null: none served).
+  points(now) {
+    const last = Math.floor(now / BUCKET_S);
+    const rate = [];
+    const errors = [];
+    const p95 = [];
+    for (let bucket = last - BUCKETS + 1; bucket <= last; bucket++) {
+      const b = this.buckets.get(bucket);
+      // The bucket still filling is a rate over the seconds it has had (at least one).
+      const seconds = bucket === last ? Math.max(1, now - bucket * BUCKET_S) : BUCKET_S;
+      rate.push(b ? b.count / seconds : 0);
+      errors.push(b && b.count ? b.errors / b.count : null);
+      p95.push(b && b.served ? percentile(b.bins, b.served, 0.95) : null);
+    }
+    return { rate, errors, p95 };
+  }
+
+  // The same over the last RECENT_BUCKETS buckets, the one still filling included.
+  recent(now) {
+    const last = Math.floor(now / BUCKET_S);
+    const bins = new Uint32Array(BINS);
+    let count = 0;
+    let errors = 0;
+    let served = 0;
+    for (let bucket = last - RECENT_BUCKETS + 1; bucket <= last; bucket++) {
+      const b = this.buckets.get(bucket);
+      if (!b) continue;
+      count += b.count;
+      errors += b.errors;
+      served += b.served;
+      b.bins.forEach((n, i) => (bins[i] += n));
+    }
+    const seconds = (RECENT_BUCKETS - 1) * BUCKET_S + Math.max(1, now - last * BUCKET_S);
+    return {
+      rate: count / seconds,
+      errors: count ? errors / count : null,
+      p95: served ? percentile(bins, served, 0.95) : null,
+    };
+  }
+}
+
+function percentile(bins, total, q) {
+  let seen = 0;
+  for (let i = 0; i < bins.length; i++) {
+    seen += bins[i];
+    if (seen >= q * total) return BIN_FLOOR_MS * 2 ** ((i + 0.5) / BINS_PER_DOUBLING); // the bin's middle
+  }
+  return null;
+}
+
+const traffic = {
+  series: new Map([[GATEWAY_ROW, new Series()]]),
+  // The gateway's clock less this page's (records carry the gateway's time): the smallest gap a
+  // record arrived with, which is the skew plus the shortest trip.
+  skew: null,
+  rows: "",
+
+  add(record) {
+    const gap = Date.now() / 1000 - record.time;
+    if (this.skew === null || gap < this.skew) this.skew = gap;
+    const bucket = Math.floor(record.time / BUCKET_S);
+    if (bucket <= Math.floor(this.now() / BUCKET_S) - BUCKETS) return; // older than the window
+    this.series.get(GATEWAY_ROW).add(bucket, record);
+    if (!record.model || (modelNamesKnown && !modelNames.includes(record.model))) return; // the gateway row only
+    if (!this.series.has(record.model)) {
+      if (this.series.size >= MAX_SERIES) return;
+      this.series.set(record.model, new Series());
+    }
+    this.series.get(record.model).add(bucket, record);
+  },
+
+  now() {
+    return Date.now() / 1000 - (this.skew || 0);
+  },
+
+  draw() {
+    const now = this.now();
+    const oldest = Math.floor(now / BUCKET_S) - BUCKETS + 1;
+    for (const [name, series] of this.series) {
+      if (name !== GATEWAY_ROW && modelNamesKnown && !modelNames.includes(name)) this.series.delete(name); // no model
+      else series.forgetBefore(oldest);
+    }
+    const names = [GATEWAY_ROW, ...modelNames];
+    const body = $("traffic").tBodies[0];
+    if (names.join("\n") !== this.rows) {
+      this.rows = names.join("\n");
+      body.replaceChildren(...names.map(trafficRow));
+    }
+    for (const row of body.rows) {
+      const series = this.series.get(row.dataset.model) || new Series();
+      const { rate, errors, p95 } = series.points(now);
+      const recent = series.recent(now);
+      const number = (v) => fixed(v, v < 1 ? 2 : v < 10 ? 1 : 0);
+      drawChart(row, "rate", rate, Math.max(1, ...rate), recent.rate, (v) => number(v) + "/s");
+      drawChart(row, "errors", errors, 1, recent.errors, percent);
+      drawChart(row, "p95", p95, Math.max(1, ...p95.filter((v) => v !== null)), recent.p95, (v) => number(v) + " ms");
+    }
+  },
+};
+
+function trafficRow(name) {
+  const cell = (chart) => {
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("width", CHART_W);
+    svg.setAttribute("height", CHART_H);
+    svg.setAttribute("viewBox", `0 0 ${CHART_W} ${CHART_H}`);
+    svg.setAttribute("class", "spark " + chart);
+    svg.setAttribute("data-chart", chart);
+    return el("td", { class: "chart" }, svg, el("span", { class: "current", "data-current": chart }, "–"));
+  };
+  const label = name === GATEWAY_ROW ? el("span", { class: "muted" }, "whole gateway") : name;
+  return el("tr", { "data-model": name }, el("td", {}, label), cell("rate"), cell("errors"), cell("p95"));
+}
+
+// One sparkline: a polyline per run of points with a value (a gap where there was no answer),
+// scaled to `max`; beside it `recent`, the value over the last minute.
+function drawChart(row, chart, values, max, recent, format) {
+  const svg = row.querySelector(`svg[data-chart='${chart}']`);
+  const step = CHART_W / (values.length - 1);
+  const runs = [];
+  let run = [];
+  values.forEach((value, i) => {
+    if (value === null) {
+      if (run.length) runs.push(run);
+      run = [];
+      return;
+    }
+    const y = CHART_H - 1 - (Math.min(value, max) / max) * (CHART_H - 2);
+    run.push(`${(i * step).toFixed(1)},${y.toFixed(1)}`);
+  });
+  if (run.length) runs.push(run);
+  svg.replaceChildren(
+    ...runs.map((points) => {
+      const line = document.createElementNS(SVG, points.length > 1 ? "polyline" : "circle");
+      if (points.length > 1) {
+        line.setAttribute("points", points.join(" "));
+      } else {
+        const [x, y] = points[0].split(",");
+        line.setAttribute("cx", x);
+        line.setAttribute("cy", y);
+        line.setAttribute("r", "1.5");
+      }
+      return line;
+    }),
+  );
+  const current = row.querySelector(`[data-current='${chart}']`);
+  current.textContent = recent === null ? "–" : format(recent);
+  current.dataset.value = recent === null ? "" : String(recent);
+  svg.dataset.points = String(values.filter((value) => value !== null).length);
+}
