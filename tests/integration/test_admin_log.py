@@ -8,8 +8,11 @@ from typing import Any
 
 import aiohttp
 import jsonschema_rs  # comes with schemathesis
+import numpy as np
 import orjson
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from fake_scheduler import FakeScheduler
 from modelyard.gateway import GATEWAY, RunningGateway
@@ -356,6 +359,29 @@ async def test_a_body_that_names_no_model_is_refused_and_logged_without_one(sim_
     assert [(r["request_id"], r["model"], r["status"], r["refused"]) for r in records] == [
         ("bad-lean", "", 400, True),
         ("bad-aiohttp", "", 400, True),
+    ]
+
+
+async def test_oip_grpc_calls_refused_before_routing_are_in_the_log(sim_workers, gateways, http):
+    (worker,) = await sim_workers(1)
+    gateway = await gateways(
+        [model_config("m", [worker], protocol="v2")], listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0}
+    )
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
+    tensor = grpcclient.InferInput("x", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, np.float32))
+    try:
+        for model, version, request_id in (("nope", "", "g-unknown"), ("m", ".", "g-bad-version")):
+            with pytest.raises(InferenceServerException):
+                await asyncio.to_thread(
+                    client.infer, model, [tensor], model_version=version, headers={"x-request-id": request_id}
+                )
+    finally:
+        await asyncio.to_thread(client.close)
+    records = (await get_json(http, gateway.url + "/admin/log"))["records"]
+    assert [(r["request_id"], r["model"], r["status"], r["refused"], r["backend"]) for r in records] == [
+        ("g-unknown", "nope", 404, True, ""),
+        ("g-bad-version", "m", 400, True, ""),
     ]
 
 
