@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -192,6 +194,14 @@ async def schemathesis_run(url: str, workdir: Path, *options: str) -> tuple[int,
     return process.returncode or 0, output.decode(errors="replace"), outcomes
 
 
+def readme_command() -> list[str]:
+    """The schemathesis command the README shows, as its arguments after `schemathesis`."""
+    readme = (HERE.parents[1] / "README.md").read_text()
+    found = re.search(r"^\.venv/bin/schemathesis (run .*?)\n```", readme, re.MULTILINE | re.DOTALL)
+    assert found, "the README shows no schemathesis command"
+    return shlex.split(found.group(1).replace("\\\n", " "))
+
+
 def expected(document: dict[str, Any], *, admin_updates: bool) -> set[str]:
     """The operations a run tests (schemathesis leaves out the document's own path; the runs
     leave out the endless stream)."""
@@ -219,6 +229,23 @@ async def test_fuzz_inference_graphs_and_reads(gateway, http, tmp_path):
     assert await metric_value(
         http, gateway.url, "modelyard_graph_step_duration_seconds_count", graph="pipeline"
     )
+
+
+async def test_the_readme_command_passes_as_written(gateway, tmp_path):
+    """The README's command, pointed at this gateway, which has an admin token (the README says to
+    add its header then); schemathesis' own checks only, as a user runs it."""
+    command = readme_command()
+    assert command[:2] == ["run", "http://127.0.0.1:8000/openapi.json"], command
+    command[1] = f"{gateway.url}/openapi.json"
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "schemathesis.cli", *command),
+        *("--no-color", "-H", f"Authorization: Bearer {TOKEN}"),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), FUZZ_TIMEOUT)
+    assert process.returncode == 0, output.decode(errors="replace")[-4000:]
 
 
 async def test_fuzz_admin_updates(gateway, http, tmp_path):

@@ -127,7 +127,7 @@ def demo_banner(
         '    -d \'{"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}\'',
         f"  curl -s {url}/v1/graphs/demo-pipeline -H 'X-Modelyard-Trace: 1' -D - \\",
         "    -d '{\"instances\": [[1, 2]]}'",
-        f"  curl -s {url}/metrics | grep modelyard_requests_total",
+        f"  curl -s {url}/metrics | grep '^modelyard_requests_total'",
         *(placement_banner(placement, url) if placement is not None else []),
         "Ctrl-C stops everything.",
     ]
