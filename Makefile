@@ -2,21 +2,29 @@
 #
 # Every install comes from one lock, uv.lock (uv's universal lock: every transitive version, with
 # hashes, for the runtime and each extra), so a fresh machine installs what was tested. uv itself
-# is pinned here and bootstrapped with pip into .tools/. `make lock` refreshes the lock after a
-# change to pyproject.toml; `make test` refuses a lock that no longer matches it.
+# is pinned here and bootstrapped with pip into .tools/. `make lock` refreshes the locks after a
+# change to pyproject.toml; `make test` refuses a lock that no longer matches it (scripts/lock.py).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 UV_VERSION := 0.13.9
-TOOLS := .tools
+TOOLS := .tools/uv-$(UV_VERSION)
 UV := $(TOOLS)/bin/uv
-# uv builds .venv with $(PYTHON), never a Python of its own download.
+LOCK := UV=$(UV) $(PYTHON) scripts/lock.py
+# uv builds .venv with $(PYTHON), never a Python of its own download, and modelyard's own wheel
+# with the locked setuptools; the caller's uv settings (a config file, an index, UV_SYSTEM_PYTHON,
+# which would send `pip sync` to the system's Python) must not change what gets installed.
 export UV_PYTHON := $(PYTHON)
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
+export UV_BUILD_CONSTRAINT := deploy/image/build-requirements.txt
+export UV_NO_CONFIG := 1
+unexport UV_SYSTEM_PYTHON UV_INDEX UV_INDEX_URL UV_EXTRA_INDEX_URL UV_DEFAULT_INDEX UV_FIND_LINKS \
+	UV_INDEX_STRATEGY UV_NO_INDEX UV_EXCLUDE_NEWER UV_CONSTRAINT UV_OVERRIDE UV_RESOLUTION \
+	UV_PRERELEASE UV_FROZEN UV_LOCKED UV_NO_SYNC UV_NO_BINARY UV_ONLY_BINARY UV_NO_BUILD_ISOLATION
 
-# The ranges pyproject.toml declares, tested at both ends (scripts/lock.sh locks each end). The
+# The ranges pyproject.toml declares, tested at both ends (scripts/lock.py locks each end). The
 # lowest end: the unit tests, and the integration tests that found a lower bound too low (aiohttp's
 # server, redis). The newest end differs from uv.lock mostly in protobuf 7: the unit tests.
 BOUNDS := tests/fixtures/bounds
@@ -32,23 +40,23 @@ $(UV):
 
 # The runtime only; --inexact keeps what `make test` added (the same versions: one lock).
 $(VENV)/.installed: pyproject.toml uv.lock | $(UV)
-	@UV=$(UV) scripts/lock.sh check
+	@$(LOCK) check
 	$(UV) sync -q --locked --inexact
 	touch $@
 
 $(STAMP): pyproject.toml uv.lock | $(UV)
-	@UV=$(UV) scripts/lock.sh check
+	@$(LOCK) check
 	$(UV) sync -q --locked --extra dev
 	touch $@ $(VENV)/.installed
 
-# One line, and exit 1, when a lock no longer matches pyproject.toml (scripts/lock.sh says which).
+# One line, and exit 1, when a lock no longer matches pyproject.toml (scripts/lock.py says which).
 lock-check: | $(UV)
-	@UV=$(UV) scripts/lock.sh check
+	@$(LOCK) check
 
-# After a change to pyproject.toml: `make lock` (keeps every version it can);
-# `make lock UPGRADE=redis` upgrades one package, `make lock UPGRADE=all` every one.
+# After a change to pyproject.toml: `make lock` (keeps every version it can); `make lock
+# UPGRADE=redis` upgrades one package (UPGRADE="redis rich" two), `make lock UPGRADE=all` every one.
 lock: | $(UV)
-	UV=$(UV) scripts/lock.sh write $(UPGRADE)
+	$(LOCK) write $(UPGRADE)
 
 demo: $(VENV)/.installed
 	$(BIN)/modelyard serve
@@ -62,7 +70,7 @@ dev: $(STAMP)
 
 .venv-%/.installed: $(BOUNDS)/%.txt | $(UV)
 	$(UV) venv -q --allow-existing .venv-$*
-	VIRTUAL_ENV=.venv-$* $(UV) pip sync -q $<
+	$(UV) pip sync -q --python .venv-$*/bin/python $<
 	touch $@
 
 test-bounds: lock-check .venv-lowest/.installed .venv-newest/.installed
@@ -137,4 +145,4 @@ proto: | $(UV)
 		|| { echo "make proto: grpc_predict_v2_pb2.py is not in a private DescriptorPool (protoc's output changed?); fix the sed" >&2; exit 1; }
 
 clean:
-	rm -rf $(VENV) .venv-lowest .venv-newest $(TOOLS) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-lowest .venv-newest .tools build dist src/*.egg-info .pytest_cache .ruff_cache

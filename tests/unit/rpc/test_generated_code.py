@@ -40,7 +40,7 @@ def installed(client: str) -> bool:
     return True
 
 
-# `make test-lowest` runs these files where only modelyard's runtime is (no clients); [dev] has both.
+# `make test-bounds` runs these files where only modelyard's runtime is (no clients); [dev] has both.
 needs_clients = pytest.mark.skipif(
     not (installed("tritonclient") and installed("kserve")),
     reason="tritonclient and kserve are not installed here (they are in modelyard[dev])",
