@@ -69,6 +69,10 @@ def decode_object(data: bytes) -> dict[str, Any] | None:
 def _syntax_error(exc: json.JSONDecodeError) -> str:
     """Python's decode error, worded as Go's scanner words the same fault."""
     text, pos = exc.doc, exc.pos
+    if exc.msg.startswith("Illegal trailing comma"):  # Python 3.13 names the comma; Go, what follows it
+        pos += 1 + len(text[pos + 1 :]) - len(text[pos + 1 :].lstrip(" \t\r\n"))
+        if exc.msg.endswith("object"):
+            return f"invalid character {_go_quote_char(text[pos])} looking for beginning of object key string"
     if pos >= len(text.rstrip(" \t\r\n")) or exc.msg.startswith("Unterminated string"):
         return "unexpected end of JSON input"
     char = _go_quote_char(text[pos])
