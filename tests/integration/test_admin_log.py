@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -433,9 +434,12 @@ async def test_each_model_shows_its_own_requests_on_a_server_it_shares(sim_worke
     long = await http.post(gateway.url + CHAT, json=chat("long", max_tokens=5000, stream=True))
     try:
         await long.content.readline()  # m's request is running on the one server
+        before = time.time()
         overview = await get_json(http, gateway.url + "/admin/overview")
+        after = time.time()
     finally:
         long.close()
+    assert before <= overview["now"] <= after  # the gateway's clock, which the dashboard's charts use
     endpoints = {m["name"]: m["endpoints"][0] for m in overview["models"]}
     assert (endpoints["m"]["model_in_flight"], endpoints["m"]["in_flight"]) == (1, 1)
     assert (endpoints["echo"]["model_in_flight"], endpoints["echo"]["in_flight"]) == (0, 1)

@@ -191,7 +191,7 @@ async def delete_graph(request: web.Request) -> web.Response:
 async def get_overview(request: web.Request) -> web.Response:
     """Per model: its strategy, and each endpoint's health, in-flight, ejection and circuit state."""
     check_admin(request)
-    return json_response(overview(request.app[GATEWAY], time.monotonic()))
+    return json_response(overview(request.app[GATEWAY], time.monotonic(), time.time()))
 
 
 async def get_log(request: web.Request) -> web.Response:

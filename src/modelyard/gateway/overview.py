@@ -3,6 +3,10 @@ cluster describes itself (`Cluster.describe`), read between two awaits (a consis
 one event loop). With workers, a model's queued, active and retrying requests, and its requests on
 each endpoint, are summed over them (gateway/siblings.py).
 
+`now` is the gateway's clock (epoch seconds), which the routing log's `time` is read from: the
+dashboard takes its own clock's offset from it, never from the records' times (replayed ones may be
+minutes old).
+
 `placement` (null without `placement.scheduler`) is what the scheduler's feed last said of each
 model it places, routable or not: a model that cannot be placed has no cluster, so it is only there.
 """
@@ -15,8 +19,9 @@ from modelyard.config import STRATEGY_NAMES
 from modelyard.gateway.gateway import Gateway
 
 
-def overview(gateway: Gateway, now: float) -> dict[str, Any]:
-    """`now` is monotonic time (ejections end at a monotonic instant). Never names the token."""
+def overview(gateway: Gateway, now: float, epoch: float) -> dict[str, Any]:
+    """`now` is monotonic time (ejections end at a monotonic instant), `epoch` the wall clock's
+    (time.time()). Never names the token."""
     admin = gateway.config.admin
     models = [cluster.describe(now) for cluster in gateway.clusters.values()]
     if gateway.siblings is not None:  # the requests of every worker, as one gateway has them
@@ -31,6 +36,7 @@ def overview(gateway: Gateway, now: float) -> dict[str, Any]:
         "admin_token_required": admin.token is not None,
         "graph_views_protected": admin.token is not None and admin.protect_graph_views,
         "placement": _placement(gateway),
+        "now": epoch,
     }
 
 

@@ -24,7 +24,7 @@ def test_every_placed_model_is_shown_with_its_state_replicas_and_reason_routable
     huge = PlacedModel("chat-huge", 3, "ScheduleFailed", "no matching servers", (), (), 0, 1)
     older = PlacedModel("from-an-older-scheduler", 1, "ModelProgressing", "", ())
     gateway.placed.apply(Snapshot((small, huge, older)))
-    placement = overview(gateway, now=0.0)["placement"]
+    placement = overview(gateway, now=0.0, epoch=0.0)["placement"]
     assert placement["scheduler"] == "http://127.0.0.1:9"
     assert (placement["connected"], placement["synced"], placement["last_error"]) == (False, False, "")
     assert placement["models"] == [
@@ -60,10 +60,20 @@ def test_every_placed_model_is_shown_with_its_state_replicas_and_reason_routable
 
 def test_without_a_scheduler_placement_is_null_and_the_rest_keeps_its_shape():
     data = overview(
-        Gateway(validate_config({"models": [{"name": "m", "endpoints": [{"url": SERVER}]}]}, "<t>")), 0.0
+        Gateway(validate_config({"models": [{"name": "m", "endpoints": [{"url": SERVER}]}]}, "<t>")),
+        0.0,
+        1_700_000_000.5,
     )
     assert data["placement"] is None
-    assert set(data) == {"models", "strategies", "admin_token_required", "graph_views_protected", "placement"}
+    assert set(data) == {
+        "models",
+        "strategies",
+        "admin_token_required",
+        "graph_views_protected",
+        "placement",
+        "now",
+    }
+    assert data["now"] == 1_700_000_000.5  # the gateway's clock, as the routing log's `time`
 
 
 def test_a_model_shows_its_own_requests_on_a_server_another_model_shares(gateway):
@@ -72,7 +82,7 @@ def test_a_model_shows_its_own_requests_on_a_server_another_model_shares(gateway
     )
     mine, placed = gateway.clusters["mine"], gateway.clusters["placed"]
     placed.acquire(placed.endpoints[0], tokens=1)
-    described = {m["name"]: m["endpoints"][0] for m in overview(gateway, now=0.0)["models"]}
+    described = {m["name"]: m["endpoints"][0] for m in overview(gateway, now=0.0, epoch=0.0)["models"]}
     assert (described["mine"]["model_in_flight"], described["mine"]["in_flight"]) == (0, 1)
     assert (described["placed"]["model_in_flight"], described["placed"]["in_flight"]) == (1, 1)
     assert mine.endpoints[0].load is placed.endpoints[0].load  # one server, one load

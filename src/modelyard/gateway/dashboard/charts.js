@@ -1,6 +1,7 @@
 // The dashboard's traffic charts: small sparklines drawn as plain SVG from the routing-log records
-// dashboard.js receives (`traffic.add`), redrawn every second (`traffic.draw`). Loaded before
-// dashboard.js, whose helpers ($, el, fixed, percent) and model names it reads when it runs.
+// dashboard.js receives (`traffic.add`), redrawn every second (`traffic.draw`) on the gateway's
+// clock (`traffic.setClock`, from each overview). Loaded before dashboard.js, whose helpers ($, el,
+// fixed, percent) and model names (modelNames, modelNameSet) it reads when it runs.
 "use strict";
 
 // Per model, because that is how an LLM gateway is read: its models differ by orders of magnitude
@@ -9,7 +10,8 @@
 // row is the whole gateway still, the place where requests for no known model (404s) show up.
 // The data is the routing log this page follows anyway: no extra poll, and bounded whatever the
 // rate (per series, WINDOW_S / BUCKET_S buckets of fixed size; series only for the gateway and the
-// models the overview names).
+// models the overview names). The work per second is bounded too, whatever the number of models:
+// only the rows on screen are drawn, and a row with no traffic in the window only once.
 const WINDOW_S = 300;
 const BUCKET_S = 5;
 const BUCKETS = WINDOW_S / BUCKET_S;
@@ -102,18 +104,25 @@ function percentile(bins, total, q) {
 
 const traffic = {
   series: new Map([[GATEWAY_ROW, new Series()]]),
-  // The gateway's clock less this page's (records carry the gateway's time): the smallest gap a
-  // record arrived with, which is the skew plus the shortest trip.
+  // The gateway's clock less this page's (records carry the gateway's time), from the overview's
+  // `now`, taken halfway through the call that brought it (off by at most half its round trip).
+  // Not from the records' times: those replayed when the page opens may be minutes old, and
+  // would make old traffic look current. Null until the first overview: nothing is drawn before.
   skew: null,
-  rows: "",
+  rowsStale: true, // the model names changed: the rows are made again at the next draw
+  visible: new Set(), // the rows on screen (an IntersectionObserver says which): the ones drawn
+  observer: null,
+
+  setClock(gatewayNow, sentMs, receivedMs) {
+    this.skew = (sentMs + receivedMs) / 2000 - gatewayNow;
+  },
 
   add(record) {
-    const gap = Date.now() / 1000 - record.time;
-    if (this.skew === null || gap < this.skew) this.skew = gap;
     const bucket = Math.floor(record.time / BUCKET_S);
-    if (bucket <= Math.floor(this.now() / BUCKET_S) - BUCKETS) return; // older than the window
+    // (before the gateway's clock is known every record is kept: the first draw forgets the old)
+    if (this.skew !== null && bucket <= Math.floor(this.now() / BUCKET_S) - BUCKETS) return; // older than the window
     this.series.get(GATEWAY_ROW).add(bucket, record);
-    if (!record.model || (modelNamesKnown && !modelNames.includes(record.model))) return; // the gateway row only
+    if (!record.model || (modelNamesKnown && !modelNameSet.has(record.model))) return; // the gateway row only
     if (!this.series.has(record.model)) {
       if (this.series.size >= MAX_SERIES) return;
       this.series.set(record.model, new Series());
@@ -122,31 +131,52 @@ const traffic = {
   },
 
   now() {
-    return Date.now() / 1000 - (this.skew || 0);
+    return Date.now() / 1000 - this.skew;
   },
 
   draw() {
+    if (this.skew === null) return; // the gateway's clock is not known yet
     const now = this.now();
     const oldest = Math.floor(now / BUCKET_S) - BUCKETS + 1;
     for (const [name, series] of this.series) {
-      if (name !== GATEWAY_ROW && modelNamesKnown && !modelNames.includes(name)) this.series.delete(name); // no model
+      if (name !== GATEWAY_ROW && modelNamesKnown && !modelNameSet.has(name)) this.series.delete(name); // no model
       else series.forgetBefore(oldest);
     }
-    const names = [GATEWAY_ROW, ...modelNames];
     const body = $("traffic").tBodies[0];
-    if (names.join("\n") !== this.rows) {
-      this.rows = names.join("\n");
-      body.replaceChildren(...names.map(trafficRow));
+    if (this.rowsStale) {
+      this.rowsStale = false;
+      if (!this.observer) this.observer = new IntersectionObserver((entries) => this.seen(entries));
+      this.observer.disconnect();
+      this.visible.clear();
+      body.replaceChildren(...[GATEWAY_ROW, ...modelNames].map(trafficRow));
+      for (const row of body.rows) this.observer.observe(row); // each is drawn once it shows
     }
-    for (const row of body.rows) {
-      const series = this.series.get(row.dataset.model) || new Series();
-      const { rate, errors, p95 } = series.points(now);
-      const recent = series.recent(now);
-      const number = (v) => fixed(v, v < 1 ? 2 : v < 10 ? 1 : 0);
-      drawChart(row, "rate", rate, Math.max(1, ...rate), recent.rate, (v) => number(v) + "/s");
-      drawChart(row, "errors", errors, 1, recent.errors, percent);
-      drawChart(row, "p95", p95, Math.max(1, ...p95.filter((v) => v !== null)), recent.p95, (v) => number(v) + " ms");
+    for (const row of this.visible) this.drawRow(row, now);
+  },
+
+  // Rows scrolled into view are drawn at once, not at the next second.
+  seen(entries) {
+    for (const entry of entries) {
+      if (!entry.isIntersecting) {
+        this.visible.delete(entry.target);
+      } else if (entry.target.isConnected) {
+        this.visible.add(entry.target);
+        if (this.skew !== null) this.drawRow(entry.target, this.now());
+      }
     }
+  },
+
+  drawRow(row, now) {
+    const series = this.series.get(row.dataset.model);
+    const idle = !series || series.buckets.size === 0; // nothing in the window: drawn once as such
+    if (idle && row.dataset.idle === "true") return;
+    row.dataset.idle = String(idle);
+    const { rate, errors, p95 } = (series || new Series()).points(now);
+    const recent = (series || new Series()).recent(now);
+    const number = (v) => fixed(v, v < 1 ? 2 : v < 10 ? 1 : 0);
+    drawChart(row, "rate", rate, Math.max(1, ...rate), recent.rate, (v) => number(v) + "/s");
+    drawChart(row, "errors", errors, 1, recent.errors, percent);
+    drawChart(row, "p95", p95, Math.max(1, ...p95.filter((v) => v !== null)), recent.p95, (v) => number(v) + " ms");
   },
 };
 

@@ -143,9 +143,12 @@ let knownModels = [];
 async function refreshOverview() {
   clearTimeout(overviewTimer);
   try {
+    const sent = Date.now();
     const response = await adminFetch("/admin/overview");
+    const received = Date.now();
     if (!response.ok) throw new Error(await errorText(response));
     const data = await response.json();
+    traffic.setClock(data.now, sent, received); // the charts' "now" is the gateway's
     renderModels(data.models);
     renderStrategies(data);
     renderPlacement(data.placement);
@@ -466,15 +469,19 @@ function logRow(record, fresh = true) {
   );
 }
 
-// The model names the overview knows (served and placed), for the log's filter and the charts.
+// The model names the overview knows (served and placed), for the log's filter and the charts;
+// as a Set too, looked up per record (a gateway may place thousands of models).
 let modelNames = [];
+let modelNameSet = new Set();
 let modelNamesKnown = false; // the log's first records may come before the first overview
 
 function setModelNames(names) {
   const unique = [...new Set(names)];
   if (modelNamesKnown && unique.join() === modelNames.join()) return;
   modelNames = unique;
+  modelNameSet = new Set(unique);
   modelNamesKnown = true;
+  traffic.rowsStale = true;
   fillSelect($("log-model"), unique, 1);
   if ($("log-model").value !== logFilter.model) readFilter(); // the model filtered on is gone
   traffic.draw();

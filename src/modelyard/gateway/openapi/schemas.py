@@ -296,6 +296,7 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "admin_token_required",
                 "graph_views_protected",
                 "placement",
+                "now",
             ],
             "properties": {
                 "models": {"type": "array", "items": ref("OverviewModel")},
@@ -306,6 +307,11 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                     "oneOf": [ref("OverviewPlacement"), {"type": "null"}],
                     "description": "what the scheduler's feed says of the models it places; null "
                     "without placement.scheduler",
+                },
+                "now": {
+                    "type": "number",
+                    "description": "the gateway's clock when it answered, in seconds since the epoch, "
+                    "as the routing log's `time`",
                 },
             },
         },
