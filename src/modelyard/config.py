@@ -521,7 +521,8 @@ class PlacementConfig(_Strict):
 
 
 def scheduler_url(address: str) -> str:
-    """`host:port` or `http(s)://host:port[/]` -> `http(s)://host:port`; ValueError if neither."""
+    """`host:port` or `http(s)://host:port[/]` -> `http(s)://host:port`; ValueError if neither (its
+    message leaves the address out: whoever reports it says what it got, and from where)."""
     address = address.strip()
     url = address if "://" in address else f"http://{address}"
     try:
@@ -531,7 +532,7 @@ def scheduler_url(address: str) -> str:
         port = None
         parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.hostname or (port is None and "://" not in address):
-        raise ValueError(f"expected host:port or http://host:port for the scheduler, got {address!r}")
+        raise ValueError("expected host:port or http://host:port for the scheduler")
     return url.rstrip("/")
 
 
@@ -636,15 +637,18 @@ def load_config(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     flags: Mapping[str, str] | None = None,
+    variables: Mapping[str, str] | None = None,
 ) -> GatewayConfig:
     """Read, merge and validate a gateway config: `overrides` (the CLI's flags) over the `MODELYARD_*`
     variables of `env` (default: the process environment) over the file over defaults. A problem
     names where its value came from (`Origins`): the flag (`flags` maps a field path to its flag,
-    e.g. {"listen.port": "--port"}), the variable, or the file and the field path."""
+    e.g. {"listen.port": "--port"}), the variable, or the file and the field path. `variables` maps
+    the field path of an override that a variable gave the command (a flag's envvar) to that variable,
+    e.g. {"placement.scheduler": "MODELYARD_SCHEDULER"}: it is named as the variable it is."""
     environment = os.environ if env is None else env
     data = merged_data(path, env=environment, overrides=overrides)
     source = str(path) if path is not None else "<defaults>"
-    return validate_config(data, source, Origins(environment, overrides, flags))
+    return validate_config(data, source, Origins(environment, overrides, flags, variables))
 
 
 def merged_data(
@@ -675,14 +679,19 @@ class Origins:
         env: Mapping[str, str],
         overrides: Mapping[str, Any] | None = None,
         flags: Mapping[str, str] | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> None:
         names = flags or {}
-        set_by_flags = [
-            (path, names.get(".".join(map(str, path)), _path_text(path)), value)
-            for path, value in _leaves(dict(overrides or {}))
-        ]
-        tree = env_overrides(env)
+        by_variable = variables or {}  # overrides a variable gave the command, not a flag
+        set_by_flags: list[tuple[Loc, str, Any]] = []
         set_by_env: list[tuple[Loc, str, Any]] = []
+        for leaf, value in _leaves(dict(overrides or {})):
+            dotted = ".".join(map(str, leaf))
+            if dotted in by_variable:  # it overrides the MODELYARD_<SECTION>__<FIELD> ones: first
+                set_by_env.append((leaf, by_variable[dotted], value))
+            else:
+                set_by_flags.append((leaf, names.get(dotted, _path_text(leaf)), value))
+        tree = env_overrides(env)
         for key in sorted(env):
             path = _env_path(key)
             if path is not None:

@@ -121,6 +121,35 @@ def test_a_bad_flag_is_named_as_the_flag():
     )
 
 
+@pytest.mark.parametrize("config", [["-c", str(EXAMPLES / "gateway.yaml")], []], ids=["file", "none"])
+def test_a_bad_scheduler_is_named_as_the_variable_or_the_flag_that_gave_it(config):
+    # --scheduler reads MODELYARD_SCHEDULER when it is not given: a value from there is no flag.
+    expected = "expected host:port or http://host:port for the scheduler (got 'bad::x')"
+    served = modelyard("serve", *config, "--print-config", env={"MODELYARD_SCHEDULER": "bad::x"})
+    assert (served.returncode, served.stderr.strip()) == (
+        1,
+        f"error: environment: MODELYARD_SCHEDULER: {expected}",
+    )
+    served = modelyard("serve", *config, "--print-config", "--scheduler", "bad::x")
+    assert (served.returncode, served.stderr.strip()) == (1, f"error: command line: --scheduler: {expected}")
+
+
+def test_the_scheduler_field_s_own_variable_is_named_and_the_flag_s_variable_wins_over_it():
+    expected = "expected host:port or http://host:port for the scheduler (got 'bad::x')"
+    config = ["-c", str(EXAMPLES / "gateway.yaml")]
+    served = modelyard("serve", *config, "--print-config", env={"MODELYARD_PLACEMENT__SCHEDULER": "bad::x"})
+    assert (served.returncode, served.stderr.strip()) == (
+        1,
+        f"error: environment: MODELYARD_PLACEMENT__SCHEDULER: {expected}",
+    )
+    env = {"MODELYARD_PLACEMENT__SCHEDULER": "ok:9004", "MODELYARD_SCHEDULER": "bad::x"}
+    served = modelyard("serve", *config, "--print-config", env=env)
+    assert (served.returncode, served.stderr.strip()) == (
+        1,
+        f"error: environment: MODELYARD_SCHEDULER: {expected}",
+    )
+
+
 @pytest.mark.parametrize("config", [["-c", str(EXAMPLES / "gateway.yaml")], []], ids=["file", "demo"])
 def test_print_config_into_a_closed_pipe_exits_quietly(config):
     # `modelyard serve --print-config | head -1`: head has gone before the config is printed.

@@ -285,6 +285,36 @@ def test_an_unreachable_scheduler_is_one_line_and_exit_1():
         ]
 
 
+@pytest.mark.parametrize(
+    "args", [["model", "list"], ["model", "status", "iris"], ["model", "delete", "x"], ["server", "list"]]
+)
+def test_a_bad_scheduler_address_is_named_as_the_variable_or_the_flag(args, tmp_path):
+    expected = "expected host:port or http://host:port for the scheduler (got 'bad::x')"
+    result = CliRunner().invoke(app, args, env={"MODELYARD_SCHEDULER": "bad::x"})
+    assert (result.exit_code, result.stderr.splitlines()) == (
+        1,
+        [f"error: environment: MODELYARD_SCHEDULER: {expected}"],
+    )
+    result = CliRunner().invoke(app, [*args, "--scheduler", "bad::x"], env={"MODELYARD_SCHEDULER": "ok:9004"})
+    assert (result.exit_code, result.stderr.splitlines()) == (
+        1,
+        [f"error: command line: --scheduler: {expected}"],
+    )
+
+
+def test_apply_with_a_bad_scheduler_variable_names_it(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text(SELDON_MODELS)
+    result = CliRunner().invoke(
+        app, ["model", "apply", "-f", str(path)], env={"MODELYARD_SCHEDULER": "bad::x"}
+    )
+    expected = "expected host:port or http://host:port for the scheduler (got 'bad::x')"
+    assert (result.exit_code, result.stderr.splitlines()) == (
+        1,
+        [f"error: environment: MODELYARD_SCHEDULER: {expected}"],
+    )
+
+
 def test_serve_scheduler_precedence_flag_over_env_over_file(tmp_path):
     path = tmp_path / "gateway.yaml"
     path.write_text("placement: {scheduler: 'file:9004'}\n")

@@ -285,6 +285,33 @@ def test_each_problem_names_the_layer_that_set_the_value(tmp_path: Path) -> None
     )
 
 
+def test_an_override_a_variable_gave_is_named_as_that_variable_with_its_value_once() -> None:
+    # serve's --scheduler takes MODELYARD_SCHEDULER when not given (typer's envvar): an override, but
+    # the user wrote a variable, and it wins over MODELYARD_PLACEMENT__SCHEDULER.
+    problem = "expected host:port or http://host:port for the scheduler (got 'bad::x')"
+    overrides = {"placement": {"scheduler": "bad::x"}}
+    flags = {"placement.scheduler": "--scheduler"}
+    env = {"MODELYARD_PLACEMENT__SCHEDULER": "also::bad"}
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            None,
+            env=env,
+            overrides=overrides,
+            flags=flags,
+            variables={"placement.scheduler": "MODELYARD_SCHEDULER"},
+        )
+    assert (info.value.source, info.value.problems) == ("environment", [f"MODELYARD_SCHEDULER: {problem}"])
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env=env, overrides=overrides, flags=flags)
+    assert (info.value.source, info.value.problems) == ("command line", [f"--scheduler: {problem}"])
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env=env)
+    assert (info.value.source, info.value.problems) == (
+        "environment",
+        [f"MODELYARD_PLACEMENT__SCHEDULER: {problem.replace('bad::x', 'also::bad')}"],
+    )
+
+
 def test_a_variable_holding_a_mapping_or_an_unknown_field_is_named() -> None:
     env = {"MODELYARD_PLACEMENT__MODELS": '{"strategy": "fastest", "health_check": {"interval": "x"}}'}
     with pytest.raises(ConfigError) as info:

@@ -20,7 +20,7 @@ from modelyard.cli.demo_placement import AGENT_PORT, SCHEDULER_PORT, start_demo_
 from modelyard.cli.deploy import deploy_app
 from modelyard.cli.graph import app as graph_app
 from modelyard.cli.listening import Listener, listen_failure
-from modelyard.cli.model import model_app, server_app
+from modelyard.cli.model import SCHEDULER_ENV, from_variable, model_app, server_app
 from modelyard.cli.problems import fail
 from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
@@ -74,6 +74,7 @@ def _cli_overrides(
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     config: Annotated[
         Path | None,
         typer.Option("-c", "--config", help="Gateway YAML config. Without it: the embedded demo."),
@@ -85,7 +86,7 @@ def serve(
     scheduler: Annotated[
         str | None,
         typer.Option(
-            envvar="MODELYARD_SCHEDULER",
+            envvar=SCHEDULER_ENV,
             help="Follow this scheduler (host:port or URL; overrides placement.scheduler): "
             "the models it places become routable.",
         ),
@@ -111,17 +112,19 @@ def serve(
         level=(log_level or "info").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     overrides = _cli_overrides(host, port, scheduler, workers)
+    variables = {"placement.scheduler": SCHEDULER_ENV} if from_variable(ctx, "scheduler") else {}
     embedded = config is None and not scheduler
     try:
         if embedded:
             base = merged_data(None, overrides=overrides)
             parts = {k: base[k] for k in ("listen", "logging") if k in base}  # the rest is the demo's
-            demo = validate_config(parts, "the embedded demo", Origins(os.environ, overrides, SERVE_FLAGS))
+            origins = Origins(os.environ, overrides, SERVE_FLAGS, variables)
+            demo = validate_config(parts, "the embedded demo", origins)
             if demo.listen.workers not in (1, "auto"):  # validated: "1" from the environment is one worker
                 problem = "listen.workers: the demo runs one worker; use -c FILE"
                 raise ConfigError("the embedded demo", [problem])
         else:
-            loaded = load_config(config, overrides=overrides, flags=SERVE_FLAGS)
+            loaded = load_config(config, overrides=overrides, flags=SERVE_FLAGS, variables=variables)
             source = str(config) if config is not None else "<defaults>"
             graphs = load_config_graphs(loaded, source)
             count = worker_count(loaded)

@@ -44,10 +44,38 @@ class Output(StrEnum):
     json = "json"
 
 
+SCHEDULER_ENV = "MODELYARD_SCHEDULER"  # --scheduler's variable (serve's too): named as the variable
+
+
+def from_variable(ctx: typer.Context, parameter: str) -> bool:
+    """Whether the option `parameter` took its value from its environment variable (typer's envvar):
+    a problem with it names the variable, not the flag the user never wrote."""
+    source = ctx.get_parameter_source(parameter)
+    return source is not None and source.name == "ENVIRONMENT"
+
+
+def _scheduler_address(ctx: typer.Context, address: str) -> str:
+    """--scheduler's URL; a bad one is one line naming where it came from (the flag or the variable),
+    then exit 1."""
+    try:
+        return scheduler_url(address)
+    except ValueError as exc:
+        where = (
+            f"environment: {SCHEDULER_ENV}"
+            if from_variable(ctx, "scheduler")
+            else "command line: --scheduler"
+        )
+        _error(f"{where}: {exc} (got {address!r})")
+        raise typer.Exit(1) from None
+
+
 SchedulerOption = Annotated[
     str,
     typer.Option(
-        "--scheduler", envvar="MODELYARD_SCHEDULER", help="The scheduler's REST API: host:port or URL."
+        "--scheduler",
+        envvar=SCHEDULER_ENV,
+        callback=_scheduler_address,
+        help="The scheduler's REST API: host:port or URL.",
     ),
 ]
 OutputOption = Annotated[Output, typer.Option("-o", "--output", help="table for people, json for scripts.")]
@@ -57,13 +85,9 @@ def _error(message: str) -> None:
     err.print("[red]error:[/red] " + escape(message), soft_wrap=True)
 
 
-def _call(address: str, work: Callable[[SchedulerClient], Awaitable[T]]) -> T:
-    """Run `work` against the scheduler; a modelyard error prints one line and exits 1."""
-    try:
-        url = scheduler_url(address)
-    except ValueError as exc:
-        _error(f"--scheduler: {exc}")
-        raise typer.Exit(1) from None
+def _call(url: str, work: Callable[[SchedulerClient], Awaitable[T]]) -> T:
+    """Run `work` against the scheduler at `url` (--scheduler's, checked as it was parsed); a modelyard
+    error prints one line and exits 1."""
 
     async def run() -> T:
         async with SchedulerClient(url) as scheduler:
