@@ -127,6 +127,13 @@ class ListenConfig(_Strict):
         f"one per CPU the process may run on (its CPU affinity), at most {AUTO_WORKERS}, and one on a "
         "system other than Linux or with placement.scheduler",
     )
+    worker_heartbeat_timeout: Seconds = Field(
+        5.0,
+        le=3600,
+        description="listen.workers > 1: a worker's event loop proves it turns to the parent every tenth "
+        "of this; a worker that serves and sends no heartbeat for this long (stopped, or its loop "
+        "blocked) is killed and started again; 0 = not watched",
+    )
     busy_poll: Seconds = Field(
         0.0,
         le=1.0,

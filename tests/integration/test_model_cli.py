@@ -3,15 +3,22 @@ command runs its own event loop, as from a shell)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from fake_scheduler import FakeScheduler, model_json, threaded_scheduler
 from modelyard.cli.main import app
+from modelyard.cli.model import MAX_FILE_BYTES
+from modelyard.placement.manifest import spec_from_manifest, spec_to_plain
 from modelyard.scheduler.config import MAX_BODY_BYTES, SchedulerConfig
 from support import free_ports
 
@@ -249,25 +256,149 @@ def test_apply_of_a_binary_file_is_one_line(scheduler, tmp_path):
     assert scheduler.applied == []
 
 
-def test_apply_refuses_a_file_over_the_schedulers_limit_before_reading_it(scheduler, tmp_path):
-    assert SchedulerConfig().max_body_bytes == MAX_BODY_BYTES  # one limit, the scheduler's
-    text = SELDON_MODELS + "#" * MAX_BODY_BYTES + "\n"  # valid models, and a comment past the limit
-    path = tmp_path / "big.yaml"
+OVER_A_REQUEST = "more than the 1 MiB (1048576 bytes) the scheduler takes in one request"
+ONE_EACH = "each document is sent as its own request, so this model's must be smaller"
+
+
+def big_plain_model(name: str, size: int) -> str:
+    """A plain spec of about `size` bytes: a long parameter, quick to parse."""
+    return f"name: {name}\nstorage_uri: ./models/{name}\nparameters:\n  notes: {'n' * size}\n"
+
+
+# What PyYAML reads as separators and what it does not: a comment before the first marker, a %YAML
+# directive, an explicit end (...), a document of comments only, `---` indented in a block scalar.
+FRAMED = """\
+# the models of issue 27
+%YAML 1.1
+---
+name: first
+storage_uri: ./models/first
+parameters:
+  notes: |
+    ---
+    not a marker: indented
+...
+%YAML 1.1
+--- # a comment only
+# nothing else
+---
+"""
+
+
+def test_apply_sends_a_file_of_many_models_larger_than_one_request(scheduler, tmp_path):
+    # Each model is its own request: a file over the scheduler's 1 MiB is fine when each one fits.
+    assert SchedulerConfig().max_body_bytes == MAX_BODY_BYTES  # one limit, the scheduler's and model apply's
+    third = MAX_BODY_BYTES // 3
+    text = FRAMED + "---\n".join(big_plain_model(f"m{i}", third) for i in range(4)) + "---\n" + SELDON_MODELS
+    assert len(text) > MAX_BODY_BYTES
+    path = tmp_path / "many.yaml"
     path.write_text(text)
-    size = len(text)
-    expected = (
-        f"error: {path}: {size / 2**20:.1f} MiB ({size} bytes), more than the 1 MiB ({MAX_BODY_BYTES} "
-        "bytes) that model apply reads, the scheduler's limit on a request: split it into smaller files"
+    names = ["first", "m0", "m1", "m2", "m3", "iris", "tfsimple1"]
+    result = cli(scheduler, "model", "apply", "-f", str(path))
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [f"{name}: created (version 1)" for name in names]
+    result = cli(scheduler, "model", "apply", "-f", "-", stdin=text)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [f"{name}: unchanged (version 1)" for name in names]
+    assert [body.get("name") or body["metadata"]["name"] for body in scheduler.applied] == names * 2
+
+
+def test_apply_refuses_a_document_over_the_schedulers_limit_before_parsing_it(scheduler, tmp_path):
+    # Issue 27: one spec of a huge list took half a minute and half a gigabyte to parse, to be
+    # refused for its size. The tab after `spec:` is invalid YAML: a parse would have said so first.
+    huge = (
+        "apiVersion: mlops.seldon.io/v1alpha1\nkind: Model\nmetadata:\n  labels:\n    name: label\n"
+        "  name: huge  # the model\nspec:\n\tstorageUri: gs://x\n  requirements:\n"
+        + "  - sklearn\n"
+        * 100_000
+    )
+    text = FRAMED + huge + "---\n" + SELDON_MODELS
+    path = tmp_path / "huge.yaml"
+    path.write_text(text)
+    size = len(huge.encode()) + len("---\n")  # the document starts at its marker
+    refusal = (
+        f"document 2 (model 'huge'): {size / 2**20:.1f} MiB ({size} bytes), {OVER_A_REQUEST}; {ONE_EACH}"
     )
     result = cli(scheduler, "model", "apply", "-f", str(path))
-    assert (result.exit_code, result.stderr.strip()) == (1, expected)
+    assert (result.exit_code, result.stderr.splitlines()) == (1, [f"error: {path}: {refusal}"])
     result = cli(scheduler, "model", "apply", "-f", "-", stdin=text)
-    assert (result.exit_code, result.stderr.strip()) == (
-        1,
-        "error: <stdin>: more than the 1 MiB (1048576 bytes) that model apply reads, the scheduler's "
-        "limit on a request: split it into smaller files",
-    )
+    assert (result.exit_code, result.stderr.splitlines()) == (1, [f"error: <stdin>: {refusal}"])
+    # A plain spec is named by its name; JSON is one document, named by none.
+    plain = big_plain_model("wide", MAX_BODY_BYTES)
+    path.write_text(plain)
+    size = len(plain)
+    result = cli(scheduler, "model", "apply", "-f", str(path))
+    assert result.stderr.splitlines() == [
+        f"error: {path}: document 1 (model 'wide'): {size / 2**20:.1f} MiB ({size} bytes), {OVER_A_REQUEST}; "
+        + ONE_EACH
+    ]
     assert scheduler.applied == []
+
+
+def test_apply_refuses_a_model_whose_request_is_over_the_limit_though_its_document_is_not(
+    scheduler, tmp_path
+):
+    # A backslash is one byte of plain YAML and two of JSON: the request is what must fit.
+    wide = "name: wide\nstorage_uri: ./x" + "\\" * (MAX_BODY_BYTES * 3 // 5) + "\n"
+    path = tmp_path / "wide.yaml"
+    path.write_text(SELDON_MODELS + "---\n" + wide)
+    size = len(orjson.dumps(spec_to_plain(spec_from_manifest(yaml.safe_load(wide)))))
+    assert len(wide) < MAX_BODY_BYTES < size
+    result = cli(scheduler, "model", "apply", "-f", str(path))
+    assert (result.exit_code, result.stderr.splitlines()) == (
+        1,
+        [
+            f"error: {path}: model 'wide': its request is {size / 2**20:.1f} MiB ({size} bytes) of JSON, "
+            + OVER_A_REQUEST
+        ],
+    )
+    assert scheduler.applied == []  # nothing sent, the models that fit neither
+
+
+@contextlib.contextmanager
+def fifo_writing(path: Path, data: bytes) -> Iterator[None]:
+    """A FIFO at `path` (what `-f <(...)` gives: its size is 0) that a thread fills with `data`."""
+    os.mkfifo(path)
+
+    def write() -> None:
+        # A BrokenPipeError: the reader stopped reading, as a bounded read does.
+        with contextlib.suppress(BrokenPipeError), path.open("wb") as fifo:
+            fifo.write(data)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # frees a writer still waiting for a reader
+        writer.join(timeout=10)
+        assert not writer.is_alive()
+
+
+def test_apply_reads_a_bounded_amount_of_a_fifo_or_stdin(scheduler, tmp_path):
+    # No size to ask a FIFO or a pipe for: what is read is counted. Past the bound it stops, before
+    # decoding or parsing anything (the bytes after the models are not UTF-8).
+    data = SELDON_MODELS.encode() + b"\xff" * MAX_FILE_BYTES
+    refusal = (
+        "more than the 16 MiB (16777216 bytes) model apply reads of one file: split its models into several "
+        "files (-f takes each)"
+    )
+    fifo = tmp_path / "models.fifo"
+    with fifo_writing(fifo, data):
+        result = cli(scheduler, "model", "apply", "-f", str(fifo))
+    assert (result.exit_code, result.stderr.splitlines()) == (1, [f"error: {fifo}: {refusal}"])
+    result = CliRunner().invoke(
+        app, ["model", "apply", "-f", "-"], input=data, env={"MODELYARD_SCHEDULER": scheduler.url}
+    )
+    assert (result.exit_code, result.stderr.splitlines()) == (1, [f"error: <stdin>: {refusal}"])
+    assert scheduler.applied == []
+    fifo.unlink()
+    with fifo_writing(fifo, SELDON_MODELS.encode()):  # within the bound: read to its end and applied
+        result = cli(scheduler, "model", "apply", "-f", str(fifo))
+    assert (result.exit_code, result.stdout.splitlines()) == (
+        0,
+        ["iris: created (version 1)", "tfsimple1: created (version 1)"],
+    )
 
 
 def test_an_unreachable_scheduler_is_one_line_and_exit_1():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -557,6 +558,71 @@ async def test_a_killed_worker_is_started_again_and_sigterm_drains_all(sim_worke
     # What the dead worker had in flight ended with it (its new self served one request since).
     assert await in_flight() == 0
     assert (await gateway.worker_of(observer))["worker"] == 0
+    gateway.process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(gateway.process.wait(), 30) == 0
+
+
+async def test_a_stopped_worker_is_killed_and_replaced_within_seconds(sim_workers, serve_workers):
+    # The probe's case: a worker frozen (SIGSTOP) keeps its share of the port, and the kernel keeps
+    # handing it connections. With the default listen.worker_heartbeat_timeout (5 s).
+    gateway = await serve_workers({"models": [_model(await sim_workers(2, decode_ms_per_token=100.0))]})
+    observer, doomed = await gateway.on_worker(0), await gateway.on_worker(1)
+    victim = (await gateway.worker_of(doomed))["pid"]
+    slow = asyncio.create_task(_chat(doomed, gateway.url, max_tokens=100))  # in flight on worker 1
+
+    async def in_flight() -> float:
+        return _sum(await _metrics(observer, gateway.url), "modelyard_backend_in_flight")
+
+    async def one_in_flight() -> bool:
+        return await in_flight() == 1
+
+    await wait_until(one_in_flight)
+    stopped_at = asyncio.get_running_loop().time()
+    os.kill(victim, signal.SIGSTOP)
+    try:
+
+        async def reaped() -> bool:  # killed, and its sockets closed with it
+            try:
+                os.kill(victim, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        await wait_until(reaped, attempts=300, interval=0.05)  # 15 s: 5 s + a margin for a loaded machine
+        killed_after = asyncio.get_running_loop().time() - stopped_at
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)  # never leave a stopped worker behind
+    with pytest.raises(aiohttp.ClientError):
+        await slow
+
+    async def one_request() -> str:  # a connection of its own, which the kernel gives to either worker
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            return await _chat(session, gateway.url)
+
+    # Requests flow again: 40 on fresh connections, 8 at a time, every one answered, in bounded time.
+    async with asyncio.timeout(30):
+        for _ in range(5):
+            assert len(await asyncio.gather(*(one_request() for _ in range(8)))) == 8
+    flowing_after = asyncio.get_running_loop().time() - stopped_at
+    lines = [line for line in gateway.output if "sent no heartbeat" in line]
+    assert len(lines) == 1, gateway.output  # logged once, naming the worker and why
+    assert f"worker 1 (pid {victim}) sent no heartbeat for 5.0 s" in lines[0], lines
+    assert not any("exited with" in line for line in gateway.output), gateway.output
+
+    async def replaced() -> bool:  # its share of the port served by a new worker 1
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            worker = await gateway.worker_of(session)
+            return worker["worker"] == 1 and worker["pid"] != victim
+
+    await wait_until(replaced, attempts=300, interval=0.1)
+    replaced_after = asyncio.get_running_loop().time() - stopped_at
+    print(
+        f"SIGSTOP -> killed {killed_after:.2f} s, 40 requests answered {flowing_after:.2f} s, "
+        f"a new worker 1 serves {replaced_after:.2f} s"
+    )
+    assert killed_after < 15
+    assert await in_flight() == 0  # what the frozen worker had in flight was released
     gateway.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(gateway.process.wait(), 30) == 0
 

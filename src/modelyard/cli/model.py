@@ -3,11 +3,19 @@ API (docs/placement.md) for people (tables) and scripts (`-o json`: the API's JS
 
 A problem prints one line per cause and exits 1: the scheduler unreachable, a manifest that does
 not validate (every problem, before anything is sent), an error the scheduler answers.
+
+`model apply` sends each model as its own request, which the scheduler refuses past its
+`max_body_bytes` (scheduler.config.MAX_BODY_BYTES). So it reads at most MAX_FILE_BYTES of a file
+(counting bytes read: a FIFO's or a pipe's size is unknown), splits the YAML stream at its document
+markers without parsing it, and refuses a document over the scheduler's limit before parsing any:
+PyYAML takes about 5 seconds and 60 MB for each MB of a long list. A model whose JSON request would
+still be over the limit is refused before anything is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -125,7 +133,9 @@ def apply(
     scheduler: SchedulerOption = DEFAULT_SCHEDULER,
 ) -> None:
     """Validate every model in the files (plain specs or Seldon Model resources); send them only when
-    all are valid, then print what each became (-o json: each answer, one per line)."""
+    all are valid, then print what each became (-o json: each answer, one per line). Each model is
+    its own request: one larger than the scheduler takes in a request is refused before any is sent
+    (its document unparsed when it is the document that is too large)."""
     specs = _read_specs(files)
     if specs is None:
         raise typer.Exit(1)
@@ -158,11 +168,11 @@ def _read_specs(files: list[str]) -> list[ModelSpec] | None:
     for file in files:
         source = "<stdin>" if file == "-" else file
         try:
-            text = _read_limited(file)
-            if text is None:
+            data = _read_bounded(file, source)
+            if data is None or not _documents_fit(data, source):
                 failed = True
                 continue
-            found = specs_from_manifests(parse_documents(text, untrusted=False), source)
+            found = specs_from_manifests(parse_documents(data.decode(), untrusted=False), source)
         except OSError as exc:
             _error(f"{source}: cannot read file: {exc.strerror or exc}")
             failed = True
@@ -181,6 +191,12 @@ def _read_specs(files: list[str]) -> list[ModelSpec] | None:
             failed = True
             continue
         for spec in found:
+            size = len(orjson.dumps(spec_to_plain(spec)))  # the body SchedulerClient.apply sends
+            if size > MAX_BODY_BYTES:
+                _error(
+                    f"{source}: model {spec.name!r}: its request is {_size(size)} of JSON, more than {_LIMIT}"
+                )
+                failed = True
             if spec.name in seen:
                 _error(f"{source}: model {spec.name!r} is also defined in {seen[spec.name]}")
                 failed = True
@@ -189,27 +205,121 @@ def _read_specs(files: list[str]) -> list[ModelSpec] | None:
     return None if failed else specs
 
 
-def _read_limited(file: str) -> str | None:
-    """The file's text (`-`: stdin's), or None after saying it is larger than the scheduler takes in
-    a request: refused unread, since parsing megabytes of YAML takes long and much memory."""
-    if file == "-":
-        data = sys.stdin.buffer.read(MAX_BODY_BYTES + 1)
-        if len(data) > MAX_BODY_BYTES:
-            _error(f"<stdin>: {_TOO_LARGE}")
-            return None
-        return data.decode()
-    size = Path(file).stat().st_size
-    if size > MAX_BODY_BYTES:
-        _error(f"{file}: {size / _MIB:.1f} MiB ({size} bytes), {_TOO_LARGE}")
-        return None
-    return Path(file).read_text()
-
-
 _MIB = 1024 * 1024
-_TOO_LARGE = (
-    f"more than the {MAX_BODY_BYTES / _MIB:g} MiB ({MAX_BODY_BYTES} bytes) that model apply reads, the "
-    "scheduler's limit on a request: split it into smaller files"
-)
+# The most model apply reads of one file (or stdin): the documents of many models, each sent on its own.
+MAX_FILE_BYTES = 16 * MAX_BODY_BYTES
+
+
+def _size(size: int, *, exact: bool = False) -> str:
+    """`7.3 MiB (7654321 bytes)`; `exact`, for a limit: `1 MiB (1048576 bytes)`."""
+    return f"{size / _MIB:{'g' if exact else '.1f'}} MiB ({size} bytes)"
+
+
+_LIMIT = f"the {_size(MAX_BODY_BYTES, exact=True)} the scheduler takes in one request"
+
+
+def _read_bounded(file: str, source: str) -> bytes | None:
+    """At most MAX_FILE_BYTES of the file (`-`: stdin), or None after saying it holds more: counted as
+    read, since a FIFO (`-f <(...)`), a pipe or a device has no size to ask for beforehand."""
+    if file == "-":
+        data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    else:
+        with Path(file).open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        _error(
+            f"{source}: more than the {_size(MAX_FILE_BYTES, exact=True)} model apply reads of one file: "
+            "split its models into several files (-f takes each)"
+        )
+        return None
+    return data
+
+
+def _documents_fit(data: bytes, source: str) -> bool:
+    """Whether every document of the file fits in one request to the scheduler; False after naming
+    each that does not, unparsed."""
+    fit = True
+    for index, document in enumerate(_documents(data), 1):
+        if len(document) > MAX_BODY_BYTES:
+            name = _document_name(document)
+            named = f" (model {name!r})" if name else ""
+            _error(
+                f"{source}: document {index}{named}: {_size(len(document))}, more than {_LIMIT}; each "
+                "document is sent as its own request, so this model's must be smaller"
+            )
+            fit = False
+    return fit
+
+
+# A document marker: `---` (a document starts on this line) or `...` (it ends with it), at the start of
+# a line and followed by a space or the line's end. YAML forbids both there inside any scalar, so they
+# split a stream wherever they are (PyYAML ends a plain or block scalar there, and refuses a quoted one).
+_MARKER = re.compile(rb"^(---|\.\.\.)(?=[ \t\r\n]|\Z)", re.M)
+_BLANK_LINES = re.compile(rb"(?:[ \t\r]*(?:#[^\n]*)?\n)*")  # blank lines and comment lines
+
+
+def _documents(data: bytes) -> list[bytes]:
+    """The documents of a YAML stream, unparsed, numbered as parse_documents numbers them: those that
+    hold only comments, directives (`%YAML 1.2`, before a `---`) or markers are left out, as the
+    loader leaves them out. JSON is one value, one document: no line of it starts with `---`."""
+    pieces: list[bytes] = []
+    start = 0
+    for marker in _MARKER.finditer(data):
+        if marker.group(1) == b"---":
+            pieces.append(data[start : marker.start()])
+            start = marker.start()
+        else:
+            end = data.find(b"\n", marker.end())
+            end = len(data) if end < 0 else end + 1
+            pieces.append(data[start:end])
+            start = end
+    pieces.append(data[start:])
+    return [piece for piece in pieces if _has_content(piece)]
+
+
+def _has_content(piece: bytes) -> bool:
+    """Whether a piece between markers holds a node: anything beside comments, directives and markers
+    (`--- value` holds one)."""
+    position = 0
+    while position < len(piece):
+        match = _BLANK_LINES.match(piece, position)
+        position = match.end() if match else position
+        end = piece.find(b"\n", position)
+        end = len(piece) if end < 0 else end + 1
+        line = piece[position:end]
+        if _MARKER.match(line):
+            line = line[3:]
+        elif line.startswith(b"%"):
+            line = b""
+        text = line.strip()
+        if text and not text.startswith(b"#"):
+            return True
+        position = end
+    return False
+
+
+# A Seldon Model's `metadata:` block, or a plain spec's top-level `name:`, as block YAML writes them.
+_METADATA = re.compile(rb"^metadata:[ \t]*(?:#[^\n]*)?\r?\n((?:[ \t][^\n]*\n|[ \t\r]*\n)*)", re.M)
+_FIRST_INDENT = re.compile(rb"(?:[ \t\r]*\n)*([ \t]+)")
+_PLAIN_NAME = re.compile(rb"^name:[ \t]*([^\r\n]*)", re.M)
+_NAME_VALUE = re.compile(rb"(['\"]?)([\w.-]{1,253})\1(?:[ \t]+#.*)?")
+
+
+def _document_name(document: bytes) -> str | None:
+    """The model's name when a regular expression sees it (metadata.name, or name), else None: the
+    document is not parsed."""
+    metadata = _METADATA.search(document)
+    if metadata is not None:
+        block = metadata.group(1)
+        indent = _FIRST_INDENT.match(block)
+        if indent is None:
+            return None
+        pattern = rb"^" + re.escape(indent.group(1)) + rb"name:[ \t]*([^\r\n]*)"
+        found = re.search(pattern, block, re.M)
+    else:
+        found = _PLAIN_NAME.search(document)
+    value = _NAME_VALUE.fullmatch(found.group(1).strip()) if found is not None else None
+    return value.group(2).decode() if value is not None else None
 
 
 @model_app.command("list")

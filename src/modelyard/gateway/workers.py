@@ -13,7 +13,6 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from modelyard.config import AUTO_WORKERS, GatewayConfig
@@ -24,7 +23,7 @@ from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Sibling
 from modelyard.gateway.worker_log import LOG_FILE
 from modelyard.graph import load_config_graphs
 from modelyard.serving import run, serve_until_signal
-from modelyard.serving.workers import SharedInts, reserve_port, supervise, watch_parent
+from modelyard.serving.workers import ParentLink, SharedInts, reserve_port, supervise, watch_parent
 from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings, rings_size
 
 log = logging.getLogger("modelyard.gateway")
@@ -117,6 +116,7 @@ def serve_workers(
             lambda urls: announce(urls[0], listen.grpc_port),
             stop_timeout=config.listen.drain_seconds + config.listen.shutdown_timeout + STOP_GRACE,
             on_exit=lambda index: worker_exited(ints, layout, index),
+            heartbeat_timeout=config.listen.worker_heartbeat_timeout,
         )
     finally:
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -175,7 +175,7 @@ def _reserve_grpc_port(host: str, port: int) -> socket.socket:
 
 
 def _worker(
-    index: int, ready: Connection, config: GatewayConfig, source: str, run_dir: str, count: int, level: str
+    index: int, parent: ParentLink, config: GatewayConfig, source: str, run_dir: str, count: int, level: str
 ) -> None:
     logging.basicConfig(
         level=level.upper(), format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s"
@@ -188,8 +188,8 @@ def _worker(
         gateway = await start_gateway(worker_share(config, count), graphs=graphs, siblings=siblings)
         # Without its parent nobody would stop it: drain as on SIGTERM.
         watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))
-        ready.send(gateway.url)
-        ready.close()
+        parent.start_heartbeat()  # a timer of this loop, never on the request path
+        parent.serving(gateway.url)
 
         await serve_until_signal([gateway.server], gateway.stop)
 

@@ -7,7 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelyard.config import TelemetryConfig
 
 DEFAULT_DB = "./modelyard-scheduler.db"
-# The largest REST request body (a model spec); `modelyard model apply` refuses a larger file unread.
+# The largest REST request body (one model spec): `modelyard model apply` sends each model of a file on its
+# own and refuses, before sending any, a document larger than this (unparsed) or a spec whose JSON is.
 MAX_BODY_BYTES = 1024 * 1024
 
 

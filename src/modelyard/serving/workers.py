@@ -1,8 +1,9 @@
 """One server as N processes on one port: the parent reserves the port (SO_REUSEPORT), spawns the
 workers, which each bind it too and run their own event loop, and supervises them: a worker that
-dies is started again, SIGINT/SIGTERM is passed on to every worker (each drains as a single process
-does) and the parent exits when they all have. The workers share plain counters through
-`SharedInts`, a file mapped into every process where each slot has one writer."""
+dies is started again, and so is one whose heartbeat stops (killed first: stopped, or its event loop
+blocked), SIGINT/SIGTERM is passed on to every worker (each drains as a single process does) and
+the parent exits when they all have. The workers share plain counters through `SharedInts`, a file
+mapped into every process where each slot has one writer."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
+from ctypes import c_longlong
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -26,7 +28,8 @@ from modelyard.errors import ModelyardError
 log = logging.getLogger("modelyard.serving")
 
 WorkerTarget = Callable[..., None]
-"""`target(index, ready, *args)` runs worker `index`; it sends its URL on `ready` once it serves."""
+"""`target(index, parent, *args)` runs worker `index`; it calls `parent.serving(url)` once it
+serves, and `parent.start_heartbeat()` on its event loop (a ParentLink)."""
 
 _MAX_RESTARTS = 5  # in _RESTART_WINDOW seconds; past that the group stops rather than crash-loop
 _RESTART_WINDOW = 30.0
@@ -83,6 +86,70 @@ class WorkerFailed(ModelyardError):
     """A worker exited before it first served (its config, its port): the group stops at once."""
 
 
+class ParentLink:
+    """What a worker has of its supervising process: the pipe it sends its URL on once it serves,
+    and its heartbeat: a counter in memory it shares with the parent (one slot per worker, this
+    worker its one writer), which its event loop bumps every `interval` seconds."""
+
+    def __init__(self, ready: Connection, beats: Any, index: int, interval: float) -> None:
+        self._ready = ready
+        self._beats = beats  # a RawArray of c_longlong; None when the parent does not watch
+        self._index = index
+        self.interval = interval
+
+    def serving(self, url: str) -> None:
+        """Tell the parent this worker serves at `url` (its heartbeat is watched from now on)."""
+        self._ready.send(url)
+        self._ready.close()
+
+    def start_heartbeat(self) -> None:
+        """Bump this worker's counter now and every `interval` seconds, from a timer of the running
+        loop: off the request path (no system call, no I/O), and it stops when the loop does: a
+        stopped process, or a callback that never returns, is a heartbeat that stops."""
+        beats, index, interval = self._beats, self._index, self.interval
+        if beats is None or interval <= 0:
+            return
+        loop = asyncio.get_running_loop()
+
+        def beat() -> None:
+            beats[index] += 1
+            loop.call_later(interval, beat)
+
+        beat()
+
+
+class HeartbeatWatch:
+    """The parent's judgement of its workers' heartbeats, with time an argument (no clock of its
+    own, DESIGN.md habit 1): a worker that serves and whose counter has not moved for `timeout`
+    seconds of the parent's looking is stalled. Time the parent itself did not look (it was
+    stopped or starved for more than half the timeout) counts against nobody."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._seen: dict[int, tuple[int, float]] = {}  # worker index -> (its counter, since when)
+        self._looked: float | None = None
+
+    def serving(self, index: int, beat: int, now: float) -> None:
+        """Worker `index` began serving (again) with its counter at `beat`: watched from `now`."""
+        self._seen[index] = (beat, now)
+
+    def gone(self, index: int) -> None:
+        self._seen.pop(index, None)
+
+    def stalled(self, beats: Sequence[int], now: float) -> list[int]:
+        """The workers whose counter in `beats` has not moved for `timeout` seconds at `now`."""
+        late = self._looked is not None and now - self._looked > self.timeout / 2
+        self._looked = now
+        found = []
+        for index, (seen, since) in list(self._seen.items()):
+            beat = beats[index]
+            if beat != seen or late:
+                self._seen[index] = (beat, now)
+            elif now - since >= self.timeout:
+                found.append(index)
+        return found
+
+
 def supervise(
     target: WorkerTarget,
     args: Sequence[Any],
@@ -91,12 +158,15 @@ def supervise(
     *,
     stop_timeout: float = 30.0,
     on_exit: Callable[[int], None] = lambda index: None,
+    heartbeat_timeout: float = 0.0,
 ) -> int:
     """Run `count` workers until SIGINT/SIGTERM and they have all exited; returns the exit status
     (0 when every worker drained and exited 0). `on_ready` gets the workers' URLs once all serve;
     `on_exit(index)` runs when a worker has exited, before it is started again. Stopping is bounded:
     workers still running `stop_timeout` seconds after the first signal (or at a third signal) are
-    killed. Raises WorkerFailed when a worker exits before it first served."""
+    killed. With a `heartbeat_timeout`, a worker that serves and whose heartbeat stops for that long
+    is killed (SIGKILL: a stopped process cannot handle SIGTERM) and started again as one that
+    exited is; 0: not watched. Raises WorkerFailed when a worker exits before it first served."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no loop or lock inherited
     wake_read, wake_write = socket.socketpair()
     wake_read.setblocking(False)
@@ -112,11 +182,21 @@ def supervise(
     failure: str | None = None
     signals = 0
     deadline: float | None = None  # once stopping: when the workers still running are killed
+    # Heartbeats: each worker's loop bumps its slot every tenth of the timeout; the parent looks as
+    # often, so a stalled worker is killed between `heartbeat_timeout` and a tenth more after its
+    # last beat.
+    watch = HeartbeatWatch(heartbeat_timeout) if heartbeat_timeout > 0 else None
+    beats = context.RawArray(c_longlong, count) if watch is not None else None
+    beat_interval = heartbeat_timeout / 10
+    next_look = 0.0
+    killed: set[int] = set()  # workers killed for a stopped heartbeat, not reaped yet
 
     def start(index: int) -> None:
         receive, send = context.Pipe(duplex=False)
         process = context.Process(
-            target=_child, args=(target, index, send, *args), name=f"modelyard-worker-{index}"
+            target=_child,
+            args=(target, index, send, beats, beat_interval, *args),
+            name=f"modelyard-worker-{index}",
         )
         process.start()
         send.close()
@@ -141,9 +221,29 @@ def supervise(
         try:
             if pipe.poll():
                 urls[index] = pipe.recv()
+                if watch is not None and beats is not None:
+                    watch.serving(index, beats[index], time.monotonic())
         except (EOFError, OSError):
             pass  # it exited without serving: its sentinel says so
         pipe.close()
+
+    def look_at_heartbeats() -> None:
+        nonlocal next_look
+        now = time.monotonic()
+        if watch is None or beats is None or stopping or now < next_look:
+            return
+        next_look = now + beat_interval
+        for index in watch.stalled(beats[:], now):
+            process = workers.get(index)
+            if index in killed or process is None or process.pid is None:
+                continue
+            log.error(
+                "worker %d (pid %d) sent no heartbeat for %.1f s (stopped, or its event loop blocked): "
+                "killing it and starting it again", index, process.pid, heartbeat_timeout,
+            )  # fmt: skip
+            killed.add(index)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)  # its sentinel follows: restarted as if it exited
 
     try:
         for index in range(count):
@@ -151,7 +251,11 @@ def supervise(
         while workers:
             waiting: list[Any] = [wake_read, *sentinels, *pipes]
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if watch is not None and not stopping:
+                until_look = max(0.0, next_look - time.monotonic())
+                timeout = until_look if timeout is None else min(timeout, until_look)
             ready_now = wait(waiting, timeout)
+            look_at_heartbeats()
             if deadline is not None and time.monotonic() >= deadline:
                 log.error("workers still running %.0f s after the stop; killing them", stop_timeout)
                 signal_all(signal.SIGKILL)
@@ -183,6 +287,10 @@ def supervise(
                 if pipe is not None:  # what it sent before it exited still counts
                     receive_url(pipe)
                 on_exit(index)
+                was_killed = index in killed
+                killed.discard(index)
+                if watch is not None:
+                    watch.gone(index)
                 if stopping:
                     failed = failed or process.exitcode != 0
                     continue
@@ -198,7 +306,8 @@ def supervise(
                     failed = True
                     stop()
                     continue
-                log.warning("worker %d exited with %s; starting it again", index, process.exitcode)
+                if not was_killed:  # a killed one was logged with the reason
+                    log.warning("worker %d exited with %s; starting it again", index, process.exitcode)
                 start(index)
     finally:
         signal_all()
@@ -219,10 +328,12 @@ def supervise(
     return 1 if failed else 0
 
 
-def _child(target: WorkerTarget, index: int, ready: Connection, *args: Any) -> None:
+def _child(
+    target: WorkerTarget, index: int, ready: Connection, beats: Any, interval: float, *args: Any
+) -> None:
     # Its own process group: Ctrl-C in a terminal reaches the parent only, which passes it on once.
     os.setpgid(0, 0)
-    target(index, ready, *args)
+    target(index, ParentLink(ready, beats, index, interval), *args)
 
 
 def watch_parent(on_gone: Callable[[], None]) -> None:

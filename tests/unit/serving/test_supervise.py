@@ -1,33 +1,66 @@
 """`supervise` (serving/workers.py) with real spawned workers: failures before serving, bounded
-stops, and what it reserves."""
+stops, a worker whose event loop stops turning, and what it reserves."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
 import os
 import signal
 import socket
 import threading
-from multiprocessing.connection import Connection
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from modelyard.serving import workers as workers_module
-from modelyard.serving.workers import WorkerFailed, reserve_port, supervise
+from modelyard.serving.workers import ParentLink, WorkerFailed, reserve_port, supervise
 
 # Worker targets: module-level, so that a spawned interpreter can import them.
 
 
-def exit_at_once(index: int, ready: Connection) -> None:
-    ready.close()
+def exit_at_once(index: int, parent: ParentLink) -> None:
+    pass  # its pipe closes as it exits: it never served
 
 
-def serve_ignoring_sigterm(index: int, ready: Connection) -> None:
+def serve_ignoring_sigterm(index: int, parent: ParentLink) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    ready.send(f"worker {index}")
-    ready.close()
+    parent.serving(f"worker {index}")
     threading.Event().wait()  # until killed
+
+
+def block_the_loop_once(index: int, parent: ParentLink, marker: str) -> None:
+    """Serves with a heartbeat until SIGTERM. Worker 1's first life, once worker 0 serves, runs a
+    CPU loop inside its event loop (a handler that never returns); its second life, once it serves,
+    stops the group."""
+    zero_serves, first_life = Path(marker + ".0"), Path(marker)
+    blocks = index == 1 and not first_life.exists()
+    if blocks:
+        first_life.write_text(f"{os.getpid()}\n", "utf-8")
+        until = time.monotonic() + 60
+        while not zero_serves.exists() and time.monotonic() < until:
+            time.sleep(0.01)  # not serving yet: not watched
+
+    async def main() -> None:
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+        parent.start_heartbeat()
+        parent.serving(f"worker {index}")
+        if index == 0:
+            await asyncio.to_thread(zero_serves.touch)
+        elif blocks:
+            until = time.monotonic() + 60  # bounded, should the parent never kill it
+            while time.monotonic() < until:
+                pass
+            return
+        else:
+            os.kill(os.getppid(), signal.SIGTERM)  # replaced and serving: the test is over
+        await stopped.wait()
+
+    asyncio.run(main())
 
 
 def _never_ready(urls: list[str]) -> None:
@@ -88,3 +121,26 @@ def test_a_port_something_listens_on_is_not_shared() -> None:
         assert raised.value.errno == errno.EADDRINUSE
     reserved = reserve_port("127.0.0.1", 0)  # a free port: nothing to probe
     reserved.close()
+
+
+def test_a_worker_whose_event_loop_blocks_is_killed_once_and_started_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = tmp_path / "first-life"
+    exits: list[int] = []
+    caplog.set_level(logging.WARNING, logger="modelyard.serving")
+    status = supervise(
+        block_the_loop_once, (str(marker),), 2, lambda urls: None, on_exit=exits.append, heartbeat_timeout=1.0
+    )
+    assert status == 0  # worker 1's second life stopped the group; both drained and exited 0
+    first_pid = int(marker.read_text("utf-8"))
+    lines = [r.getMessage() for r in caplog.records]
+    stalled = [line for line in lines if "sent no heartbeat" in line]
+    assert stalled == [
+        f"worker 1 (pid {first_pid}) sent no heartbeat for 1.0 s (stopped, or its event loop blocked): "
+        "killing it and starting it again"
+    ], lines
+    assert not any("exited with" in line for line in lines), lines  # said once, with the reason
+    assert sorted(exits) == [0, 1, 1]  # worker 1 twice: killed, then stopped with the group
+    with pytest.raises(ProcessLookupError):
+        os.kill(first_pid, 0)  # killed and reaped, not left to end its loop
