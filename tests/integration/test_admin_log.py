@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 from fake_scheduler import FakeScheduler
 from modelyard.gateway import GATEWAY, RunningGateway
 from modelyard.gateway import admin as admin_module
+from modelyard.gateway.routing_log import DEFAULT_SIZE, REFUSED_BURST, REFUSED_PER_SECOND
 from raw_http import send as send_raw
 from support import free_ports, metric_value, model_config, wait_until
 
@@ -349,6 +350,35 @@ async def test_refused_requests_are_in_the_log_and_its_stream_from_either_listen
     for record in refusals:  # no route, strategy or backend: nothing was routed
         assert (record["route"], record["subset"], record["backend"], record["strategy"]) == ("", "", "", "")
         assert record["cache_hit"] is None and record["latency_ms"] >= 0
+
+
+async def test_a_flood_of_refused_requests_leaves_the_routed_records_and_counts_those_left_out(
+    sim_workers, gateways, http, clients
+):
+    gateway = await gateways([model_config("m", await sim_workers(1))])
+    for i in range(3):
+        await send(http, gateway.url, f"routed-{i}")
+    flooding = await clients(gateway.url)  # anyone may ask for a model that is not there
+    unknown = raw_post(CHAT, orjson.dumps(chat(model="nope")), "flood", "lean")
+    flood = 2 * DEFAULT_SIZE  # as many refusals as the ring ever held records, twice over
+    async with http.get(gateway.url + "/admin/log/stream") as stream:  # sees each record made
+        await stream.content.readuntil(b"\n\n")
+        started = time.monotonic()
+        for _ in range(flood):
+            assert (await flooding.exchange(unknown)).status == 404
+        elapsed = time.monotonic() - started
+        await send(http, gateway.url, "routed-after")
+        recorded = 0
+        while (record := orjson.loads((await next_event(stream))["data"]))["request_id"] != "routed-after":
+            assert record["refused"] and record["request_id"] == "flood"
+            recorded += 1
+    assert 0 < recorded <= REFUSED_BURST + REFUSED_PER_SECOND * elapsed + 1  # a second's worth, then the rate
+    records = (await get_json(http, gateway.url + "/admin/log"))["records"]
+    routed = [r["request_id"] for r in records if not r["refused"]]
+    assert routed == ["routed-0", "routed-1", "routed-2", "routed-after"]  # none pushed out
+    assert sum(r["refused"] for r in records) == min(recorded, DEFAULT_SIZE // 2)
+    left_out = await metric_value(http, gateway.url, "modelyard_log_refusals_unrecorded_total")
+    assert left_out == flood - recorded
 
 
 async def test_a_body_that_names_no_model_is_refused_and_logged_without_one(sim_workers, gateways, http):

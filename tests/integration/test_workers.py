@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 from aiohttp import web
 
+from modelyard.gateway.routing_log import DEFAULT_SIZE, REFUSED_BURST, REFUSED_PER_SECOND
 from support import free_ports, model_config, wait_until
 
 GRPC_LINE = re.compile(r"^OIP v2 over gRPC \(inference.GRPCInferenceService\) on 127\.0\.0\.1:(\d+)$")
@@ -410,6 +411,42 @@ async def test_each_workers_routing_log_shows_every_workers_requests(sim_workers
         await wait_until(lambda session=session: _has_all(logged(session), sent), attempts=200, interval=0.02)
         ids = [r for r in await logged(session) if r in sent]
         assert sorted(ids) == sorted(sent)  # each once
+
+
+async def test_refusals_on_every_worker_leave_each_workers_routed_records_and_are_counted_once(
+    sim_workers, serve_workers
+):
+    gateway = await serve_workers({"models": [_model(await sim_workers(1))]})
+    first, second = await gateway.on_worker(0), await gateway.on_worker(1)
+    routed = []
+    for index, session in enumerate((first, second)):
+        async with session.post(
+            gateway.url + "/v1/chat/completions",
+            data=orjson.dumps(CHAT),
+            headers={"X-Request-Id": f"r{index}"},
+        ) as response:
+            assert response.status == 200
+        routed.append(f"r{index}")
+    unknown, flood = orjson.dumps({**CHAT, "model": "nope"}), 500  # per worker, the ring's size
+    started = asyncio.get_running_loop().time()
+    for session in (first, second):
+        for _ in range(flood):
+            async with session.post(gateway.url + "/v1/chat/completions", data=unknown) as response:
+                assert response.status == 404
+    elapsed = asyncio.get_running_loop().time() - started
+    recorded_at_most = 2 * (REFUSED_BURST + REFUSED_PER_SECOND * elapsed)  # each worker's bucket
+
+    async def left_out_counted() -> bool:  # every worker's count, summed (they flush every 50 ms)
+        return _sum(await _metrics(first, gateway.url), "modelyard_log_refusals_unrecorded_total") >= (
+            2 * flood - recorded_at_most
+        )
+
+    await wait_until(left_out_counted, attempts=200, interval=0.02)
+    for session in (first, second):  # each worker's log: every routed record, refusals apart
+        async with session.get(gateway.url + "/admin/log") as response:
+            records = (await response.json())["records"]
+        assert sorted(r["request_id"] for r in records if not r["refused"]) == routed
+        assert 0 < sum(r["refused"] for r in records) <= DEFAULT_SIZE // 2
 
 
 async def test_the_overview_counts_each_models_requests_on_a_shared_server_over_every_worker(

@@ -321,6 +321,15 @@ class GatewayMetrics:
             ["model", "route", "subset", "result"],
             registry=self.registry,
         )
+        # Refused requests the routing log did not record (routing_log.REFUSED_PER_SECOND): taken
+        # from its count at each flush, so that with workers the exposition sums them.
+        self.log_refusals_unrecorded = Counter(
+            "modelyard_log_refusals_unrecorded",
+            "Requests refused before routing (unknown model, not placed, bad body) left out of the "
+            "routing log: more came than it records per second per worker; their access lines stay",
+            registry=self.registry,
+        )
+        self._unrecorded_counted = 0
         self.exposition.register(_InFlightCollector(loads))
         self.exposition.register(_RoutingLogCollector(self.routing_log, worker))
         self.exposition.register(_AccessLogCollector(worker))
@@ -371,6 +380,10 @@ class GatewayMetrics:
 
     def flush(self) -> None:
         """Add the requests counted since the last flush to the Prometheus metrics."""
+        unrecorded = self.routing_log.refusals_unrecorded
+        if unrecorded != self._unrecorded_counted:
+            self.log_refusals_unrecorded.inc(unrecorded - self._unrecorded_counted)
+            self._unrecorded_counted = unrecorded
         if not self._pending:
             return
         pending, self._pending = self._pending, {}

@@ -7,6 +7,15 @@ someone follows the log, a `put_nowait` per subscriber: nothing awaits, nothing 
 that falls behind loses records (its queue is bounded) and is told how many; it never slows a
 request. The subscribers are bounded too (`admin.max_log_streams`): one more is refused.
 
+A refused request costs its client nothing (no model to name, no token), so what refusals may take
+is bounded twice. Their records are kept in a ring of their own, half the routed ring's size, so
+that no number of them pushes a routed record out (a rate alone would not do: a slow, steady stream
+of refusals would still replace an idle gateway's last real requests). And each worker makes at
+most REFUSED_PER_SECOND of them (a token bucket holding REFUSED_BURST), so that a flood neither fills
+the followers' queues, which would lose routed records too, nor the rings the workers share records
+through; the others are counted (`refusals_unrecorded`), their access lines still written. Routed
+records are never held back.
+
 The workers of one gateway (`--workers`) each keep a log: each hands its records to `share` as it
 makes them (gateway/worker_log.py sends them in batches on a ring the others read) and `adopt`s
 theirs, so that every worker's log, and the dashboard following any of them, shows every request.
@@ -16,10 +25,12 @@ An adopted record takes the next `seq` of the log it joins, up to about 0.1 s af
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -27,10 +38,12 @@ import orjson
 from modelyard.errors import TooManyLogStreams
 from modelyard.telemetry import safe_text
 
-DEFAULT_SIZE = 500  # records kept for /admin/log
+DEFAULT_SIZE = 500  # routed records kept for /admin/log (and half as many refused ones)
 DEFAULT_SUBSCRIBER_QUEUE = 4096  # records a subscriber may lag behind before it loses some
 DEFAULT_MAX_SUBSCRIBERS = 16  # admin.max_log_streams' default
 MAX_REFUSED_NAME = 200  # characters kept of a refused request's model name (client text, any size)
+REFUSED_PER_SECOND = 50.0  # refused requests recorded per second per worker, at most
+REFUSED_BURST = 50.0  # and at most this many at once
 
 
 @dataclass(slots=True)
@@ -62,6 +75,8 @@ Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str,
 _FIELDS = len(fields(RoutingRecord))
 # A record another worker shared: (its seq here, its fields as they came, with the seq it had there).
 _Shared = tuple[int, list[Any]]
+_SEQ = itemgetter(0)
+_REFUSED = itemgetter(_FIELDS - 1)  # a record's `refused`, the last of its fields
 
 
 def _decoded(entry: Entry | _Shared) -> RoutingRecord:
@@ -124,9 +139,11 @@ class Subscription:
 
 
 class RoutingLog:
-    """The last `size` records, and at most `max_subscribers` subscribers following new ones (each
-    may lag `subscriber_queue` records behind before it loses some). `refused` counts the
-    subscribers turned away because that many were following."""
+    """The last `size` routed records and `size // 2` refused ones, and at most `max_subscribers`
+    subscribers following new ones (each may lag `subscriber_queue` records behind before it loses
+    some). `refused` counts the subscribers turned away because that many were following;
+    `refusals_unrecorded` the refused requests not recorded (over REFUSED_PER_SECOND). `clock` is
+    monotonic seconds, for that rate."""
 
     def __init__(
         self,
@@ -134,8 +151,14 @@ class RoutingLog:
         subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE,
         max_subscribers: int = DEFAULT_MAX_SUBSCRIBERS,
         worker: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ring: deque[Entry | _Shared] = deque(maxlen=size)
+        self._refused_ring: deque[Entry | _Shared] = deque(maxlen=max(1, size // 2))
+        self._clock = clock
+        self._tokens = REFUSED_BURST
+        self._filled_at = clock()
+        self.refusals_unrecorded = 0  # since the log began
         self._worker = worker
         self._subscribers: list[Subscription] = []
         self.subscriber_queue = subscriber_queue
@@ -184,7 +207,16 @@ class RoutingLog:
 
     def record_refused(self, model: str, status: int, seconds: float, request_id: str) -> None:
         """A request answered before routing, with no route, strategy or backend: `model` as the
-        client named it ("" when none could be read), cut to MAX_REFUSED_NAME characters."""
+        client named it ("" when none could be read), cut to MAX_REFUSED_NAME characters. Over
+        REFUSED_PER_SECOND, only counted (`refusals_unrecorded`)."""
+        now = self._clock()
+        tokens = min(REFUSED_BURST, self._tokens + (now - self._filled_at) * REFUSED_PER_SECOND)
+        self._filled_at = now
+        if tokens < 1.0:
+            self._tokens = tokens
+            self.refusals_unrecorded += 1
+            return
+        self._tokens = tokens - 1.0
         self._seq += 1
         entry: Entry = (
             self._seq,
@@ -201,7 +233,7 @@ class RoutingLog:
             self._worker,
             True,
         )
-        self._ring.append(entry)
+        self._refused_ring.append(entry)
         if self._subscribers:
             self._push(RoutingRecord(*entry))
         if self.share is not None:
@@ -220,7 +252,12 @@ class RoutingLog:
             raise ValueError("a routing-log batch is a list of records' fields")
         first = self._seq + 1
         self._seq += len(records)
-        self._ring.extend(zip(range(first, self._seq + 1), records, strict=True))
+        numbered = zip(range(first, self._seq + 1), records, strict=True)
+        if any(map(_REFUSED, records)):  # (the other worker bounded them; kept apart here too)
+            for numbered_row in numbered:
+                (self._refused_ring if numbered_row[1][-1] else self._ring).append(numbered_row)
+        else:
+            self._ring.extend(numbered)
         if self._subscribers:
             for seq, row in enumerate(records, first):
                 self._push(RoutingRecord(seq, *row[1:]))
@@ -230,8 +267,10 @@ class RoutingLog:
             subscriber.push(record)
 
     def recent(self, after: int = 0) -> list[RoutingRecord]:
-        """The records kept, oldest first; with `after`, only those with a greater `seq`."""
-        return [_decoded(r) for r in self._ring if r[0] > after]
+        """The records kept, routed and refused, oldest first; with `after`, only those with a
+        greater `seq`."""
+        kept = heapq.merge(self._ring, self._refused_ring, key=_SEQ)  # each in seq order
+        return [_decoded(r) for r in kept if r[0] > after]
 
     def subscribe(self) -> Subscription:
         """A new subscriber; it gets every record from now on (an ended one if the log is closed).

@@ -13,6 +13,8 @@ from modelyard.errors import TooManyLogStreams
 from modelyard.gateway.routing_log import (
     END,
     MAX_REFUSED_NAME,
+    REFUSED_BURST,
+    REFUSED_PER_SECOND,
     Entry,
     RoutingLog,
     RoutingRecord,
@@ -190,3 +192,69 @@ def test_a_batch_from_another_worker_joins_in_order_and_a_malformed_one_adds_not
         with pytest.raises(ValueError):
             mine.adopt(malformed)
     assert len(mine.recent()) == 3 and mine.recent(after=3) == []
+
+
+class Clock:
+    """Monotonic seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def refuse(log: RoutingLog, request_id: str = "nope") -> None:
+    log.record_refused("nope", 404, 0.0001, request_id)
+
+
+def test_refusals_over_the_rate_are_counted_not_recorded_nor_followed_nor_shared():
+    clock = Clock()
+    log = RoutingLog(clock=clock)
+    follower = log.subscribe()
+    sent: list[Entry] = []
+    log.share = sent.append
+    for _ in range(int(REFUSED_BURST) + 30):  # all at once: the burst is recorded
+        refuse(log)
+    assert (len(log.recent()), log.refusals_unrecorded) == (REFUSED_BURST, 30)
+    assert len(list(follower.ready())) == len(sent) == REFUSED_BURST
+    clock.now += 2.5 / REFUSED_PER_SECOND  # room for two more (and half of another)
+    for _ in range(3):
+        refuse(log)
+    assert (len(log.recent()), log.refusals_unrecorded) == (REFUSED_BURST + 2, 31)
+    record(log)  # a routed record is never held back
+    assert log.recent()[-1].refused is False
+    assert [r.seq for r in log.recent()] == list(range(1, int(REFUSED_BURST) + 4))
+
+
+def test_no_number_of_refusals_pushes_a_routed_record_out():
+    clock = Clock()
+    log = RoutingLog(size=10, clock=clock)
+    for backend in ("w0", "w1", "w2"):
+        record(log, backend)
+    for i in range(100):  # slowly enough to be recorded, every one
+        clock.now += 1.0
+        refuse(log, f"r{i}")
+    record(log, "w3")
+    kept = log.recent()
+    assert log.refusals_unrecorded == 0
+    assert [r.backend for r in kept if not r.refused] == ["w0", "w1", "w2", "w3"]
+    assert [r.request_id for r in kept if r.refused] == [f"r{i}" for i in range(95, 100)]  # half the ring
+    assert [r.seq for r in kept] == [1, 2, 3, *range(99, 105)]  # oldest first, merged
+    assert [r.seq for r in log.recent(after=101)] == [102, 103, 104]
+
+
+def test_another_workers_refusals_are_kept_apart_from_its_routed_records_too():
+    clock = Clock()
+    theirs, mine = RoutingLog(worker=1, clock=clock), RoutingLog(size=4, worker=0)
+    sent: list[Entry] = []
+    theirs.share = sent.append
+    record(theirs, "w0")
+    for i in range(10):
+        clock.now += 1.0
+        refuse(theirs, f"r{i}")
+    record(theirs, "w1")
+    mine.adopt(encode_shared(sent))
+    kept = mine.recent()
+    assert [(r.backend, r.worker) for r in kept if not r.refused] == [("w0", 1), ("w1", 1)]
+    assert [(r.request_id, r.seq) for r in kept if r.refused] == [("r8", 10), ("r9", 11)]

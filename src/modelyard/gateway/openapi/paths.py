@@ -381,7 +381,8 @@ class Paths:
             "get": self._admin_op(
                 "getRoutingLog",
                 "Admin",
-                "The routing log's recent records, oldest first; requests refused before routing too",
+                "The routing log's recent records, oldest first: the last routed ones, and apart from "
+                "them the last refused before routing (at most 50 a second per worker recorded)",
                 [],
                 None,
                 answer("the records kept", ref("RoutingLog")),
