@@ -82,6 +82,47 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+TlsVersion = Literal["1.2", "1.3"]
+
+
+class TlsServerConfig(_Strict):
+    """TLS on a listener: its certificate and key from files (PEM), reloaded when they change (as
+    cert-manager rotates them: connections already open keep theirs), and optionally the client's
+    certificate verified against `client_ca_file` (mutual TLS)."""
+
+    cert_file: str = Field(min_length=1, description="the certificate chain, leaf first (PEM)")
+    key_file: str = Field(min_length=1, description="its private key (PEM, unencrypted)")
+    client_ca_file: str = Field(
+        "", description="verify clients' certificates against these CAs (PEM); '' = clients need none"
+    )
+    client_cert: Literal["required", "optional"] = Field(
+        "required", description="with client_ca_file: refuse a client without one, or only check one sent"
+    )
+    min_version: TlsVersion = "1.2"
+    reload_interval: Seconds = Field(
+        10.0, gt=0, description="how often the files are checked for a new certificate"
+    )
+
+
+class TlsClientConfig(_Strict):
+    """TLS to a server: verified against `ca_file` (default: the system's CAs), by the URL's host
+    name or `server_name` (also sent as SNI), with an optional client certificate for servers (or
+    meshes) that require mutual TLS. Files are read again when they change."""
+
+    ca_file: str = Field("", description="CAs to verify the server with (PEM); '' = the system's")
+    server_name: str = Field("", description="the name to verify and send as SNI; '' = the URL's host")
+    cert_file: str = Field("", description="a client certificate chain (PEM), for mutual TLS")
+    key_file: str = Field("", description="its private key (PEM)")
+    verify: bool = Field(True, description="false: do not verify the server at all (testing only)")
+    min_version: TlsVersion = "1.2"
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsClientConfig:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
 class ListenConfig(_Strict):
     """The client-facing listener: where it binds, how long a connection may take and idle, how many
     may be open, and how it shuts down (nginx's and Envoy's names)."""
@@ -142,6 +183,9 @@ class ListenConfig(_Strict):
         "at most one lean request (HAProxy's busy-polling): a backend's answer or the client's next "
         "request that comes within it is read at once, not after the CPU wakes (slow on virtual "
         "machines); keeps a CPU busy while requests keep coming within it; 0 = off",
+    )
+    tls: TlsServerConfig | None = Field(
+        None, description="serve HTTPS (and gRPC over TLS on grpc_port) with these files; null = plain"
     )
 
 

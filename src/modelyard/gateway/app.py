@@ -50,6 +50,7 @@ def create_app(
             config.listen.grpc_port,
             max_message_bytes=config.limits.max_body_bytes,
             reuse_port=siblings is not None,  # one worker of a group: the parent reserved the port
+            tls=config.listen.tls,
         )
 
     async def lifecycle(_app: web.Application):  # type: ignore[no-untyped-def]

@@ -22,6 +22,7 @@ from modelyard.gateway.server import start_gateway
 from modelyard.gateway.siblings import METRICS_DIR, SHARED_FILE, Layout, Siblings, worker_exited
 from modelyard.gateway.worker_log import LOG_FILE
 from modelyard.graph import load_config_graphs
+from modelyard.security.tls import ServerTls
 from modelyard.serving import run, serve_until_signal
 from modelyard.serving.workers import ParentLink, SharedInts, reserve_port, supervise, watch_parent
 from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings, rings_size
@@ -93,6 +94,8 @@ def serve_workers(
     The HTTP port and listen.grpc_port are both reserved here, so that port 0 becomes one port that
     every worker binds (SO_REUSEPORT) and a port in use is refused before any worker starts."""
     check_workers(config, source, count)
+    if config.listen.tls is not None:  # bad files: one line here, not a traceback from each worker
+        ServerTls(config.listen.tls)
     run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=_run_parent(count, _state_rings(config))))
     reserved: list[socket.socket] = []
     layout = Layout(config, count)

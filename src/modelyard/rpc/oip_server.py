@@ -47,11 +47,13 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from grpc import aio
 
+from modelyard.config import TlsServerConfig
 from modelyard.errors import BadRequest, ModelServerAnswered, ModelyardError, UpstreamError
-from modelyard.rpc._server import grpc_address, start_server
+from modelyard.rpc._server import grpc_address, start_server, watch_tls
 from modelyard.rpc.oip_tensors import infer_request_json, infer_response, model_metadata
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2 as pb
 from modelyard.rpc.oip_v2 import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.security.tls import ServerTls
 
 log = logging.getLogger("modelyard.rpc")
 
@@ -433,6 +435,7 @@ class OipServer:
         *,
         max_message_bytes: int,
         reuse_port: bool = False,
+        tls: TlsServerConfig | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -440,6 +443,8 @@ class OipServer:
         self._max_message_bytes = max_message_bytes
         self._reuse_port = reuse_port
         self._server: aio.Server | None = None
+        self.tls = ServerTls(tls, alpn=()) if tls is not None else None  # files checked now
+        self._tls_watch: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -461,10 +466,14 @@ class OipServer:
                 ("grpc.max_receive_message_length", self._max_message_bytes),
                 ("grpc.max_send_message_length", -1),
             ],
+            tls=self.tls,
         )
+        self._tls_watch = watch_tls(self.tls)
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting calls; calls in flight get `grace` seconds, then are cancelled. Safe twice."""
         server, self._server = self._server, None
+        if self._tls_watch is not None:
+            self._tls_watch.cancel()
         if server is not None:
             await server.stop(grace)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from modelyard.config import ListenConfig
+from modelyard.security.tls import ServerTls
 from modelyard.serving.busy_poll import BusyPoll
 from modelyard.serving.connection import MAX_REFUSALS, GuardedConnection, ListenerStats, Refusal
 from modelyard.serving.drain import closing_while_draining, install_drain
@@ -32,6 +33,12 @@ class HttpServer:
     Connections are aiohttp's own request handler (`runner.server` keeps dispatching to the app and
     tracking connections for shutdown), made by this server's protocol factory instead of TCPSite's
     so that each one gets the header deadline and the connection limit applies at accept time.
+
+    With `listen.tls`, it serves HTTPS: certificate files checked at construction (a `TlsError`
+    naming the file), reloaded while it runs when they change (`security/tls.py`). A connection's
+    protocol is made once its handshake is done (`_AfterHandshake`), so the connection limit and
+    accounting see only connections that finished one: a failed or abandoned handshake leaves
+    nothing behind (asyncio tells no protocol of it), and takes at most the header timeout.
 
     With a `lean` router, connections start as the lean HTTP/1.1 connection (h1.py), which answers
     the routes the router knows and hands the connection to aiohttp's handler at the first request
@@ -76,6 +83,8 @@ class HttpServer:
         self._lean_settings: H1Settings | None = None
         self._lean: set[H1Connection] = set()
         self.busy_poll: BusyPoll | None = None  # once started, with listen.busy_poll and a lean router
+        self.tls = ServerTls(listen.tls) if listen.tls is not None else None
+        self._tls_watch: asyncio.Task[None] | None = None
 
     @property
     def draining(self) -> bool:
@@ -124,25 +133,37 @@ class HttpServer:
                 abandoned=self._lean_abandoned,
                 busy=self.busy_poll,
             )
+        # A handshake gets as long as a request head would.
+        handshake = (self.listen.header_timeout or 60.0) if self.tls is not None else None
         try:
             self._listener = await asyncio.get_running_loop().create_server(
-                self._accept,
+                self._accept_tls if self.tls is not None else self._accept,
                 self.listen.host or None,
                 self.listen.port,
                 backlog=self._backlog,
                 reuse_port=self._reuse_port or None,
+                ssl=self.tls.context if self.tls is not None else None,
+                ssl_handshake_timeout=handshake,
             )
         except BaseException:
             self._runner = None
             await runner.cleanup()
             raise
+        if self.tls is not None:
+            self._tls_watch = asyncio.create_task(self.tls.watch())
         bound = self._listener.sockets[0].getsockname()
         self.host = self.listen.host or bound[0]
         self.port = bound[1]
+        scheme = "https" if self.tls is not None else "http"
         self.url = (
-            f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
+            f"{scheme}://[{self.host}]:{self.port}"
+            if ":" in self.host
+            else f"{scheme}://{self.host}:{self.port}"
         )
         return self.url
+
+    def _accept_tls(self) -> asyncio.Protocol:
+        return _AfterHandshake(self._accept)
 
     def _accept(self) -> asyncio.Protocol:
         loop = asyncio.get_running_loop()
@@ -203,6 +224,8 @@ class HttpServer:
         self._drain.active = True  # whatever is still answered closes its connection
         if self.busy_poll is not None:
             self.busy_poll.close()
+        if self._tls_watch is not None:
+            self._tls_watch.cancel()
         if self._listener is not None:
             self._listener.close()
         for refusal in list(self._refusals):
@@ -247,3 +270,17 @@ class HttpServer:
                 await asyncio.wait(pending, timeout=1.0)  # cancelled: they end at their next await
         for connection in list(self._lean):
             connection.close()
+
+
+class _AfterHandshake(asyncio.Protocol):
+    """What a TLS connection's protocol is until its handshake is done (asyncio calls
+    `connection_made` only then): it makes the connection's own protocol, as a plain connection's
+    is made at accept, and hands the connection to it."""
+
+    def __init__(self, accept: Callable[[], asyncio.Protocol]) -> None:
+        self._accept = accept
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        protocol = self._accept()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
