@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from modelyard.config import STRATEGY_NAMES
 from support import metric_value, model_config, sim_stats, wait_until
 
 CHAT = "/v1/chat/completions"
@@ -121,6 +122,44 @@ async def test_strategy_switch_at_runtime_keeps_affinity(sim_workers, gateways, 
     )
 
 
+async def strategies(http, url: str, path: str = "/strategy") -> tuple:
+    """`strategy`, `default` and `overrides` as GET /strategy (or `path`) answers them."""
+    async with http.get(url + path) as response:
+        body = await response.json()
+    return body["strategy"], body["default"], body["overrides"]
+
+
+async def test_the_strategy_read_is_the_one_every_model_runs_else_the_default(sim_workers, gateways, http):
+    workers = await sim_workers(1)
+    # InferFlow's clients read `strategy`: what runs. One model on round_robin, no scheduler: that.
+    alone = await gateways([model_config("m", workers)])
+    assert await strategies(http, alone.url) == ("round_robin", "round_robin", {})
+    async with http.put(alone.url + "/strategy", json={"strategy": "kv_aware", "model": "m"}) as response:
+        assert response.status == 200
+    # Every model (the one) runs kv_aware; the default is still the configured one.
+    assert await strategies(http, alone.url) == ("kv_aware", "round_robin", {"m": "kv_aware"})
+
+    # Models that differ: the default, placement.models.strategy, since they agree on none.
+    mixed = await gateways([model_config("m", workers), model_config("n", workers, strategy="random")])
+    assert await strategies(http, mixed.url, "/admin/strategy") == (
+        "least_pending",
+        "least_pending",
+        {"m": "round_robin", "n": "random"},
+    )
+    # A switch for every model, even to that default, then one model's: the switch is the default.
+    async with http.put(mixed.url + "/admin/strategy", json={"strategy": "least_pending"}) as response:
+        assert await response.json() == {
+            "strategy": "least_pending",
+            "default": "least_pending",
+            "models": {"m": "least_pending", "n": "least_pending"},
+            "overrides": {},
+            "available": list(STRATEGY_NAMES),
+        }
+    async with http.put(mixed.url + "/admin/strategy", json={"strategy": "random", "model": "m"}) as response:
+        assert response.status == 200
+    assert await strategies(http, mixed.url) == ("least_pending", "least_pending", {"m": "random"})
+
+
 async def test_unknown_strategy_is_400_listing_valid_names(sim_workers, gateways, http):
     workers = await sim_workers(1)
     gateway = await gateways([model_config("m", workers)])
@@ -131,7 +170,7 @@ async def test_unknown_strategy_is_400_listing_valid_names(sim_workers, gateways
         assert name in message
     async with http.get(gateway.url + "/admin/strategy") as response:
         body = await response.json()
-    assert (body["models"], body["default"]) == ({"m": "round_robin"}, "least_pending")  # nothing changed
+    assert (body["models"], body["default"]) == ({"m": "round_robin"}, "round_robin")  # nothing changed
 
 
 async def test_admin_token_is_required_when_configured(sim_workers, gateways, http):

@@ -72,12 +72,16 @@ async def _read_document(request: web.Request, *, many: bool = False) -> Any:
 
 
 def _strategies(gateway: Gateway) -> dict[str, object]:
-    """The default strategy (what models that appear later start with: placement.models.strategy
-    until a switch for every model), each model's, and those that differ from the default."""
+    """Each model's strategy; the default (what models that appear later start with: the last
+    switch for every model, else placement.models.strategy, or without a scheduler the configured
+    models' strategy when they agree); the models that run another. `strategy` is what InferFlow's
+    clients read: the one every model runs when they agree (as it was before there was a default),
+    else the default."""
     per_model = {name: c.strategy.name for name, c in gateway.clusters.items()}
+    running = set(per_model.values())
     default = gateway.default_strategy
     return {
-        "strategy": default,  # as "default"; it said every model's strategy, or "mixed", before there was one
+        "strategy": running.pop() if len(running) == 1 else default,
         "default": default,
         "models": per_model,
         "overrides": {name: strategy for name, strategy in per_model.items() if strategy != default},

@@ -72,8 +72,13 @@ class Gateway:
         # Changed only by the placement feed, in place and between awaits (GatewayInvoker holds it).
         self.clusters = {m.name: self.new_cluster(m) for m in config.models}
         # What models that appear later (placed by the scheduler) start with; a switch for every
-        # model sets it.
-        self.default_strategy: str = config.placement.models.strategy
+        # model sets it. Without a scheduler none appear: the models' own strategy when they agree.
+        configured = {m.strategy for m in config.models}
+        self.default_strategy: str = (
+            configured.pop()
+            if config.placement.scheduler is None and len(configured) == 1
+            else config.placement.models.strategy
+        )
         self.metrics.watch_requests(self._requests_in_flight)
         # The workers of one gateway show each other's requests in their routing logs and canaries.
         self._worker_log = (

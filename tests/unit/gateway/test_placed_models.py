@@ -28,7 +28,8 @@ def placed(name: str, *urls: str, state: str = "ModelAvailable", reason: str = "
 @pytest.fixture
 def gateway() -> Gateway:
     configured = {"name": "mine", "endpoints": [{"url": "http://10.0.0.9:80"}]}
-    data = {"models": [configured], "placement": {"retry_after": 7}}
+    # (followed, never started: the tests apply what its feed would say)
+    data = {"models": [configured], "placement": {"scheduler": "http://127.0.0.1:9", "retry_after": 7}}
     return Gateway(validate_config(data, "<test>"))
 
 

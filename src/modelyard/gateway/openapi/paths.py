@@ -417,7 +417,8 @@ class Paths:
                 "get": self._admin_op(
                     f"getStrategy{suffix}",
                     "Admin",
-                    "The default strategy, each model's, and the models that run another",
+                    "The strategy every model runs (else the default), the default, each model's, and "
+                    "the models that run another",
                     [],
                     None,
                     answer("the strategies", ref("Strategies")),

@@ -207,13 +207,14 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
             "properties": {
                 "strategy": {
                     "allOf": [ref("StrategyName")],
-                    "description": "the default, as `default` (older gateways: every model's strategy, "
-                    "or `mixed`)",
+                    "description": "the strategy every model runs when they all run the same (after a "
+                    "switch for every model: that one), else the default (older gateways said `mixed`)",
                 },
                 "default": {
                     "allOf": [ref("StrategyName")],
                     "description": "what models that appear later (placed by the scheduler) start with: "
-                    "placement.models.strategy until a switch for every model",
+                    "the last switch for every model, else placement.models.strategy; without a scheduler, "
+                    "until such a switch, the configured models' strategy when they all have the same",
                 },
                 "models": {"type": "object", "additionalProperties": ref("StrategyName")},
                 "overrides": {
