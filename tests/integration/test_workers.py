@@ -667,13 +667,19 @@ async def test_a_stopped_worker_is_killed_and_replaced_within_seconds(sim_worker
 async def test_a_switch_for_every_model_is_every_workers_default(sim_workers, serve_workers):
     gateway = await serve_workers({"models": [_model(await sim_workers(1))]})
     first, second = await gateway.on_worker(0), await gateway.on_worker(1)
-    # Both within one round of the second worker's following: it must end where the first is.
-    async with first.put(gateway.url + "/admin/strategy", json={"strategy": "kv_aware"}) as response:
-        assert response.status == 200
-    async with first.put(
-        gateway.url + "/admin/strategy", json={"strategy": "random", "model": "m"}
-    ) as response:
-        expected = await response.json()
+    # Both in one round of the second worker's following: it is stopped (SIGSTOP) while the first
+    # applies them, so it finds both at once when it goes on, and must end where the first is.
+    paused = (await gateway.worker_of(second))["pid"]
+    os.kill(paused, signal.SIGSTOP)
+    try:
+        async with first.put(gateway.url + "/admin/strategy", json={"strategy": "kv_aware"}) as response:
+            assert response.status == 200
+        async with first.put(
+            gateway.url + "/admin/strategy", json={"strategy": "random", "model": "m"}
+        ) as response:
+            expected = await response.json()
+    finally:
+        os.kill(paused, signal.SIGCONT)
     assert (expected["default"], expected["overrides"]) == ("kv_aware", {"m": "random"})
     seen: dict[str, Any] = {}
 
