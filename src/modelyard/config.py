@@ -8,6 +8,7 @@ A problem names where the value came from: the flag, the variable, or the file a
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -508,6 +509,29 @@ class AdminConfig(_Strict):
         description="live routing-log streams (/admin/log/stream) open at once; each costs every "
         "request a queue put, so one more is refused with 503 and Retry-After",
     )
+
+
+def on_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name, "" (every address), "0.0.0.0": reachable from elsewhere
+        return False
+
+
+def check_admin_exposure(config: GatewayConfig, source: str) -> None:
+    """A gateway others can reach must not leave its admin API (routes, strategies, graphs) open:
+    ConfigError unless `admin.token` is set. Checked when serving, not in validation: a pod's token
+    comes from the environment it starts in (`modelyard deploy render` wires it from a Secret)."""
+    if config.admin.token is None and not on_loopback(config.listen.host):
+        problem = (
+            f"listen.host: {config.listen.host or '(every address)'} is reachable from other machines and "
+            "admin.token is not set, so anyone could change routes, strategies and graphs: set admin.token "
+            "(MODELYARD_ADMIN__TOKEN), or listen on 127.0.0.1"
+        )
+        raise ConfigError(source, [problem])
 
 
 class UpstreamConfig(_Strict):

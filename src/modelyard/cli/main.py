@@ -24,7 +24,14 @@ from modelyard.cli.model import SCHEDULER_ENV, from_variable, model_app, server_
 from modelyard.cli.problems import fail
 from modelyard.cli.scheduler import scheduler
 from modelyard.cli.sim_worker import sim_worker
-from modelyard.config import GatewayConfig, Origins, load_config, merged_data, validate_config
+from modelyard.config import (
+    GatewayConfig,
+    Origins,
+    check_admin_exposure,
+    load_config,
+    merged_data,
+    validate_config,
+)
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.gateway import GATEWAY, start_gateway
 from modelyard.gateway.access_log import install_handler
@@ -117,15 +124,19 @@ def serve(
     try:
         if embedded:
             base = merged_data(None, overrides=overrides)
-            parts = {k: base[k] for k in ("listen", "logging") if k in base}  # the rest is the demo's
+            parts = {k: base[k] for k in ("listen", "logging", "admin") if k in base}  # the rest: the demo's
             origins = Origins(os.environ, overrides, SERVE_FLAGS, variables)
             demo = validate_config(parts, "the embedded demo", origins)
+            if not print_config:
+                check_admin_exposure(demo, "the embedded demo")
             if demo.listen.workers not in (1, "auto"):  # validated: "1" from the environment is one worker
                 problem = "listen.workers: the demo runs one worker; use -c FILE"
                 raise ConfigError("the embedded demo", [problem])
         else:
             loaded = load_config(config, overrides=overrides, flags=SERVE_FLAGS, variables=variables)
             source = str(config) if config is not None else "<defaults>"
+            if not print_config:
+                check_admin_exposure(loaded, source)
             graphs = load_config_graphs(loaded, source)
             count = worker_count(loaded)
     except ModelyardError as error:
