@@ -318,7 +318,9 @@ def test_bad_certificate_files_are_refused_at_start_naming_the_file(pki, tmp_pat
     missing = tmp_path / "missing.pem"
     line = refused(serve(config_with(tmp_path, {"cert_file": str(missing), "key_file": str(server.key)})))
     assert line == f"error: {missing}: cannot read the certificate: No such file or directory"
-    workers = serve(config_with(tmp_path, {"cert_file": str(missing), "key_file": str(server.key)}), workers=2)
+    workers = serve(
+        config_with(tmp_path, {"cert_file": str(missing), "key_file": str(server.key)}), workers=2
+    )
     assert refused(workers) == line  # checked once, before any worker starts
 
     garbage = tmp_path / "garbage.pem"
@@ -339,3 +341,62 @@ def test_bad_certificate_files_are_refused_at_start_naming_the_file(pki, tmp_pat
     tls = {"cert_file": str(server.cert), "key_file": str(server.key), "client_ca_file": str(garbage)}
     line = refused(serve(config_with(tmp_path, tls)))
     assert line == f"error: {garbage}: not a PEM CA certificate (no certificate could be read)"
+
+
+# --- the graph router (KServe's router container) ------------------------------------------------
+
+
+async def test_the_graph_router_serves_tls(sim_workers, pki):
+    from modelyard.config import TlsServerConfig
+    from modelyard.graph import GraphDocument, parse_graph
+    from modelyard.graphrouter import start_router
+
+    (worker,) = await sim_workers(1)
+    spec = {
+        "nodes": {
+            "root": {"routerType": "Sequence", "steps": [{"serviceUrl": f"{worker.url}/v2/models/m/infer"}]}
+        }
+    }
+    graph, _report = parse_graph(GraphDocument("g", spec, "<test>"))
+    server = pki.issue()
+    tls = TlsServerConfig(cert_file=str(server.cert), key_file=str(server.key))
+    router = await start_router(graph, host="127.0.0.1", port=0, mesh_probe_url=None, tls=tls)
+    try:
+        assert router.server.url.startswith("https://")
+        body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(router.server.url + "/", json=body, ssl=pki.client_context()) as response,
+        ):
+            assert response.status == 200
+    finally:
+        await router.stop()
+
+
+def test_graph_serve_refuses_a_bad_certificate_in_one_line(pki, tmp_path):
+    server = pki.issue()
+    missing = tmp_path / "missing.key"
+    spec = orjson.dumps(
+        {"nodes": {"root": {"routerType": "Sequence", "steps": [{"serviceUrl": "http://x/"}]}}}
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "modelyard",
+        "graph",
+        "serve",
+        "--graph-json",
+        spec.decode(),
+        "--port",
+        "0",
+    ]
+    for flags, expected in (
+        (
+            ["--tls-cert", str(server.cert), "--tls-key", str(missing)],
+            f"error: {missing}: cannot read the key",
+        ),
+        (["--tls-cert", str(server.cert)], "error: --tls-cert and --tls-key go together"),
+    ):
+        result = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr

@@ -19,8 +19,9 @@ from modelyard import __version__
 from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.problems import fail
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
+from modelyard.cli.tls import TlsCertOption, TlsClientCaOption, TlsKeyOption, tls_server_config
 from modelyard.documents import DocumentError, parse_documents
-from modelyard.errors import ConfigError, GraphInvalid
+from modelyard.errors import ConfigError, GraphInvalid, ModelyardError
 from modelyard.graph import (
     Graph,
     GraphFailure,
@@ -180,6 +181,9 @@ def serve(
     ] = 30.0,
     otlp_endpoint: OtlpEndpointOption = None,
     trace_sample_ratio: SampleRatioOption = 1.0,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: TlsClientCaOption = None,
 ) -> None:
     """KServe's router container, as a drop-in: any path runs the graph; /readyz; PROPAGATE_HEADERS."""
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -207,6 +211,7 @@ def serve(
         )
         raise typer.Exit(1)
     patterns = compile_patterns(os.environ.get("PROPAGATE_HEADERS"))
+    tls = tls_server_config(tls_cert, tls_key, tls_client_ca)
 
     async def main() -> None:
         router = await start_router(
@@ -217,12 +222,15 @@ def serve(
             patterns=patterns,
             drain_seconds=drain_seconds,
             tracer=build_tracer(telemetry, "modelyard-graph-router"),
+            tls=tls,
         )
         typer.echo(f"graph router listening on {router.url} (graph {graph.name!r})")
         await serve_until_signal([router.server], router.stop)
 
     try:
         run_loop(main())
+    except ModelyardError as error:  # a certificate file that cannot be used
+        raise fail(error) from None
     except OSError as exc:
         raise listen_failure(exc, [Listener(host, port, "graph router")]) from None
 

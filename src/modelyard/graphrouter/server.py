@@ -9,7 +9,7 @@ import random
 import re
 from collections.abc import Mapping
 
-from modelyard.config import ListenConfig
+from modelyard.config import ListenConfig, TlsServerConfig
 from modelyard.graph import Graph
 from modelyard.graphrouter.app import GO_SERVER_TIMEOUT, GraphResponder, create_router_app
 from modelyard.serving import HttpServer
@@ -50,8 +50,10 @@ async def start_router(
     mesh_probe_url: str | None = ISTIO_ADMIN_URL,
     drain_seconds: float = 30.0,
     tracer: Tracer | None = None,
+    tls: TlsServerConfig | None = None,
 ) -> RunningRouter:
-    """`tracer`: trace each request and its steps (telemetry.build_tracer); None: off."""
+    """`tracer`: trace each request and its steps (telemetry.build_tracer); None: off. `tls`: serve
+    HTTPS (the certificate's files checked first: TlsError)."""
     timeouts = graph.spec.router_timeouts
     client = Http1Client(max_connections=1024, connect_timeout=30.0)
     invoker = UrlInvoker(
@@ -74,14 +76,15 @@ async def start_router(
         else GO_IDLE_TIMEOUT,
         drain_seconds=drain_seconds,
         shutdown_timeout=60.0,
-    )
-    server = HttpServer(
-        create_router_app(responder),
-        listen,
-        max_line_size=GO_MAX_HEADER_BYTES,  # Go's server takes 1 MB of headers; aiohttp only 8 KB
-        max_field_size=GO_MAX_HEADER_BYTES,
+        tls=tls,
     )
     try:
+        server = HttpServer(
+            create_router_app(responder),
+            listen,
+            max_line_size=GO_MAX_HEADER_BYTES,  # Go's server takes 1 MB of headers; aiohttp only 8 KB
+            max_field_size=GO_MAX_HEADER_BYTES,
+        )
         await server.start()
     except BaseException:
         client.close()
