@@ -101,6 +101,7 @@ async def setup(scheduler, sim_workers, tmp_path) -> AsyncIterator[Callable[...,
     agents: list[Agent] = []
     repo = tmp_path / "repo"
     repo.mkdir()
+    root = tmp_path
 
     async def start(
         worker: dict[str, Any] | None = None, **overrides: Any
@@ -121,6 +122,7 @@ async def setup(scheduler, sim_workers, tmp_path) -> AsyncIterator[Callable[...,
             "load_backoff_max": 0.02,
             "reconnect_backoff": 0.05,
             "reconnect_backoff_max": 0.2,
+            "fetch_roots": (root / "sources",),  # where model_source puts the test's models
             **overrides,
         }
         agent = await start_agent(AgentConfig(**settings))

@@ -176,7 +176,7 @@ async def test_storage_uri_over_http_is_downloaded_and_unpacked(setup, http, tmp
     await site.start()
     try:
         host, port = runner.addresses[0][:2]
-        fake, agent, worker = await setup()
+        fake, agent, worker = await setup(fetch_networks=("127.0.0.0/8",))  # the files are on loopback
         fake.send(
             agent_pb2.ModelOperation.LOAD_MODEL,
             "iris",

@@ -55,6 +55,35 @@ def test_an_unreadable_labels_file_prints_one_line_and_exits_1(tmp_path):
     assert "--capabilities-from: " + str(bad) + ": line 1: expected key=" in result.stderr
 
 
+def test_bad_fetch_flags_print_one_line_and_exit_1(tmp_path):
+    base = [
+        "agent",
+        "--scheduler",
+        "h:1",
+        "--server",
+        "s",
+        "--inference-url",
+        "http://h:2",
+        "--memory",
+        "1Ki",
+    ]
+    result = modelyard(*base, "--fetch-network", "10.0.0.1/8", "--max-artefact-bytes", "lots")
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "--fetch-network: '10.0.0.1/8': 10.0.0.1/8 has host bits set" in line
+    assert "--max-artefact-bytes: expected bytes or a quantity" in line
+    result = modelyard(*base, "--fetch-bearer-token", "files.example")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: agent options: --fetch-bearer-token: expected HOST=FILE, got 'files.example'"
+    )
+    result = modelyard(*base, "--fetch-basic-auth", f"files.example={tmp_path / 'nope'}")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: agent options: credential for files.example: {tmp_path / 'nope'}: no such file"
+    )
+
+
 def test_bad_sim_worker_memory_prints_one_line_and_exits_1():
     result = modelyard("sim-worker", "--repository-api", "--memory", "lots")
     assert result.returncode == 1

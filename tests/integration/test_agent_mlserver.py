@@ -105,6 +105,7 @@ async def test_agent_loads_serves_and_unloads_on_mlserver(mlserver_repo, schedul
         unload_grace=0,
         load_attempts=2,
         load_backoff=0.05,
+        fetch_roots=(source.parent,),  # the sources, beside the repository
     )
     agent = await start_agent(config)
     try:

@@ -52,6 +52,7 @@ async def test_a_load_is_one_trace_from_the_client_through_scheduler_and_agent_t
             inference_url=worker.url,
             memory_bytes=10 * MB,
             repository=repository,
+            fetch_roots=(tmp_path / "source",),  # the model's source, beside the repository
             telemetry=telemetry,
         )
     )

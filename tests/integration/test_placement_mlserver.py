@@ -190,6 +190,7 @@ class Stack:
                 load_attempts=2,
                 load_backoff=0.05,
                 overcommit_percent=overcommit_percent,
+                fetch_roots=(self.source.parent,),  # the iris source, beside the repository
             )
         )
 

@@ -147,6 +147,7 @@ async def stack(sim_workers: Any, tmp_path: Path, http: aiohttp.ClientSession) -
                         repository=repository,
                         unload_grace=0.5,  # requests sent to the old version before the switch finish
                         load_attempts=1,
+                        fetch_roots=(tmp_path / "sources",),  # model_source's models, beside the repository
                     )
                 )
             )

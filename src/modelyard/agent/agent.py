@@ -29,7 +29,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
-from modelyard.agent.artefacts import Artefacts
+from modelyard.agent.artefacts import Artefacts, fetch_policy
 from modelyard.agent.config import AgentConfig
 from modelyard.agent.dataplane import DataPlane
 from modelyard.agent.metrics import AgentMetrics
@@ -64,7 +64,10 @@ class Agent:
         artefacts = None
         if config.repository is not None:
             artefacts = Artefacts(
-                config.repository, max_bytes=config.max_artefact_bytes, timeout=config.fetch_timeout
+                config.repository,
+                max_bytes=config.max_artefact_bytes,
+                timeout=config.fetch_timeout,
+                policy=fetch_policy(config),
             )
         self._artefacts = artefacts
         self.metrics = AgentMetrics(self.state, _loop_time)

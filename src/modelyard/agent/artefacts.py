@@ -1,10 +1,26 @@
 """Model artefacts in the inference server's repository directory: `<repository>/<name>/`.
 
 `storageUri` may be a local path or `file://` (a directory is hard-linked where the file system
-allows, else copied; a file is copied), `http(s)://` (downloaded, size-bounded, by upstream/), or
-any fsspec protocol such as `s3://` and `gs://` (when fsspec is installed). A downloaded or local
+allows, else copied; a file is copied), `http(s)://` (downloaded by upstream/), or an fsspec
+protocol such as `s3://` and `gs://` (when fsspec is installed). A downloaded or local
 `.tar.gz`/`.tgz`/`.tar`/`.zip` is unpacked. Every fetch is staged beside its destination and swapped
 in, so the server never loads half a model.
+
+A storageUri is untrusted input (whoever may apply a model writes it, and a fetch runs with the
+agent's rights), so what it may name is the agent's to say (`FetchPolicy`, from the agent's
+config), never the model's:
+- schemes: `file`, `http`, `https`, `s3` and `gs` by default (`fetch_schemes`); chained fsspec
+  URLs (`a::b`) and credentials in the URL (`user:password@`) are refused;
+- local paths: only inside the repository or a root the agent names (`fetch_roots`), judged
+  after `..` and every symbolic link are resolved, a link inside a copied directory included;
+  never under /proc, /sys or /dev, whatever the roots; only regular files and directories are
+  copied or linked (a device, FIFO or socket is refused before it is opened);
+- size: the model's files together at most `max_bytes`, counted as they are copied or arrive
+  (a file that grows while it is copied is caught too), and an archive's unpacked size too;
+- time: `timeout` seconds in all; and a fetch stops when it is cancelled (an unload of the
+  model): its worker thread checks between chunks, and its partial files are deleted;
+- remote addresses, credentials, error texts: see `upstream/download.py`.
+Every error names the storageUri without its userinfo, query or fragment (`redact`).
 
 What the agent deletes: only directories it made. Each fetch writes a marker file
 (`.modelyard-agent`) into the model directory before swapping it in; an unload or a failed load
@@ -24,23 +40,60 @@ import json
 import os
 import re
 import shutil
+import stat
+import threading
+import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from modelyard.agent.archives import ARCHIVES, unpack
-from modelyard.errors import ModelyardError
-from modelyard.upstream.download import download, fetch_with_fsspec
+from modelyard.agent.archives import ARCHIVES, MAX_MEMBERS, unpack
+from modelyard.agent.config import AgentConfig
+from modelyard.errors import ConfigError, ModelyardError
+from modelyard.upstream.addresses import AddressPolicy
+from modelyard.upstream.download import (
+    CHUNK,
+    ArtefactTooLarge,
+    FetchStopped,
+    HostCredential,
+    download,
+    fetch_with_fsspec,
+    in_thread,
+    redact,
+)
 
 # In `<repository>/<name>/` when an agent fetched it: only such directories are ever deleted.
 OWNED_MARKER = ".modelyard-agent"
 _LEFTOVER = re.compile(r"^\..+\.(staging|old|prev|part)-[0-9a-f]{8}$")
 _TRITON_COUNT = re.compile(r"\bcount\s*:\s*(\d+)")
+T = TypeVar("T")
+DEFAULT_SCHEMES = frozenset({"file", "http", "https", "s3", "gs"})
+# Pseudo file systems: never a model, whatever the roots say (/proc/self/environ is a "regular" file).
+_NEVER = (Path("/proc"), Path("/sys"), Path("/dev"))
+_SPECIAL = {
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFSOCK: "socket",
+}
 
 
 class ArtefactError(ModelyardError):
     """A storageUri that could not be fetched into the repository."""
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """What a storageUri may name, as the agent's config says (see the module's docstring)."""
+
+    schemes: frozenset[str] = DEFAULT_SCHEMES
+    roots: tuple[Path, ...] = ()  # local directories allowed beside the repository
+    addresses: AddressPolicy = field(default_factory=AddressPolicy)
+    credentials: tuple[HostCredential, ...] = ()
+    ca_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -53,10 +106,13 @@ class Placed:
 
 
 class Artefacts:
-    def __init__(self, repository: Path, *, max_bytes: int, timeout: float) -> None:
+    def __init__(
+        self, repository: Path, *, max_bytes: int, timeout: float, policy: FetchPolicy | None = None
+    ) -> None:
         self.repository = repository
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.policy = policy if policy is not None else FetchPolicy()
 
     def path(self, name: str) -> Path:
         if not name or "/" in name or "\\" in name or name.startswith("."):
@@ -78,30 +134,87 @@ class Artefacts:
 
         A local source that is `<repository>/<name>` or inside it is used in place (nothing is
         copied or ever deleted). A `<repository>/<name>` the agent did not create is the user's:
-        the fetch is refused rather than swap it out (the server would lose the user's model)."""
+        the fetch is refused rather than swap it out (the server would lose the user's model).
+
+        Cancelling it (an unload) stops the transfer and deletes what it wrote. Once the files
+        are complete, a cancellation no longer stops it: the swap (milliseconds) is finished and
+        the fetch returns, and the caller, which asked for the cancellation, removes the files."""
         dest = self.path(name)
-        local = _local_path(storage_uri)
-        if local is not None and _within(local, dest):
-            if not local.exists():
-                raise ArtefactError(f"storageUri {storage_uri}: no such file or directory")
-            return Placed(dest, owned=False)
-        if local is not None and _within(self.repository, local):
-            raise ArtefactError(f"storageUri {storage_uri} holds the repository {self.repository}")
+        shown = redact(storage_uri)
+        local = self._local_path(storage_uri, shown)
+        if local is not None:
+            local = await asyncio.to_thread(self._allowed_local, local, shown)
+            if _within(local, dest):
+                return Placed(dest, owned=False)
+            if _within(self.repository, local):
+                raise ArtefactError(f"storageUri {shown} holds the repository {self.repository}")
         self._refuse_foreign(dest)
         await asyncio.to_thread(self.repository.mkdir, parents=True, exist_ok=True)
         staging = self.repository / f".{name}.staging-{uuid.uuid4().hex[:8]}"
         try:
-            await self._fetch_into(storage_uri, staging, local)
-            await asyncio.to_thread(_set_settings_name, staging, name)
-            await asyncio.to_thread(_mark_owned, staging, storage_uri)
-            previous = await asyncio.to_thread(self._swap_in, staging, dest, keep_previous)
+            await self._fetch_into(storage_uri, shown, staging, local)
+            finish = asyncio.to_thread(self._finish, staging, dest, name, shown, keep_previous)
+            previous = await _completed(finish)
+        except ArtefactTooLarge as error:
+            raise ArtefactTooLarge(f"{error.message} (the agent's --max-artefact-bytes)") from None
         except ModelyardError:
             raise
         except OSError as error:
-            raise ArtefactError(f"cannot fetch {storage_uri} into {dest}: {error}") from None
+            raise ArtefactError(f"cannot fetch {shown} into {dest}: {error.strerror or error}") from None
         finally:
-            await asyncio.to_thread(shutil.rmtree, staging, True)
+            await _uninterrupted(asyncio.to_thread(shutil.rmtree, staging, True))
         return Placed(dest, owned=True, previous=previous)
+
+    def _local_path(self, uri: str, shown: str) -> Path | None:
+        """The local path a storageUri names (a bare path or file://), absolute; None if it is
+        remote. ArtefactError for a scheme this agent does not fetch, a chained fsspec URL,
+        credentials in the URL, a file:// URL naming another host."""
+        parts = urlsplit(uri)
+        scheme = parts.scheme.lower()
+        allowed = ", ".join(sorted(self.policy.schemes))
+        if scheme in ("", "file") and "file" not in self.policy.schemes:
+            raise ArtefactError(f"storageUri {shown}: local files are not fetched here (allowed: {allowed})")
+        if scheme == "":
+            return Path(uri).expanduser().absolute()
+        if scheme not in self.policy.schemes:
+            raise ArtefactError(
+                f"storageUri {shown}: {scheme}:// is not fetched by this agent (allowed: {allowed}; "
+                "--fetch-schemes changes it)"
+            )
+        if "::" in uri and scheme not in ("http", "https", "file"):  # (http's may be an IPv6 address)
+            raise ArtefactError(f"storageUri {shown}: chained URLs (::) are refused")
+        if parts.username is not None or parts.password is not None:
+            raise ArtefactError(
+                f"storageUri {shown}: credentials in the URL are refused (the agent takes them from "
+                "its environment or files: --fetch-bearer-token, --fetch-basic-auth, fsspec's own)"
+            )
+        if scheme == "file":
+            if parts.netloc not in ("", "localhost"):
+                raise ArtefactError(f"storageUri {shown}: a file:// URL names no host")
+            return Path(unquote(parts.path)).expanduser().absolute()
+        return None
+
+    def roots(self) -> list[Path]:
+        """The directories a local storageUri may be in, resolved: the repository, then the
+        configured roots."""
+        return [self.repository.resolve(), *(root.resolve() for root in self.policy.roots)]
+
+    def _allowed_local(self, path: Path, shown: str) -> Path:
+        """`path` resolved (`..` and links), once it is known to exist inside an allowed root and
+        to be a regular file or a directory; ArtefactError otherwise."""
+        if not path.exists():
+            if path.is_symlink():
+                raise ArtefactError(f"storageUri {shown}: a link to nothing")
+            raise ArtefactError(f"storageUri {shown}: no such file or directory")
+        resolved = path.resolve()
+        _refuse_outside(resolved, self.roots(), shown, self.policy.roots)
+        mode = os.stat(resolved).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ArtefactError(
+                f"storageUri {shown}: {resolved} is a {_SPECIAL.get(stat.S_IFMT(mode), 'special file')}; "
+                "only regular files and directories are fetched"
+            )
+        return resolved
 
     def _refuse_foreign(self, dest: Path) -> None:
         if (dest.exists() or dest.is_symlink()) and not self.owns(dest.name):
@@ -110,17 +223,37 @@ class Artefacts:
                 "set storageUri to it to serve it in place)"
             )
 
-    async def _fetch_into(self, uri: str, staging: Path, local: Path | None) -> None:
+    async def _fetch_into(self, uri: str, shown: str, staging: Path, local: Path | None) -> None:
+        def clean() -> None:
+            shutil.rmtree(staging, ignore_errors=True)
+
         if local is not None:
-            await asyncio.to_thread(_place_local, local, staging, self.max_bytes)
+            copy = _LocalCopy(self.roots(), self.policy.roots, self.max_bytes, self.timeout, shown)
+            await in_thread(lambda stop: copy.place(local, staging, stop), cleanup=clean)
         elif urlsplit(uri).scheme.lower() in ("http", "https"):
             await asyncio.to_thread(staging.mkdir)
             basename = PurePosixPath(unquote(urlsplit(uri).path)).name or "model"
-            file = await download(uri, staging / basename, max_bytes=self.max_bytes, deadline=self.timeout)
+            file = await download(
+                uri,
+                staging / basename,
+                max_bytes=self.max_bytes,
+                deadline=self.timeout,
+                addresses=self.policy.addresses,
+                schemes=self.policy.schemes,
+                credentials=self.policy.credentials,
+                ca_file=self.policy.ca_file,
+            )
             if basename.endswith(ARCHIVES):
-                await asyncio.to_thread(unpack, file, staging, max_bytes=self.max_bytes, remove=True)
+                await in_thread(
+                    lambda stop: unpack(file, staging, max_bytes=self.max_bytes, remove=True), cleanup=clean
+                )
         else:
             await fetch_with_fsspec(uri, staging, deadline=self.timeout, max_bytes=self.max_bytes)
+
+    def _finish(self, staging: Path, dest: Path, name: str, shown: str, keep: bool) -> Path | None:
+        _set_settings_name(staging, name)
+        _mark_owned(staging, shown)
+        return self._swap_in(staging, dest, keep)
 
     def _swap_in(self, staging: Path, dest: Path, keep: bool) -> Path | None:
         self._refuse_foreign(dest)  # again: the user may have put files there while we fetched
@@ -168,15 +301,30 @@ class Artefacts:
         return sorted(removed)
 
 
-def _local_path(uri: str) -> Path | None:
-    """The local path a storageUri names (a bare path or file://), absolute; None if remote."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme == "file":
-        return Path(unquote(parts.path)).expanduser().absolute()
-    if scheme == "":
-        return Path(uri).expanduser().absolute()
-    return None
+async def _uninterrupted(work: asyncio.Future[T] | Coroutine[Any, Any, T]) -> T:
+    """Await `work` to its end even when cancelled meanwhile (then the cancellation goes on once
+    it has ended): a swap or a clean-up half done would leave the repository in between."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()
+        raise
+
+
+async def _completed(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` to its end, a cancellation meanwhile withdrawn: what it does (a swap into
+    place) must happen whole, and its result must reach the caller, who cleans up after it."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        return await task
 
 
 def _within(path: Path, root: Path) -> bool:
@@ -185,34 +333,141 @@ def _within(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def _place_local(source: Path, staging: Path, max_bytes: int) -> None:
-    if not source.exists():
-        raise ArtefactError(f"storageUri {source}: no such file or directory")
-    if source.is_dir():
-        shutil.copytree(source, staging, copy_function=_link_or_copy)
-    elif source.name.endswith(ARCHIVES):
-        staging.mkdir()
-        unpack(source, staging, max_bytes=max_bytes)
-    else:
-        staging.mkdir()
-        shutil.copy2(source, staging / source.name)
+def _refuse_outside(resolved: Path, roots: list[Path], shown: str, configured: tuple[Path, ...]) -> None:
+    """ArtefactError unless the resolved path lies in one of `roots` and outside /proc, /sys, /dev."""
+    named = f"storageUri {shown}" + ("" if shown == str(resolved) else f" resolves to {resolved}, which")
+    if any(resolved == never or never in resolved.parents for never in _NEVER):
+        raise ArtefactError(f"{named} is in a special file system (never fetched)")
+    if not any(resolved == root or root in resolved.parents for root in roots):
+        where = f"the repository {roots[0]}" + "".join(f" or {root}" for root in configured)
+        raise ArtefactError(
+            f"{named} is outside the directories this agent fetches from ({where}; --fetch-root adds one)"
+        )
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    """Hard-link (instant, no space) when src and dst share a file system; copy otherwise. Files
-    we rewrite later (model-settings.json) are replaced, never written through the link."""
+class _LocalCopy:
+    """One local source copied (or hard-linked) into a staging directory, in a worker thread:
+    only regular files and directories, every link resolved and checked against the roots, at
+    most `max_bytes` in all and `MAX_MEMBERS` entries, stopping when told or at the deadline."""
+
+    def __init__(
+        self, roots: list[Path], configured: tuple[Path, ...], max_bytes: int, timeout: float, shown: str
+    ) -> None:
+        self._roots = roots
+        self._configured = configured
+        self._max_bytes = max_bytes
+        self._until = time.monotonic() + timeout
+        self._timeout = timeout
+        self._shown = shown
+        self._used = 0
+        self._entries = 0
+        self._stop = threading.Event()
+
+    def place(self, source: Path, staging: Path, stop: threading.Event) -> None:
+        self._stop = stop
+        if source.is_dir():
+            self._copy_dir(source, staging, source, set())
+            return
+        staging.mkdir()
+        self._copy_file(source, staging / source.name, source.name)
+        if source.name.endswith(ARCHIVES):
+            unpack(staging / source.name, staging, max_bytes=self._max_bytes, remove=True)
+
+    def _check(self) -> None:
+        if self._stop.is_set():
+            raise FetchStopped(f"fetch of {self._shown} stopped")
+        if time.monotonic() > self._until:
+            raise ArtefactError(f"fetch of {self._shown} took longer than {self._timeout:g}s")
+
+    def _count(self, size: int) -> None:
+        self._used += size
+        if self._used > self._max_bytes:
+            raise ArtefactTooLarge(
+                f"storageUri {self._shown}: more than the limit of {self._max_bytes} bytes"
+            )
+
+    def _refuse_special(self, where: str, mode: int) -> None:
+        kind = _SPECIAL.get(stat.S_IFMT(mode), "special file")
+        raise ArtefactError(
+            f"storageUri {self._shown}: {where} is a {kind}; only regular files and directories are fetched"
+        )
+
+    def _copy_dir(self, source: Path, target: Path, top: Path, seen: set[tuple[int, int]]) -> None:
+        info = os.stat(source)
+        if (info.st_dev, info.st_ino) in seen:
+            raise ArtefactError(f"storageUri {self._shown}: {source} links back into itself")
+        seen = seen | {(info.st_dev, info.st_ino)}
+        target.mkdir()
+        with os.scandir(source) as scan:
+            entries = sorted(scan, key=lambda e: e.name)
+        for entry in entries:
+            self._check()
+            self._entries += 1
+            if self._entries > MAX_MEMBERS:
+                raise ArtefactError(f"storageUri {self._shown}: more than {MAX_MEMBERS} entries")
+            path = Path(entry.path)
+            where = str(path.relative_to(top)) if path.is_relative_to(top) else str(path)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                if not path.exists():
+                    raise ArtefactError(f"storageUri {self._shown}: {where} is a link to nothing")
+                path = path.resolve()
+                _refuse_outside(path, self._roots, f"{self._shown} ({where})", self._configured)
+                mode = os.stat(path).st_mode
+            if stat.S_ISDIR(mode):
+                self._copy_dir(path, target / entry.name, top, seen)
+            elif stat.S_ISREG(mode):
+                self._copy_file(path, target / entry.name, where)
+            else:
+                self._refuse_special(where, mode)
+
+    def _copy_file(self, source: Path, target: Path, where: str) -> None:
+        """Hard-link `source` (instant, no space) when it and the target share a file system, else
+        copy it chunk by chunk. Opened without following a link and without blocking, and checked
+        on what was opened, so a file swapped for a link or a FIFO after the checks is refused.
+        Files we rewrite later (model-settings.json) are replaced, never written through a link."""
+        self._check()
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as error:
+            raise ArtefactError(f"storageUri {self._shown}: {where}: {error.strerror or error}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                self._refuse_special(where, info.st_mode)
+            if self._used + info.st_size > self._max_bytes:
+                self._count(info.st_size)  # over: refused before anything is copied
+            if _linked(source, target, info):
+                self._count(info.st_size)
+                return
+            with target.open("wb") as out:
+                while chunk := os.read(fd, CHUNK):
+                    self._check()
+                    self._count(len(chunk))  # counted as read: a file that grows is caught too
+                    out.write(chunk)
+        finally:
+            os.close(fd)
+
+
+def _linked(source: Path, target: Path, opened: os.stat_result) -> bool:
+    """Hard-link `source` at `target` if it is still the file opened (same inode, not a link)."""
     try:
-        os.link(src, dst)
+        os.link(source, target, follow_symlinks=False)
     except OSError:
-        shutil.copy2(src, dst)
+        return False  # another file system, or a file of someone else's (protected_hardlinks)
+    made = os.lstat(target)
+    if stat.S_ISREG(made.st_mode) and (made.st_dev, made.st_ino) == (opened.st_dev, opened.st_ino):
+        return True
+    target.unlink()
+    return False
 
 
-def _mark_owned(model_dir: Path, storage_uri: str) -> None:
+def _mark_owned(model_dir: Path, shown: str) -> None:
     """The marker that says an agent made this directory (so it, or a later agent, may delete
     it); written before the swap, so the directory never appears without it."""
     marker = model_dir / OWNED_MARKER
     fresh = model_dir / f"{OWNED_MARKER}.new"
-    fresh.write_text(f"fetched by the modelyard agent from {storage_uri}\n")
+    fresh.write_text(f"fetched by the modelyard agent from {shown}\n")
     os.replace(fresh, marker)  # a new inode: never written through a hard link to a source
 
 
@@ -255,3 +510,29 @@ def instance_count(model_dir: Path) -> int:
         if group >= 0:
             return sum(int(n) for n in _TRITON_COUNT.findall(text[group:]))
     return 0
+
+
+def fetch_policy(config: AgentConfig) -> FetchPolicy:
+    """The agent's config as a FetchPolicy. ConfigError naming the file when a credential or CA
+    file cannot be read: better at start than at the first download."""
+    problems = []
+    files = [
+        (c.bearer_token_file or c.basic_auth_file, f"credential for {c.host}")
+        for c in config.fetch_credentials
+    ]
+    if config.fetch_ca_file is not None:
+        files.append((config.fetch_ca_file, "fetch_ca_file"))
+    for file, what in files:
+        if file is not None and not os.access(file, os.R_OK):
+            problems.append(f"{what}: {file}: {'not readable' if file.exists() else 'no such file'}")
+    if problems:
+        raise ConfigError("agent fetch options", problems)
+    return FetchPolicy(
+        schemes=frozenset(config.fetch_schemes),
+        roots=config.fetch_roots,
+        addresses=AddressPolicy(allow_private=config.allow_private_fetch, networks=config.fetch_networks),
+        credentials=tuple(
+            HostCredential(c.host, c.bearer_token_file, c.basic_auth_file) for c in config.fetch_credentials
+        ),
+        ca_file=config.fetch_ca_file,
+    )

@@ -7,6 +7,8 @@ a model that names requirements should only land on a replica that says it has t
 
 from __future__ import annotations
 
+import ipaddress
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +18,29 @@ from modelyard.config import TelemetryConfig
 from modelyard.placement.manifest import parse_quantity
 
 Bytes = Annotated[int, BeforeValidator(parse_quantity), Field(ge=0)]
+
+# 4 GiB: well above any classical model (scikit-learn, XGBoost, ONNX, a BERT: megabytes to ~1 GiB),
+# low enough that a storageUri of /dev/zero or an endless body cannot fill a node's disk. LLM
+# weights need more: say so per agent (`--max-artefact-bytes 40Gi`).
+DEFAULT_MAX_ARTEFACT_BYTES = 4 * 2**30
+
+
+class FetchCredential(BaseModel):
+    """A credential the agent sends, over https only, to one host (`name` or `name:port`) when it
+    downloads from it: a file holding a bearer token, or `user:password` for basic auth. Read at
+    each download (rotation is picked up); never taken from a model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field(min_length=1)
+    bearer_token_file: Path | None = None
+    basic_auth_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> FetchCredential:
+        if (self.bearer_token_file is None) == (self.basic_auth_file is None):
+            raise ValueError(f"{self.host}: give exactly one of bearer_token_file and basic_auth_file")
+        return self
 
 
 class AgentConfig(BaseModel):
@@ -41,8 +66,32 @@ class AgentConfig(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0, description="wait for the scheduler's channel, s")
     server_live_timeout: float = Field(default=120.0, gt=0, description="wait at start for the server, s")
     request_timeout: float = Field(default=300.0, gt=0, description="one repository call (a load), s")
-    max_artefact_bytes: Bytes = Field(default=16 * 2**30, description="bound on one downloaded file")
-    fetch_timeout: float = Field(default=1800.0, gt=0)
+    # Fetching storageUri (artefacts.py, upstream/download.py): what a model may make the agent read.
+    max_artefact_bytes: Bytes = Field(
+        default=DEFAULT_MAX_ARTEFACT_BYTES,
+        description="bound on one model's files (downloaded, copied or unpacked), counted as they arrive",
+    )
+    fetch_timeout: float = Field(default=1800.0, gt=0, description="one model's fetch in all, s")
+    fetch_schemes: tuple[str, ...] = Field(
+        default=("file", "http", "https", "s3", "gs"),
+        description="storageUri schemes fetched (file: local paths too); others are refused",
+    )
+    fetch_roots: tuple[Path, ...] = Field(
+        default=(), description="local directories a storageUri may name, beside the repository"
+    )
+    allow_private_fetch: bool = Field(
+        default=False,
+        description="let downloads reach loopback, private and link-local addresses (not cloud metadata)",
+    )
+    fetch_networks: tuple[IPv4Network | IPv6Network, ...] = Field(
+        default=(), description="networks downloads may reach although not global (metadata included)"
+    )
+    fetch_ca_file: Path | None = Field(
+        default=None, description="CAs trusted for https downloads, beside the system's"
+    )
+    fetch_credentials: tuple[FetchCredential, ...] = Field(
+        default=(), description="credential files for https downloads, one per host"
+    )
     event_attempts: int = Field(default=3, ge=1, le=100, description="tries to send one event")
     # The data plane (dataplane.py): the gateway sends requests here and the agent forwards them.
     host: str = Field(default="127.0.0.1", description="where the data plane listens")
@@ -87,6 +136,34 @@ class AgentConfig(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("fetch_schemes", mode="before")
+    @classmethod
+    def _schemes(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            return tuple(
+                s.strip().lower().removesuffix("://") for s in value if isinstance(s, str) and s.strip()
+            )
+        return value
+
+    @field_validator("fetch_networks", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            networks = []
+            for item in value:
+                if isinstance(item, str):
+                    try:
+                        item = ipaddress.ip_network(item.strip())
+                    except ValueError as error:
+                        raise ValueError(f"{item.strip()!r}: {error}") from None
+                networks.append(item)
+            return tuple(networks)
+        return value
 
     @field_validator("capabilities", mode="before")
     @classmethod

@@ -26,9 +26,10 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from modelyard.agent.artefacts import Artefacts, instance_count
+from modelyard.agent.artefacts import Artefacts, Placed, instance_count
 from modelyard.agent.config import AgentConfig
 from modelyard.agent.policy import CommandStamps, retry_delays
 from modelyard.agent.residency import Residency
@@ -39,6 +40,20 @@ from modelyard.telemetry import Span
 from modelyard.upstream.repository import RepositoryClient
 
 log = logging.getLogger("modelyard.agent")
+
+
+class FetchCancelled(ModelyardError):
+    """A load whose fetch was stopped because an UNLOAD of that version arrived."""
+
+
+@dataclass
+class _Fetching:
+    """A load's fetch under way: an UNLOAD of `version` cancels `task` (and sets `stopped`)."""
+
+    version: int
+    task: asyncio.Task[Placed]
+    stopped: bool = False
+
 
 Event = agent_pb2.ModelEvent
 _UNDER_WAY = frozenset({ModelStatus.WAITING, ModelStatus.LOADING})
@@ -69,6 +84,7 @@ class Operations:
         self._residency = residency
         self._on_load = on_load  # (loaded ok): counted in modelyard_model_loads_total
         self._stamps = CommandStamps()
+        self._fetching: dict[str, _Fetching] = {}  # by model name: the fetch an UNLOAD stops
         self.draining = False
 
     def _lock(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
@@ -109,14 +125,24 @@ class Operations:
             except Exception as error:  # whatever went wrong, the scheduler hears of it
                 failed = self._state.forget(name)
                 self._residency.freed()
-                self._on_load(False)
+                # Stopped by an UNLOAD: the scheduler expects that UNLOAD's answer (UNLOADED, sent
+                # by it once this returns), not a LOAD_FAILED for a replica it is unloading.
+                stopped = isinstance(error, FetchCancelled)
+                if stopped:
+                    log.info("load of %s v%d stopped: %s", name, version, error)
+                else:
+                    self._on_load(False)
                 why = _describe(error)
                 if replaced is not None and await self._kept(replaced, previous, version):
-                    await send(model, Event.LOAD_FAILED, f"{why}; version {replaced.version} serves on", 0)
+                    if not stopped:
+                        await send(
+                            model, Event.LOAD_FAILED, f"{why}; version {replaced.version} serves on", 0
+                        )
                     return
                 ours = (failed is not None and failed.fetched) or (replaced is not None and replaced.fetched)
                 await self._clean_up_failed(model, replaced is not None, ours, previous)
-                await send(model, Event.LOAD_FAILED, why, 0)
+                if not stopped:
+                    await send(model, Event.LOAD_FAILED, why, 0)
                 if replaced is not None:
                     old = agent_pb2.ModelVersion(name=name, version=replaced.version)
                     await send(old, Event.UNLOADED, f"replaced by version {version}, which failed", 0)
@@ -167,13 +193,14 @@ class Operations:
         When `replacing`, the files the fetch replaced are kept aside in `previous`."""
         model_dir = None
         if fetch:
-            assert self._artefacts is not None
-            placed = await self._artefacts.fetch(model.name, model.storage_uri, keep_previous=replacing)
+            placed, stopped = await self._fetch(model, replacing)
             if placed.previous is not None:
                 previous.append(placed.previous)
             model_dir = placed.path
             # Only now, once files the agent made were swapped in, are they the agent's to delete.
             self._state.set_fetched(model.name, model.version, placed.owned)
+            if stopped:  # as its files were swapped in: they are recorded, so they go with the rest
+                raise FetchCancelled(f"an unload of version {model.version} arrived")
         attempts = self._config.load_attempts
         delays = retry_delays(attempts, self._config.load_backoff, self._config.load_backoff_max, self._rng)
         for attempt in range(1, attempts + 1):
@@ -188,6 +215,41 @@ class Operations:
                 log.warning("load %s attempt %d/%d failed: %s", model.name, attempt, attempts, error.message)
                 await asyncio.sleep(delays[attempt - 1])  # the backoff between load attempts
         return await asyncio.to_thread(instance_count, model_dir) if model_dir is not None else 0
+
+    async def _fetch(self, model: agent_pb2.ModelVersion, replacing: bool) -> tuple[Placed, bool]:
+        """The artefact fetched in a task of its own, which an UNLOAD of this version cancels
+        (`stop_fetch`): FetchCancelled then, once the fetch has stopped and cleaned up. Also
+        says whether an UNLOAD came just as the fetch ended (its files are swapped in: the
+        caller records them, then gives up)."""
+        assert self._artefacts is not None
+        work = self._artefacts.fetch(model.name, model.storage_uri, keep_previous=replacing)
+        task = asyncio.create_task(work, name=f"agent-fetch-{model.name}")
+        fetching = self._fetching[model.name] = _Fetching(model.version, task)
+        try:
+            placed = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if fetching.stopped and (current is None or not current.cancelling()):
+                raise FetchCancelled(f"an unload of version {model.version} arrived") from None
+            raise  # the agent is stopping
+        finally:
+            if self._fetching.get(model.name) is fetching:
+                del self._fetching[model.name]
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise asyncio.CancelledError  # the agent is stopping: it came as the files were placed
+        return placed, fetching.stopped
+
+    def stop_fetch(self, name: str, version: int) -> bool:
+        """Cancel the fetch of `name` at `version` if one is under way (an UNLOAD of it arrived,
+        the model was deleted): its transfer stops and its partial files go. True if one was."""
+        fetching = self._fetching.get(name)
+        if fetching is None or fetching.version != version or fetching.stopped:
+            return False
+        fetching.stopped = True
+        fetching.task.cancel()
+        log.info("stopping the fetch of %s v%d: it is being unloaded", name, version)
+        return True
 
     async def _clean_up_failed(
         self, model: agent_pb2.ModelVersion, replacing: bool, ours: bool, previous: list[Path]
@@ -207,6 +269,9 @@ class Operations:
     async def unload(self, model: agent_pb2.ModelVersion, stamp: int, span: Span | None = None) -> None:
         name, version = model.name, model.version
         send = self._send if span is None else _marking(self._send, span)
+        # At once, before the grace and the lock (which the load holds while it fetches): a fetch
+        # of this version stops now, its load ends, and this unload then finds nothing held.
+        self.stop_fetch(name, version)
         if self._config.unload_grace > 0:
             # Seldon's grace (compat §7.4, §13.14): routes stop sending before the model goes, and
             # a LOAD received meanwhile wins over this UNLOAD (the stamp check below).

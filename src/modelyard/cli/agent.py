@@ -10,13 +10,17 @@ import typer
 from pydantic import ValidationError
 
 from modelyard.agent import Agent, AgentConfig
+from modelyard.agent.artefacts import fetch_policy
 from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
-from modelyard.errors import ModelyardError
+from modelyard.errors import ConfigError, ModelyardError
 from modelyard.kube.podinfo import PodInfoError, capabilities_from_labels, labels_from_file_text
 from modelyard.serving import run, serve_until_signal
 
 _FLAGS = {
+    "fetch_roots": "--fetch-root",
+    "fetch_networks": "--fetch-network",
+    "fetch_credentials": "--fetch-bearer-token/--fetch-basic-auth",
     "server_name": "--server",
     "replica_idx": "--replica",
     "memory_bytes": "--memory",
@@ -91,6 +95,54 @@ def agent(
             "models elsewhere before stopping (a second signal stops at once)."
         ),
     ] = 60.0,
+    fetch_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A directory a local storageUri may name, beside --repository (repeatable). Default: "
+            "only the repository; links and .. are resolved before the check."
+        ),
+    ] = None,
+    fetch_schemes: Annotated[
+        str,
+        typer.Option(help="storageUri schemes fetched, comma-separated (file: local paths too)."),
+    ] = "file,http,https,s3,gs",
+    max_artefact_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Bound on one model's files (downloaded, copied or unpacked), counted as they arrive: "
+            "bytes or a quantity such as 40Gi."
+        ),
+    ] = "4Gi",
+    fetch_timeout: Annotated[float, typer.Option(help="Bound on one model's fetch, seconds.")] = 1800.0,
+    allow_private_fetch: Annotated[
+        bool,
+        typer.Option(
+            "--allow-private-fetch",
+            help="Let downloads reach loopback, private and link-local addresses (never cloud metadata "
+            "endpoints, which only --fetch-network allows).",
+        ),
+    ] = False,
+    fetch_network: Annotated[
+        list[str] | None,
+        typer.Option(help="A network downloads may reach although it is not global, CIDR (repeatable)."),
+    ] = None,
+    fetch_ca_file: Annotated[
+        Path | None, typer.Option(help="CA certificates trusted for https downloads, beside the system's.")
+    ] = None,
+    fetch_bearer_token: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="HOST=FILE: send the token in FILE (read at each download) to HOST[:PORT], over https "
+            "only (repeatable)."
+        ),
+    ] = None,
+    fetch_basic_auth: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="HOST=FILE: send USER:PASSWORD from FILE as basic auth to HOST[:PORT], over https only "
+            "(repeatable)."
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     otlp_endpoint: OtlpEndpointOption = None,
     trace_sample_ratio: SampleRatioOption = 1.0,
@@ -104,6 +156,12 @@ def agent(
     again (evicting the least recently used idle ones) when a request needs it. On SIGTERM
     or SIGINT it drains: the scheduler moves its models elsewhere, and it exits once they serve
     there (at most --drain-timeout seconds).
+
+    With --repository, each model's storageUri is fetched into it: a local path only inside the
+    repository or a --fetch-root (regular files and directories only), a download only from
+    global addresses unless --allow-private-fetch or --fetch-network says otherwise, at most
+    --max-artefact-bytes per model; an unload stops a fetch under way. Credentials come from
+    the flags' files (https) or fsspec's environment (s3, gs), never from a model.
     """
     if not drain_timeout > 0:
         typer.echo(f"error: agent options: --drain-timeout: must be above 0, got {drain_timeout:g}", err=True)
@@ -134,12 +192,24 @@ def agent(
             advertise_url=advertise_url,
             room_timeout=room_timeout,
             telemetry=telemetry_config(otlp_endpoint, trace_sample_ratio),
+            fetch_roots=tuple(fetch_root or ()),
+            fetch_schemes=fetch_schemes,  # comma-separated: AgentConfig splits it
+            max_artefact_bytes=max_artefact_bytes,  # a quantity string: AgentConfig parses it
+            fetch_timeout=fetch_timeout,
+            allow_private_fetch=allow_private_fetch,
+            fetch_networks=tuple(fetch_network or ()),
+            fetch_ca_file=fetch_ca_file,
+            fetch_credentials=_credentials(fetch_bearer_token, fetch_basic_auth),
         )
+        fetch_policy(config)  # the credential and CA files are there and readable
     except ValidationError as exc:
         problems = "; ".join(
             f"{_flag(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
         )
         typer.echo(f"error: agent options: {problems}", err=True)
+        raise typer.Exit(1) from None
+    except ConfigError as error:
+        typer.echo(f"error: agent options: {'; '.join(error.problems)}", err=True)
         raise typer.Exit(1) from None
     try:
         run(_run(config, drain_timeout))
@@ -148,6 +218,22 @@ def agent(
         raise typer.Exit(1) from None
     except OSError as error:
         raise listen_failure(error, [Listener(host, port, "agent data plane")]) from None
+
+
+def _credentials(bearer: list[str] | None, basic: list[str] | None) -> list[dict[str, str]]:
+    """--fetch-bearer-token and --fetch-basic-auth (HOST=FILE) as AgentConfig's fetch_credentials."""
+    credentials = []
+    for flag, field, pairs in (
+        ("--fetch-bearer-token", "bearer_token_file", bearer),
+        ("--fetch-basic-auth", "basic_auth_file", basic),
+    ):
+        for pair in pairs or []:
+            host, sep, file = pair.partition("=")
+            if not sep or not host or not file:
+                typer.echo(f"error: agent options: {flag}: expected HOST=FILE, got {pair!r}", err=True)
+                raise typer.Exit(1)
+            credentials.append({"host": host, field: file})
+    return credentials
 
 
 def _flag(loc: tuple[int | str, ...]) -> str:

@@ -10,7 +10,7 @@ import zipfile
 import pytest
 
 from modelyard.agent.archives import ArchiveError
-from modelyard.agent.artefacts import Artefacts
+from modelyard.agent.artefacts import Artefacts, FetchPolicy
 
 
 class _Zeros(io.RawIOBase):
@@ -25,6 +25,11 @@ class _Zeros(io.RawIOBase):
         buffer[:n] = b"\0" * n
         self.left -= n
         return n
+
+
+def _sources_in(root):
+    """The agent's policy when the test's sources are under `root` (beside the repository)."""
+    return FetchPolicy(roots=(root,))
 
 
 def _tar(path, *members, mode="w"):
@@ -54,7 +59,7 @@ async def test_an_archive_that_unpacks_over_the_bound_is_refused_before_writing(
     # 4 MiB of zeros compress to a few KiB: the download bound alone let it through (a bomb).
     archive = _tar(tmp_path / "bomb.tar.gz", ("big.bin", 4 << 20), mode="w:gz")
     assert archive.stat().st_size < 64 << 10
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     with pytest.raises(ArchiveError, match="over the limit of 1048576"):
         await artefacts.fetch("iris", str(archive))
     assert os.listdir(tmp_path / "repo") == []  # staging gone, nothing written
@@ -79,7 +84,9 @@ async def test_an_archive_that_unpacks_over_the_bound_is_refused_before_writing(
 async def test_members_that_would_land_outside_the_model_are_refused(tmp_path, member):
     archive = _tar(tmp_path / "evil.tar", ("ok", b"x"), member)
     with pytest.raises(ArchiveError):
-        await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10).fetch("iris", str(archive))
+        await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path)).fetch(
+            "iris", str(archive)
+        )
     assert os.listdir(tmp_path / "repo") == []
     assert not (tmp_path / "escape").exists()
 
@@ -88,7 +95,9 @@ async def test_links_inside_the_model_are_kept(tmp_path):
     archive = _tar(
         tmp_path / "m.tar", ("a/weights", b"w"), ("a/link", "->", "weights"), ("b", "=>", "a/weights")
     )
-    placed = await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10).fetch("iris", str(archive))
+    placed = await Artefacts(
+        tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path)
+    ).fetch("iris", str(archive))
     assert (placed.path / "a" / "link").read_bytes() == b"w" and (placed.path / "b").read_bytes() == b"w"
 
 
@@ -97,11 +106,13 @@ async def test_a_zip_member_climbing_out_is_refused(tmp_path):
     with zipfile.ZipFile(zipped, "w") as z:
         z.writestr("../escape", b"x")
     with pytest.raises(ArchiveError, match="unsafe path"):
-        await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10).fetch("iris", str(zipped))
+        await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path)).fetch(
+            "iris", str(zipped)
+        )
 
 
 async def test_a_single_top_directory_is_flattened_only_when_it_is_the_model_root(tmp_path):
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     # Triton's version directory is part of the model: before, `1/` was flattened away.
     triton = await artefacts.fetch("densenet", str(_tar(tmp_path / "t.tar", ("1/model.onnx", b"onnx"))))
     assert _tree(triton.path) == ["1", "1/model.onnx"]

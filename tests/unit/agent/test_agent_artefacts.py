@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from modelyard.agent.artefacts import ArtefactError, Artefacts, instance_count
+from modelyard.agent.artefacts import ArtefactError, Artefacts, FetchPolicy, instance_count
 
 
 def _model_dir(root, name="src", settings_name="something-else"):
@@ -20,9 +20,14 @@ def _model_dir(root, name="src", settings_name="something-else"):
     return src
 
 
+def _sources_in(root):
+    """The agent's policy when the test's sources are under `root` (beside the repository)."""
+    return FetchPolicy(roots=(root,))
+
+
 async def test_a_local_dir_lands_under_the_model_name_with_its_settings_renamed(tmp_path):
     src = _model_dir(tmp_path)
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     dest = (await artefacts.fetch("iris", str(src))).path
     assert dest == tmp_path / "repo" / "iris"
     assert (dest / "model.joblib").read_bytes() == b"weights"
@@ -39,7 +44,7 @@ async def test_file_uri_and_replacing_a_model_the_agent_fetched(tmp_path):
     old.mkdir()
     (old / "old-file").write_text("v1")
     src = _model_dir(tmp_path)
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     first = await artefacts.fetch("iris", str(old))
     assert first.owned and artefacts.owns("iris")
     placed = await artefacts.fetch("iris", src.as_uri())
@@ -68,7 +73,7 @@ def _untouched(user):
 async def test_a_users_directory_in_the_repository_is_never_swapped_out_or_removed(tmp_path):
     repo = tmp_path / "repo"
     user = _user_model(repo)
-    artefacts = Artefacts(repo, max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(repo, max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     with pytest.raises(ArtefactError, match="exists and was not fetched by the agent"):
         await artefacts.fetch("iris", str(_model_dir(tmp_path)))
     assert artefacts.remove("iris") is False
@@ -82,7 +87,7 @@ async def test_a_users_directory_in_the_repository_is_never_swapped_out_or_remov
 async def test_a_storage_uri_in_the_models_own_directory_is_used_in_place(tmp_path, uri):
     repo = tmp_path / "repo"
     user = _user_model(repo)
-    artefacts = Artefacts(repo, max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(repo, max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     placed = await artefacts.fetch("iris", uri.format(repo=repo))
     assert placed.path == user and placed.owned is False
     assert artefacts.remove("iris") is False  # what an unload does: nothing to the user's files
@@ -90,7 +95,7 @@ async def test_a_storage_uri_in_the_models_own_directory_is_used_in_place(tmp_pa
 
 
 async def test_a_storage_uri_holding_the_repository_is_refused(tmp_path):
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     with pytest.raises(ArtefactError, match="holds the repository"):
         await artefacts.fetch("iris", str(tmp_path))
 
@@ -104,13 +109,13 @@ async def test_leftovers_of_an_interrupted_fetch_are_cleaned_and_nothing_else(tm
     (repo / ".f.part-abcdef01").write_text("partial")
     (repo / ".keep").mkdir()
     (repo / ".iris.staging-notours").mkdir()
-    removed = Artefacts(repo, max_bytes=1, timeout=1).clean_leftovers()
+    removed = Artefacts(repo, max_bytes=1, timeout=1, policy=_sources_in(tmp_path)).clean_leftovers()
     assert len(removed) == 4
     assert sorted(os.listdir(repo)) == [".iris.staging-notours", ".keep", "iris"]
 
 
 def test_a_name_the_repository_cannot_hold_is_never_removed(tmp_path):
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1, timeout=1)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1, timeout=1, policy=_sources_in(tmp_path))
     assert artefacts.remove("../repo") is False and artefacts.owns(".hidden") is False
 
 
@@ -119,12 +124,14 @@ async def test_a_tarball_with_one_top_directory_is_unpacked_into_the_model_dir(t
     archive = tmp_path / "model.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(src, arcname="packed")
-    placed = await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10).fetch("iris", str(archive))
+    placed = await Artefacts(
+        tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path)
+    ).fetch("iris", str(archive))
     assert sorted(os.listdir(placed.path)) == [".modelyard-agent", "model-settings.json", "model.joblib"]
 
 
 async def test_missing_sources_and_bad_names_are_clear_errors(tmp_path):
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     with pytest.raises(ArtefactError, match="no such file"):
         await artefacts.fetch("iris", str(tmp_path / "nope"))
     with pytest.raises(ArtefactError, match="cannot be a repository directory"):
@@ -134,7 +141,9 @@ async def test_missing_sources_and_bad_names_are_clear_errors(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("fsspec") is not None, reason="fsspec is installed")
 async def test_s3_without_fsspec_says_what_to_install(tmp_path):
     with pytest.raises(Exception, match="fsspec"):
-        await Artefacts(tmp_path / "repo", max_bytes=1, timeout=10).fetch("iris", "s3://bucket/iris")
+        await Artefacts(tmp_path / "repo", max_bytes=1, timeout=10, policy=_sources_in(tmp_path)).fetch(
+            "iris", "s3://bucket/iris"
+        )
 
 
 def test_instance_count_from_triton_config_or_unknown(tmp_path):
@@ -152,7 +161,7 @@ async def test_a_replace_can_keep_the_old_files_aside_then_restore_or_discard_th
     for source, text in ((first, "one"), (second, "two")):
         source.mkdir()
         (source / "weights").write_text(text)
-    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
     await artefacts.fetch("m", str(first))
     placed = await artefacts.fetch("m", str(second), keep_previous=True)
     assert placed.previous is not None and (placed.previous / "weights").read_text() == "one"
