@@ -207,6 +207,8 @@ def test_the_default_size_limit_is_finite_and_documented():
         ("sim://chat-small", "sim:// is not fetched by this agent"),
         ("https://reader:url-secret@files.example/m.tgz", "credentials in the URL are refused"),
         ("s3://AKIA:url-secret@bucket/model", "credentials in the URL are refused"),
+        ("http://[::1/model?sig=url-secret", "http://(not a valid URL): not a valid URL"),
+        ("https://files.example:port/model?sig=url-secret", "not a valid URL"),
     ],
 )
 async def test_schemes_not_allowed_chains_and_credentials_in_the_url_are_refused(setup, uri, why):
@@ -510,9 +512,12 @@ async def test_a_failed_downloads_reason_reaches_the_scheduler_without_the_body(
         model = await wait_for_model(
             http, scheduler.url, "m", lambda m: "403" in str(m), "a reason with the 403"
         )
-        text = str(model)
-        assert f"download of {server.url}/forbidden/m.tar.gz: answered 403 Forbidden" in text
-        assert SECRET_BODY not in text
+        async with http.get(f"{scheduler.url}/v1/feed") as response:
+            snapshot = (await response.content.readline()).decode()  # the first line: every model
+        for text in (str(model), snapshot):
+            assert f"download of {server.url}/forbidden/m.tar.gz: answered 403 Forbidden" in text
+            assert SECRET_BODY not in text
+        assert "query-secret" not in snapshot
     finally:
         await agent.stop()
         await scheduler.stop()

@@ -169,7 +169,11 @@ class Artefacts:
         """The local path a storageUri names (a bare path or file://), absolute; None if it is
         remote. ArtefactError for a scheme this agent does not fetch, a chained fsspec URL,
         credentials in the URL, a file:// URL naming another host."""
-        parts = urlsplit(uri)
+        try:
+            parts = urlsplit(uri)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise ArtefactError(f"storageUri {shown}: not a valid URL") from None
         scheme = parts.scheme.lower()
         allowed = ", ".join(sorted(self.policy.schemes))
         if scheme in ("", "file") and "file" not in self.policy.schemes:
@@ -398,13 +402,15 @@ class _LocalCopy:
             raise ArtefactError(f"storageUri {self._shown}: {source} links back into itself")
         seen = seen | {(info.st_dev, info.st_ino)}
         target.mkdir()
+        entries = []
         with os.scandir(source) as scan:
-            entries = sorted(scan, key=lambda e: e.name)
-        for entry in entries:
+            for entry in scan:
+                self._entries += 1
+                if self._entries > MAX_MEMBERS:
+                    raise ArtefactError(f"storageUri {self._shown}: more than {MAX_MEMBERS} entries")
+                entries.append(entry)
+        for entry in sorted(entries, key=lambda e: e.name):
             self._check()
-            self._entries += 1
-            if self._entries > MAX_MEMBERS:
-                raise ArtefactError(f"storageUri {self._shown}: more than {MAX_MEMBERS} entries")
             path = Path(entry.path)
             where = str(path.relative_to(top)) if path.is_relative_to(top) else str(path)
             mode = os.lstat(path).st_mode

@@ -74,7 +74,11 @@ def redact(uri: str) -> str:
     """`uri` as it may be shown: scheme, host, port and path; no userinfo (`user:password@`),
     query or fragment, which may carry credentials (a presigned URL's signature). A local path
     is shown as it is."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError:  # an IPv6 host without its closing bracket, say: nothing of it is shown
+        scheme = uri.partition(":")[0]
+        return f"{scheme}://(not a valid URL)" if scheme.isalnum() else "(not a valid URL)"
     if not parts.scheme or len(parts.scheme) == 1:  # a path (or a Windows drive letter)
         return uri
     host = parts.hostname or ""
@@ -225,6 +229,8 @@ async def download(
         raise DownloadFailed(f"download of {redact(current[0])}: {_client_error(error)}") from None
     except TimeoutError:
         raise UpstreamTimeout(f"download of {redact(current[0])} took longer than {deadline:g}s") from None
+    except ValueError:  # yarl's, for a URL it cannot hold (its text would show the whole URL)
+        raise DownloadFailed(f"download of {redact(current[0])}: not a valid URL") from None
     finally:
         part.unlink(missing_ok=True)
         await session.close()
