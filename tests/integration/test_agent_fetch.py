@@ -352,6 +352,17 @@ def test_a_missing_credential_file_is_a_clear_error_at_start(tmp_path):
     )
     with pytest.raises(ConfigError, match=f"credential for files.example: {tmp_path / 'nope'}: no such file"):
         Agent(config)
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate")
+    config = AgentConfig(
+        scheduler="h:1",
+        server_name="s",
+        inference_url="http://h:2",
+        repository=tmp_path,
+        fetch_ca_file=not_pem,
+    )
+    with pytest.raises(ConfigError, match=f"--fetch-ca-file: {not_pem}: "):
+        Agent(config)
 
 
 # --- an unload or a delete stops a fetch -------------------------------------------------------------

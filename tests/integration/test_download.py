@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator
 
@@ -291,7 +292,7 @@ async def test_a_bearer_token_from_a_file_goes_over_https_to_its_host_only(serve
         "deadline": 10,
         "addresses": LOOPBACK,
         "credentials": credentials,
-        "ca_file": tls["ca_file"],
+        "tls": ssl.create_default_context(cafile=tls["ca_file"]),
     }
     url = f"https://localhost:{server.port}"
     assert (await download(f"{url}/model.bin", tmp_path / "a", **common)).read_bytes() == b"weights"
@@ -340,7 +341,7 @@ async def test_basic_auth_from_a_file(serve, tmp_path):
         deadline=10,
         addresses=LOOPBACK,
         credentials=credentials,
-        ca_file=tls["ca_file"],
+        tls=ssl.create_default_context(cafile=tls["ca_file"]),
     )
     assert server.requests[-1][1]["Authorization"] == "Basic cmVhZGVyOnBhc3Mtc2VjcmV0"
 

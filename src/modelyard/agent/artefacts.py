@@ -52,7 +52,9 @@ from urllib.parse import unquote, urlsplit
 
 from modelyard.agent.archives import ARCHIVES, MAX_MEMBERS, unpack
 from modelyard.agent.config import AgentConfig
+from modelyard.config import TlsClientConfig
 from modelyard.errors import ConfigError, ModelyardError
+from modelyard.security.tls import ClientTls, TlsError
 from modelyard.upstream.addresses import AddressPolicy
 from modelyard.upstream.download import (
     CHUNK,
@@ -93,7 +95,7 @@ class FetchPolicy:
     roots: tuple[Path, ...] = ()  # local directories allowed beside the repository
     addresses: AddressPolicy = field(default_factory=AddressPolicy)
     credentials: tuple[HostCredential, ...] = ()
-    ca_file: Path | None = None
+    tls: ClientTls | None = None  # how https stores are verified (None: the system's CAs)
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ class Artefacts:
                 addresses=self.policy.addresses,
                 schemes=self.policy.schemes,
                 credentials=self.policy.credentials,
-                ca_file=self.policy.ca_file,
+                tls=self.policy.tls.context() if self.policy.tls is not None else None,
             )
             if basename.endswith(ARCHIVES):
                 await in_thread(
@@ -522,15 +524,17 @@ def fetch_policy(config: AgentConfig) -> FetchPolicy:
     """The agent's config as a FetchPolicy. ConfigError naming the file when a credential or CA
     file cannot be read: better at start than at the first download."""
     problems = []
-    files = [
-        (c.bearer_token_file or c.basic_auth_file, f"credential for {c.host}")
-        for c in config.fetch_credentials
-    ]
-    if config.fetch_ca_file is not None:
-        files.append((config.fetch_ca_file, "fetch_ca_file"))
-    for file, what in files:
+    for credential in config.fetch_credentials:
+        file = credential.bearer_token_file or credential.basic_auth_file
         if file is not None and not os.access(file, os.R_OK):
-            problems.append(f"{what}: {file}: {'not readable' if file.exists() else 'no such file'}")
+            why = "not readable" if file.exists() else "no such file"
+            problems.append(f"credential for {credential.host}: {file}: {why}")
+    tls = None
+    if config.fetch_ca_file is not None:  # instead of the system's CAs, reloaded when it changes
+        try:
+            tls = ClientTls(TlsClientConfig(ca_file=str(config.fetch_ca_file)))
+        except TlsError as error:
+            problems.append(f"--fetch-ca-file: {error.message}")
     if problems:
         raise ConfigError("agent fetch options", problems)
     return FetchPolicy(
@@ -540,5 +544,5 @@ def fetch_policy(config: AgentConfig) -> FetchPolicy:
         credentials=tuple(
             HostCredential(c.host, c.bearer_token_file, c.basic_auth_file) for c in config.fetch_credentials
         ),
-        ca_file=config.fetch_ca_file,
+        tls=tls,
     )

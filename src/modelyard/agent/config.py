@@ -87,7 +87,7 @@ class AgentConfig(BaseModel):
         default=(), description="networks downloads may reach although not global (metadata included)"
     )
     fetch_ca_file: Path | None = Field(
-        default=None, description="CAs trusted for https downloads, beside the system's"
+        default=None, description="CAs https downloads are verified with, instead of the system's"
     )
     fetch_credentials: tuple[FetchCredential, ...] = Field(
         default=(), description="credential files for https downloads, one per host"

@@ -127,7 +127,11 @@ def agent(
         typer.Option(help="A network downloads may reach although it is not global, CIDR (repeatable)."),
     ] = None,
     fetch_ca_file: Annotated[
-        Path | None, typer.Option(help="CA certificates trusted for https downloads, beside the system's.")
+        Path | None,
+        typer.Option(
+            help="CA certificates (PEM) https downloads are verified with, instead of the system's; "
+            "reloaded when the file changes."
+        ),
     ] = None,
     fetch_bearer_token: Annotated[
         list[str] | None,

@@ -41,7 +41,9 @@ from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
+from modelyard.config import TlsClientConfig
 from modelyard.errors import ModelyardError, UpstreamTimeout
+from modelyard.security.tls import ClientTls
 from modelyard.upstream.addresses import AddressPolicy, AddressRefused, CheckingResolver, remedy
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -179,12 +181,15 @@ def check_url(url: str, schemes: frozenset[str], addresses: AddressPolicy) -> No
             raise AddressRefused(f"download of {shown}: {why}: {remedy(why)}")
 
 
-def _ssl_context(ca_file: Path | None) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    if ca_file is not None:  # beside the system's CAs, for an artefact store with its own CA
-        context.load_verify_locations(cafile=str(ca_file))
-    return context
+_SYSTEM_TLS: ClientTls | None = None
+
+
+def _system_tls() -> ssl.SSLContext:
+    """TLS 1.2 or newer, verified against the system's CAs (security/tls.py builds it)."""
+    global _SYSTEM_TLS
+    if _SYSTEM_TLS is None:
+        _SYSTEM_TLS = ClientTls(TlsClientConfig())
+    return _SYSTEM_TLS.context()
 
 
 def _part(dest: Path) -> Path:
@@ -200,19 +205,20 @@ async def download(
     addresses: AddressPolicy | None = None,
     schemes: frozenset[str] = frozenset({"http", "https"}),
     credentials: Sequence[HostCredential] = (),
-    ca_file: Path | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> Path:
     """GET `url` into the file `dest`, following up to 5 redirects (each checked as `url` is);
     at most `max_bytes`, within `deadline` seconds in all. The body goes to a temporary file
     beside `dest`, renamed on success; cancelling stops it at once and leaves nothing.
 
-    `addresses`: where it may connect (default: global addresses only). Writes happen on the
+    `addresses`: where it may connect (default: global addresses only); `tls`: how https servers
+    are verified (default: the system's CAs, TLS 1.2 or newer). Writes happen on the
     event loop: the agent is not on the request path, and a chunk write to local disk is short."""
     policy = addresses if addresses is not None else AddressPolicy()
     part = _part(dest)
     current = [url]  # the URL being fetched, for errors: redirects change it
     connector = aiohttp.TCPConnector(
-        resolver=CheckingResolver(policy), use_dns_cache=False, ssl=_ssl_context(ca_file), limit=2
+        resolver=CheckingResolver(policy), use_dns_cache=False, ssl=tls or _system_tls(), limit=2
     )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_STALL)
     session = aiohttp.ClientSession(
