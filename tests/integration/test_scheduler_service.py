@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
 from modelyard.scheduler import RunningScheduler, SchedulerConfig, start_scheduler
+from support import free_ports
 
 AGENT_URL = "http://127.0.0.1:18080"
 IRIS = {"storage_uri": "file:///models/iris", "memory": 100}
@@ -250,3 +252,209 @@ async def test_seldon_model_resource_and_unknown_models(scheduler: Any, http: ai
         assert (await response.json())["state"] == "ModelTerminated"
     async with http.get(f"{sched.url}/v1/models") as response:
         assert (await response.json()) == {"models": []}
+
+
+class ReconnectingAgent:
+    """An agent as the real one reconnects: a fresh channel per try, waits doubling from 0.1 s to at
+    most 2 s between tries; it reports what it holds when it subscribes again."""
+
+    def __init__(self, address: str, index: int) -> None:
+        self.address, self.index = address, index
+        self.held: set[tuple[str, int]] = set()
+        self.loads: list[tuple[str, int, float]] = []  # (model, version, when)
+        self.subscribed: list[float] = []
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_reconnect_backoff_ms", 2000)]
+            channel = grpc.aio.insecure_channel(self.address, options)
+            try:
+                await self._serve(agent_pb2_grpc.AgentServiceStub(channel))
+                backoff = 0.1
+            except grpc.aio.AioRpcError:
+                pass
+            finally:
+                await channel.close()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _serve(self, stub: Any) -> None:
+        request = agent_pb2.SubscribeRequest(
+            server_name="mlserver",
+            replica_idx=self.index,
+            shared=True,
+            replica_config=agent_pb2.ReplicaConfig(
+                inference_url=f"{AGENT_URL}{self.index}", memory_bytes=1000
+            ),
+            loaded_models=[agent_pb2.LoadedModel(name=n, version=v) for n, v in sorted(self.held)],
+            available_memory_bytes=1000,
+        )
+        call = stub.Subscribe(request, wait_for_ready=False)
+        self.subscribed.append(time.monotonic())
+        async for op in call:
+            name, version = op.model_version.name, op.model_version.version
+            if op.operation == agent_pb2.ModelOperation.LOAD_MODEL:
+                self.held.add((name, version))
+                self.loads.append((name, version, time.monotonic()))
+                kind = agent_pb2.ModelEvent.LOADED
+            else:
+                self.held.discard((name, version))
+                kind = agent_pb2.ModelEvent.UNLOADED
+            event = agent_pb2.ModelEvent(
+                server_name="mlserver",
+                replica_idx=self.index,
+                model_name=name,
+                model_version=version,
+                event=kind,
+                available_memory_bytes=1000,
+            )
+            await stub.AgentEvent(event, timeout=5)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def test_a_restart_waits_for_agents_reconnecting_with_backoff_and_ends_once_all_are_back(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The probe's restart: agents came back 18-37 s later, after the old 15 s resync timeout, and
+    their models flapped to ScheduleFailed. Now the resync waits 60 s by default and ends as soon as
+    every known replica has re-subscribed; nothing is placed or loaded again meanwhile."""
+    assert SchedulerConfig().resync_timeout == 60.0
+    rest_port, agent_port = free_ports(2)
+    settings = {
+        "port": rest_port,
+        "agent_port": agent_port,
+        "db": str(tmp_path / "s.db"),
+        "retry_interval": 60,
+    }
+    first = await start_scheduler(SchedulerConfig(**settings))
+    agents = [ReconnectingAgent(f"127.0.0.1:{agent_port}", index) for index in (0, 1)]
+    second: RunningScheduler | None = None
+    try:
+        async with http.put(f"{first.url}/v1/models/iris", json={**IRIS, "replicas": 2}) as response:
+            assert response.status == 200
+
+        async def available(sched: RunningScheduler) -> bool:
+            return (await _model(http, sched, "iris"))["state"] == "ModelAvailable"
+
+        await until(lambda: available(first), "iris available on both replicas")
+        await first.stop()
+        await asyncio.sleep(3.5)  # the agents try again and again, backing off to 2 s apart
+        second = await start_scheduler(SchedulerConfig(**settings))  # the default resync timeout
+        restarted = time.monotonic()
+        states: list[str] = []
+        async with http.get(f"{second.url}/v1/feed") as feed:
+            snapshot = await next_line(feed)
+            states += [m["state"] for m in snapshot["models"]]
+
+            async def ready() -> bool:
+                async with http.get(f"{second.url}/readyz") as response:
+                    return response.status == 200
+
+            await until(ready, "every replica back", attempts=1000)  # within 10 s, not 60
+            waited = time.monotonic() - restarted
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    while True:
+                        line = await next_line(feed)
+                        if line.get("type") == "model":
+                            states.append(line["state"])
+        assert waited < 10.0
+        assert all(len(agent.subscribed) >= 2 for agent in agents)
+        assert "ScheduleFailed" not in states and states[0] == "ModelAvailable", states
+        assert await available(second)
+        assert all(when < restarted for agent in agents for _, _, when in agent.loads)  # nothing loaded again
+    finally:
+        for agent in agents:
+            await agent.stop()
+        if second is not None:
+            await second.stop()
+
+
+class FreezingProxy:
+    """A TCP proxy to `port` that can stop passing bytes without closing anything: to the scheduler,
+    an agent whose host vanished (a half-open connection)."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.frozen = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        self._writers += [writer, up_writer]
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(source, sink))
+            self._tasks.add(task)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await source.read(65536):
+                if self.frozen.is_set():
+                    await asyncio.Future()  # hold the bytes, and the connection, for ever
+                sink.write(data)
+                await sink.drain()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+
+
+async def test_a_vanished_agent_frees_its_slot_for_the_one_replacing_it(
+    scheduler: Any, http: aiohttp.ClientSession
+) -> None:
+    """A second agent cannot take a connected replica's slot; when the connected one's host vanishes
+    without closing its connection, the keepalive ends its stream and the replacement gets in."""
+    sched = await scheduler(db=":memory:", agent_keepalive=0.3)
+    proxy = FreezingProxy(sched.agent_port)
+    port = await proxy.start()
+    gone = FakeAgent(f"127.0.0.1:{port}")
+    replacement = FakeAgent(sched.agent_address)
+    try:
+        await gone.start()
+
+        async def connected() -> bool:
+            server = sched.state.servers.get("mlserver")
+            return server is not None and server.replicas[0].connected
+
+        await until(connected, "the first agent subscribed")
+        proxy.frozen.set()
+        await replacement.start()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            assert replacement._task is not None
+            await replacement._task
+        assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+        async def taken_over() -> bool:
+            replacement._task = None
+            await replacement.start()
+            assert replacement._task is not None
+            try:
+                await asyncio.wait_for(asyncio.shield(replacement._task), 0.2)
+            except TimeoutError:  # its stream stays open: it holds the slot
+                return sched.state.servers["mlserver"].replicas[0].connected
+            except grpc.aio.AioRpcError as error:
+                assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+            return False
+
+        await until(taken_over, "the slot freed by the keepalive", attempts=300)
+    finally:
+        await replacement.stop()
+        await gone.stop()
+        await proxy.stop()

@@ -1,8 +1,15 @@
-"""`modelyard scheduler`: the placement control plane, until Ctrl-C or SIGTERM."""
+"""`modelyard scheduler`: the placement control plane, until Ctrl-C or SIGTERM.
+
+Security options (docs/placement.md, "Securing the scheduler"): --tls-cert/--tls-key serve both
+ports over TLS; --tokens-file and --tls-client-ca guard the REST API; --agent-ca (mutual TLS) and
+--agent-tokens-file guard the agent port. On an address other than loopback it refuses to start
+without them unless --insecure. A problem with any file is one line naming it.
+"""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,10 +17,13 @@ from pydantic import ValidationError
 
 from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
+from modelyard.cli.tls import TlsCertOption, TlsKeyOption, tls_server_config
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.scheduler import SchedulerConfig, start_scheduler
-from modelyard.scheduler.config import DEFAULT_DB
+from modelyard.scheduler.config import DEFAULT_DB, DEFAULT_RESYNC_TIMEOUT
 from modelyard.serving import run, serve_until_signal
+
+TOKENS_ENV = "MODELYARD_SCHEDULER_TOKENS_FILE"
 
 
 def scheduler(
@@ -24,8 +34,12 @@ def scheduler(
     agent_port: Annotated[int, typer.Option(help="gRPC AgentService port; 0 picks a free one.")] = 9005,
     db: Annotated[str, typer.Option(help="SQLite database file (':memory:' keeps nothing).")] = DEFAULT_DB,
     resync_timeout: Annotated[
-        float, typer.Option(help="After a restart, seconds to wait for known replicas before placing.")
-    ] = 15.0,
+        float,
+        typer.Option(
+            help="After a restart, seconds to wait for the known replicas before placing without them "
+            "(it ends as soon as all are back)."
+        ),
+    ] = DEFAULT_RESYNC_TIMEOUT,
     retry_interval: Annotated[float, typer.Option(help="Seconds between retries of failed models.")] = 10.0,
     autoscaling: Annotated[
         bool,
@@ -47,12 +61,66 @@ def scheduler(
     scale_down_cooldown: Annotated[
         float, typer.Option(help="Seconds after any scaling of a model before it may scale down.")
     ] = 60.0,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-client-ca",
+            help="REST clients showing a certificate signed by these CAs (PEM) get the role write "
+            "(required of every client unless --tokens-file).",
+        ),
+    ] = None,
+    agent_ca: Annotated[
+        str | None,
+        typer.Option(
+            help="Agents must show a client certificate signed by these CAs (mutual TLS) whose URI SAN "
+            "names them: spiffe://modelyard/server/SERVER/replica/N, or .../server/SERVER for any replica."
+        ),
+    ] = None,
+    tokens_file: Annotated[
+        str | None,
+        typer.Option(
+            envvar=TOKENS_ENV,
+            show_default=False,
+            help="REST bearer tokens: lines 'ROLE TOKEN', ROLE read or write; # comments.",
+        ),
+    ] = None,
+    agent_tokens_file: Annotated[
+        str | None,
+        typer.Option(help="Agents' join tokens: lines 'SERVER TOKEN' (sent as authorization: Bearer)."),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Start on an address other than loopback without TLS or credentials (warned).",
+        ),
+    ] = False,
+    max_replica_memory: Annotated[
+        str | None,
+        typer.Option(help="Refuse an agent claiming more memory than this for its replica (e.g. 512Gi)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     otlp_endpoint: OtlpEndpointOption = None,
     trace_sample_ratio: SampleRatioOption = 1.0,
 ) -> None:
     """Run the scheduler: keeps models and where they are, tells agents what to load, serves the feed."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tls = tls_server_config(tls_cert, tls_key, tls_client_ca)
+    if agent_ca and tls is None:
+        _fail("--agent-ca: needs --tls-cert and --tls-key (mutual TLS is TLS)")
+    security: dict[str, object] = {
+        "agent_ca_file": agent_ca or "",
+        "tokens_file": tokens_file or "",
+        "agent_tokens_file": agent_tokens_file or "",
+        "insecure": insecure,
+    }
+    if max_replica_memory is not None:
+        security["max_replica_memory"] = max_replica_memory
+    if tls is not None:
+        # A token is a credential too: a client without a certificate may still send one.
+        security["tls"] = tls.model_copy(update={"client_cert": "optional"}) if tokens_file else tls
     try:
         config = SchedulerConfig(
             host=host,
@@ -67,6 +135,7 @@ def scheduler(
             scale_down_inactivity=scale_down_inactivity,
             scale_down_cooldown=scale_down_cooldown,
             telemetry=telemetry_config(otlp_endpoint, trace_sample_ratio),
+            **security,
         )
         run(_serve(config))
     except ValidationError as error:

@@ -2,33 +2,57 @@
 an `AgentHandler`, a plain Protocol that never sees grpc.
 
 The handler raises modelyard's errors; they become gRPC status codes here, in one place:
-NotFound -> NOT_FOUND, BadRequest -> INVALID_ARGUMENT, Conflict -> FAILED_PRECONDITION (Seldon
-answers a state mismatch with INTERNAL, which an agent cannot tell from a scheduler bug; the agent
-only logs either), anything else -> INTERNAL.
+NotFound -> NOT_FOUND, BadRequest -> INVALID_ARGUMENT, ReplicaTaken -> ALREADY_EXISTS, Conflict ->
+FAILED_PRECONDITION (Seldon answers a state mismatch with INTERNAL, which an agent cannot tell from a
+scheduler bug; the agent only logs either), anything else -> INTERNAL.
+
+Who may call (`AgentCredentials`; none: anyone who reaches the port, for loopback). Each call is
+admitted here, before the handler sees it: the agent's identities are those of its client
+certificate (verified against the agent CA during the handshake: every URI SAN
+`spiffe://modelyard/server/<server>[/replica/<n>]`) and of its join token (metadata
+`authorization: Bearer <token>`, a line `SERVER TOKEN` of the agent tokens file: any replica of that
+server). No identity: UNAUTHENTICATED. A Subscribe, event, drain or stats report for a server and
+replica none of its identities names: PERMISSION_DENIED. Each refusal is logged once per peer
+address and claim (a bounded memory), never with the token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc import aio
 
+from modelyard.config import TlsServerConfig
 from modelyard.errors import BadRequest, Conflict, ModelyardError, NotFound
-from modelyard.rpc._server import grpc_address, start_server
+from modelyard.rpc._server import grpc_address, start_server, watch_tls
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
+from modelyard.security.tls import ServerTls
+from modelyard.security.tokens import AgentIdentity, TokenFile, bearer_token
 
 log = logging.getLogger("modelyard.rpc")
+
+
+class ReplicaTaken(Conflict):
+    """A Subscribe for a replica whose agent is connected, over another connection (ALREADY_EXISTS)."""
+
+    code = "replica_taken"
 
 
 class AgentHandler(Protocol):
     """What the scheduler does with each AgentService call."""
 
-    def subscribe(self, request: agent_pb2.SubscribeRequest) -> AsyncIterator[agent_pb2.ModelOperation]:
+    def subscribe(
+        self, request: agent_pb2.SubscribeRequest, peer: str = ""
+    ) -> AsyncIterator[agent_pb2.ModelOperation]:
         """The operations for this replica, until the iterator ends (the scheduler replaced or
-        stopped the stream) or is closed (the agent went away)."""
+        stopped the stream) or is closed (the agent went away). `peer` names the connection the
+        call came over (gRPC's peer address)."""
         ...
 
     async def event(self, event: agent_pb2.ModelEvent) -> None: ...
@@ -44,19 +68,108 @@ def status_code(error: ModelyardError) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(error, BadRequest):
         return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, ReplicaTaken):
+        return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(error, Conflict):
         return grpc.StatusCode.FAILED_PRECONDITION
     return grpc.StatusCode.INTERNAL
 
 
+@dataclass(frozen=True)
+class AgentCredentials:
+    """What the agent port accepts: `certificates` (the port requires client certificates signed by
+    the agent CA; identities from their URI SANs) and `tokens` (join tokens, keyed by server)."""
+
+    certificates: bool = False
+    tokens: TokenFile | None = None
+
+
+Context = aio.ServicerContext[Any, Any]
+_REFUSALS_REMEMBERED = 1024  # (peer, claim) pairs whose refusal was logged
+
+
+class _Admission:
+    """Admits each call: the caller's identities against the server and replica it acts for."""
+
+    def __init__(self, credentials: AgentCredentials | None) -> None:
+        self._credentials = credentials
+        self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    async def admit(self, context: Context, server: str, replica: int, what: str) -> None:
+        """Return when the caller may act as `server`-`replica`; abort the call otherwise."""
+        credentials = self._credentials
+        if credentials is None:
+            return
+        identities, problem = self._identities(credentials, context)
+        if not identities:
+            self._log_once(context, what, "", f"no credential: {problem}")
+            await self._abort(context, grpc.StatusCode.UNAUTHENTICATED, f"{what}: no credential: {problem}")
+        if not any(identity.allows(server, replica) for identity in identities):
+            names = ", ".join(str(i) for i in identities)
+            line = f"{what} for server replica {server}-{replica}: the credential names {names} only"
+            self._log_once(context, what, f"{server}-{replica}", line)
+            await self._abort(context, grpc.StatusCode.PERMISSION_DENIED, line)
+
+    @staticmethod
+    def _identities(credentials: AgentCredentials, context: Context) -> tuple[list[AgentIdentity], str]:
+        """The caller's identities, and why there are none."""
+        identities: list[AgentIdentity] = []
+        reasons: list[str] = []
+        if credentials.certificates:
+            for uri in context.auth_context().get("peer_uri", []):  # only a verified certificate's
+                identity = AgentIdentity.from_uri(uri.decode("utf-8", "replace"))
+                if identity is not None:
+                    identities.append(identity)
+            if not identities:
+                reasons.append("the client certificate names no spiffe://modelyard/server/<server> URI")
+        if credentials.tokens is not None:
+            token = None
+            for key, value in context.invocation_metadata() or ():
+                if key == "authorization" and isinstance(value, str):
+                    token = bearer_token(value)
+            server = credentials.tokens.lookup(token) if token is not None else None
+            if server is not None:
+                identities.append(AgentIdentity(server))
+            elif token is None:
+                reasons.append("no join token (metadata authorization: Bearer <token>)")
+            else:
+                reasons.append("the join token is not one the scheduler knows")
+        return identities, "; ".join(reasons)
+
+    def _log_once(self, context: Context, what: str, claim: str, line: str) -> None:
+        host = _peer_host(context.peer() or "")
+        key = (host, what, claim)
+        if key in self._logged:
+            self._logged.move_to_end(key)
+            return
+        self._logged[key] = None
+        if len(self._logged) > _REFUSALS_REMEMBERED:
+            self._logged.popitem(last=False)
+        log.warning("agent port: refused %s from %s: %s", what, host or "a peer", line)
+
+    @staticmethod
+    async def _abort(context: Context, code: grpc.StatusCode, details: str) -> NoReturn:
+        await context.abort(code, details)
+        raise AssertionError("unreachable: abort raises")
+
+
+def _peer_host(peer: str) -> str:
+    """gRPC's `ipv4:10.0.0.7:40312` (or `ipv6:[::1]:5000`) without its port."""
+    address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    host, _, port = address.rpartition(":")
+    return host if host and port.isdigit() else address
+
+
 class _Servicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, handler: AgentHandler) -> None:
+    def __init__(self, handler: AgentHandler, admission: _Admission) -> None:
         self._handler = handler
+        self._admission = admission
 
     async def Subscribe(
         self, request: agent_pb2.SubscribeRequest, context: aio.ServicerContext[object, object]
     ) -> AsyncIterator[agent_pb2.ModelOperation]:
-        operations = self._handler.subscribe(request)
+        await self._admission.admit(context, request.server_name, request.replica_idx, "Subscribe")
+        operations = self._handler.subscribe(request, context.peer() or "")
         try:
             async for operation in operations:
                 yield operation
@@ -71,6 +184,7 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
     async def AgentEvent(
         self, request: agent_pb2.ModelEvent, context: aio.ServicerContext[object, object]
     ) -> agent_pb2.ModelEventResponse:
+        await self._admission.admit(context, request.server_name, request.replica_idx, "AgentEvent")
         try:
             await self._handler.event(request)
         except ModelyardError as error:
@@ -80,6 +194,7 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
     async def AgentDrain(
         self, request: agent_pb2.AgentDrainRequest, context: aio.ServicerContext[object, object]
     ) -> agent_pb2.AgentDrainResponse:
+        await self._admission.admit(context, request.server_name, request.replica_idx, "AgentDrain")
         try:
             success = await self._handler.drain(request)
         except ModelyardError as error:
@@ -89,6 +204,7 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
     async def AgentStats(
         self, request: agent_pb2.AgentStatsRequest, context: aio.ServicerContext[object, object]
     ) -> agent_pb2.AgentStatsResponse:
+        await self._admission.admit(context, request.server_name, request.replica_idx, "AgentStats")
         try:
             await self._handler.stats(request)
         except ModelyardError as error:
@@ -97,13 +213,32 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
 
 
 class AgentServer:
-    """AgentService on `host:port` (port 0: any free port; `port` holds the bound one after start)."""
+    """AgentService on `host:port` (port 0: any free port; `port` holds the bound one after start).
 
-    def __init__(self, handler: AgentHandler, host: str = "127.0.0.1", port: int = 0) -> None:
+    With `tls`, over TLS from its files (checked now: a TlsError naming the file; reloaded when
+    they change); its `client_ca_file`, if any, is the agent CA and every agent must show a
+    certificate it signed. `credentials` say who may call (see the module). `keepalive` (seconds)
+    pings each connection that has a call open: one that does not answer within as long again is
+    closed, so the stream of an agent that vanished ends and its replica's slot is free."""
+
+    def __init__(
+        self,
+        handler: AgentHandler,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        tls: TlsServerConfig | None = None,
+        credentials: AgentCredentials | None = None,
+        keepalive: float | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self._handler = handler
         self._server: aio.Server | None = None
+        self.tls = ServerTls(tls, alpn=()) if tls is not None else None
+        self._tls_watch: asyncio.Task[None] | None = None
+        self._admission = _Admission(credentials)
+        self._keepalive = keepalive
 
     @property
     def address(self) -> str:
@@ -112,16 +247,36 @@ class AgentServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("AgentServer already started")
-        servicer = _Servicer(self._handler)
+        servicer = _Servicer(self._handler, self._admission)
+        options: list[tuple[str, Any]] = [
+            # Agents may ping their stream as often as every 5 s (grpc's default refuses more than
+            # one ping in 5 minutes with GOAWAY).
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+        if self._keepalive:
+            ms = int(self._keepalive * 1000)
+            options += [
+                ("grpc.keepalive_time_ms", ms),
+                ("grpc.keepalive_timeout_ms", ms),
+                ("grpc.http2.ping_timeout_ms", ms),
+                ("grpc.http2.max_pings_without_data", 0),  # an idle stream is pinged all the same
+            ]
         self._server, self.port = await start_server(
             self.host,
             self.port,
             lambda server: agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server),
             what="agents",
+            options=options,
+            tls=self.tls,
         )
+        self._tls_watch = watch_tls(self.tls)
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting calls; calls in flight get `grace` seconds, then are cancelled. Safe twice."""
         server, self._server = self._server, None
+        if self._tls_watch is not None:
+            self._tls_watch.cancel()
+            self._tls_watch = None
         if server is not None:
             await server.stop(grace)

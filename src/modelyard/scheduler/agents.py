@@ -1,8 +1,14 @@
 """The scheduler's side of AgentService (`rpc.AgentHandler`): one stream per (server, replica),
 operations through a bounded per-agent queue, events and drains handed to `SchedulerState`.
 
-A second Subscribe for the same replica ends the first and waits until the first's disconnect
-processing has finished before it registers (Seldon's per-key mutex), so the two never interleave.
+A replica's slot belongs to the agent connected in it: a Subscribe for it over another connection
+is refused (`ReplicaTaken`, ALREADY_EXISTS), and the connected agent keeps it (Seldon lets the
+newcomer take it, which let anyone who reached the port take a replica's traffic). A Subscribe over
+the same connection (the agent starting its stream again) ends the first and waits until the
+first's disconnect processing has finished before it registers (Seldon's per-key mutex), so the two
+never interleave. An agent that vanished without closing its connection is noticed by the agent
+port's keepalive (`SchedulerConfig.agent_keepalive`), which ends its stream and frees the slot.
+A replica claiming more memory than `max_replica_memory` is refused (INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from modelyard.errors import BadRequest, NotFound
+from modelyard.rpc.agent_server import ReplicaTaken
 from modelyard.rpc.agent_v1 import agent_pb2
 from modelyard.scheduler.autoscaler import Autoscaler, ModelUsage
 from modelyard.scheduler.changes import Changes
@@ -26,6 +33,7 @@ _OPERATIONS = {
     OperationKind.LOAD: agent_pb2.ModelOperation.LOAD_MODEL,
     OperationKind.UNLOAD: agent_pb2.ModelOperation.UNLOAD_MODEL,
 }
+_REFUSALS_REMEMBERED = 1024
 _EVENTS = {
     agent_pb2.ModelEvent.LOADED: AgentEventKind.LOADED,
     agent_pb2.ModelEvent.LOAD_FAILED: AgentEventKind.LOAD_FAILED,
@@ -56,6 +64,7 @@ class Agents:
         queue_size: int,
         drain_timeout: float,
         tracer: Tracer | None = None,
+        max_replica_memory: int = 0,
     ) -> None:
         self.state: SchedulerState | None = None
         self._tracer = tracer  # None: tracing off
@@ -68,7 +77,12 @@ class Agents:
         self._clock = clock
         self._queue_size = queue_size
         self._drain_timeout = drain_timeout
+        self._max_memory = max_replica_memory
         self._streams: dict[tuple[str, int], _Stream] = {}
+        # The connection (gRPC peer) of the Subscribe that holds each replica's slot, or is waiting
+        # for its predecessor's disconnect processing to take it; with the claim's own marker.
+        self._holders: dict[tuple[str, int], tuple[str, object]] = {}
+        self._refused: dict[tuple[tuple[str, int], str], None] = {}  # logged refusals, oldest first
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._stopping = False
 
@@ -127,30 +141,65 @@ class Agents:
         for stream in list(self._streams.values()):
             stream.close()
 
-    async def subscribe(self, request: agent_pb2.SubscribeRequest) -> AsyncIterator[agent_pb2.ModelOperation]:
+    async def subscribe(
+        self, request: agent_pb2.SubscribeRequest, peer: str = ""
+    ) -> AsyncIterator[agent_pb2.ModelOperation]:
         if not request.server_name:
             raise BadRequest("SubscribeRequest.server_name is empty")
         key = (request.server_name, request.replica_idx)
-        old = self._streams.get(key)
-        if old is not None:
-            old.close()
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            stream = _Stream(self._queue_size)
-            self._streams[key] = stream
-            try:
-                self._connect(request)
-                while (operation := await stream.queue.get()) is not None:
-                    yield operation
-            finally:
-                if self._streams.get(key) is stream:
-                    del self._streams[key]
-                    if self.autoscaler is not None:  # a newer stream's fresh report stays
-                        self.autoscaler.forget(*key)
-                if not self._stopping:
-                    self._state().disconnect(*key, self._clock())
-                    self._changes.pulse()
-                    log.info("agent %s-%d disconnected", *key)
+        memory = request.replica_config.memory_bytes
+        if self._max_memory and memory > self._max_memory:
+            raise BadRequest(
+                f"replica {key[0]}-{key[1]} claims {memory} bytes of memory, more than the scheduler's "
+                f"--max-replica-memory ({self._max_memory})"
+            )
+        holder = self._holders.get(key)
+        if holder is not None and holder[0] != peer:
+            if self._first_refusal(key, peer):
+                log.warning(
+                    "agent %s-%d: refused a Subscribe from %s: the replica's agent is connected from %s",
+                    *key, peer or "?", holder[0] or "?",
+                )  # fmt: skip
+            raise ReplicaTaken(
+                f"server replica {key[0]}-{key[1]} is held by a connected agent; this Subscribe is refused "
+                "until that agent's stream ends"
+            )
+        claim = (peer, object())
+        self._holders[key] = claim
+        try:
+            old = self._streams.get(key)
+            if old is not None:
+                old.close()
+            lock = self._locks.setdefault(key, asyncio.Lock())
+            async with lock:
+                stream = _Stream(self._queue_size)
+                self._streams[key] = stream
+                try:
+                    self._connect(request)
+                    while (operation := await stream.queue.get()) is not None:
+                        yield operation
+                finally:
+                    if self._streams.get(key) is stream:
+                        del self._streams[key]
+                        if self.autoscaler is not None:  # a newer stream's fresh report stays
+                            self.autoscaler.forget(*key)
+                    if not self._stopping:
+                        self._state().disconnect(*key, self._clock())
+                        self._changes.pulse()
+                        log.info("agent %s-%d disconnected", *key)
+        finally:
+            if self._holders.get(key) is claim:
+                del self._holders[key]
+
+    def _first_refusal(self, key: tuple[str, int], peer: str) -> bool:
+        """Whether a refused claim from this peer's host on this replica is the first (logged once)."""
+        seen = (key, peer.rpartition(":")[0])
+        if seen in self._refused:
+            return False
+        if len(self._refused) >= _REFUSALS_REMEMBERED:
+            self._refused.pop(next(iter(self._refused)))
+        self._refused[seen] = None
+        return True
 
     def _connect(self, request: agent_pb2.SubscribeRequest) -> None:
         config = request.replica_config

@@ -2,6 +2,8 @@
 
 Errors use the one envelope of modelyard's error tree (`{"error": {"message", "type", "code"}}`);
 bodies are bounded (413 past `max_body_bytes`) and parsed as JSON or YAML with bounded nesting.
+With credentials configured, every call but /healthz and /readyz is admitted first (access.py:
+401 without a known credential, 403 for a read-only one that writes); a credential is never logged.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from modelyard.errors import (
 from modelyard.placement import ModelSpec
 from modelyard.placement.manifest import spec_from_manifest
 from modelyard.protocols import error_body
+from modelyard.scheduler.access import OPEN_PATHS, RestAccess
 from modelyard.scheduler.views import model_view, servers_view
 from modelyard.types import Protocol
 
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("modelyard.scheduler")
 SERVICE: web.AppKey[SchedulerService] = web.AppKey("scheduler_service")
+ACCESS: web.AppKey[RestAccess | None] = web.AppKey("scheduler_access")
 
 
 def json_response(data: object, status: int = 200) -> web.Response:
@@ -69,6 +73,15 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _render(ModelyardError("internal scheduler error; see the scheduler log"))
+
+
+@web.middleware
+async def _admit(request: web.Request, handler: Any) -> web.StreamResponse:
+    access = request.app[ACCESS]
+    if access is not None and request.path not in OPEN_PATHS:
+        access.check(request)  # 401 or 403, rendered by _errors
+    response: web.StreamResponse = await handler(request)
+    return response
 
 
 def _from_aiohttp(exc: web.HTTPException, request: web.Request) -> ModelyardError:
@@ -215,9 +228,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=page, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def create_app(service: SchedulerService) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=service.config.max_body_bytes)
+def create_app(service: SchedulerService, access: RestAccess | None = None) -> web.Application:
+    app = web.Application(middlewares=[_errors, _admit], client_max_size=service.config.max_body_bytes)
     app[SERVICE] = service
+    app[ACCESS] = access
     app.router.add_put("/v1/models/{name}", put_model)
     app.router.add_get("/v1/models", get_models)
     app.router.add_get("/v1/models/{name}", get_model)

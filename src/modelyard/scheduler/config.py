@@ -1,15 +1,31 @@
-"""`SchedulerConfig`: everything `modelyard scheduler` takes, validated once."""
+"""`SchedulerConfig`: everything `modelyard scheduler` takes, validated once.
+
+Security (docs/placement.md, "Securing the scheduler"): `tls` serves the REST API and the agent port
+over TLS; `tokens_file` (bearer tokens with the roles read and write) and `tls.client_ca_file`
+(client certificates, role write) guard the REST API; `agent_ca_file` (mutual TLS, identities in the
+certificates' URI SANs) and `agent_tokens_file` (a join token per server) guard the agent port. A
+scheduler on an address other than loopback refuses to start without TLS and both kinds of
+credentials unless `insecure` (`check_exposure`, at start).
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
 
-from modelyard.config import TelemetryConfig
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from modelyard.config import TelemetryConfig, TlsServerConfig
+from modelyard.placement.manifest import parse_quantity
 
 DEFAULT_DB = "./modelyard-scheduler.db"
 # The largest REST request body (one model spec): `modelyard model apply` sends each model of a file on its
 # own and refuses, before sending any, a document larger than this (unparsed) or a spec whose JSON is.
 MAX_BODY_BYTES = 1024 * 1024
+# After a restart, how long the scheduler waits for the replicas it knew before placing without them.
+# Agents reconnect with a backoff of at most a few seconds; a minute covers a slow pod restart too.
+# The resync ends as soon as every known replica is back.
+DEFAULT_RESYNC_TIMEOUT = 60.0
+Bytes = Annotated[int, BeforeValidator(parse_quantity), Field(ge=0)]
 
 
 class SchedulerConfig(BaseModel):
@@ -20,7 +36,10 @@ class SchedulerConfig(BaseModel):
     agent_port: int = Field(9005, ge=0, le=65535, description="gRPC AgentService; 0 picks a free port")
     db: str = Field(DEFAULT_DB, min_length=1, description="SQLite file, or :memory:")
     resync_timeout: float = Field(
-        15.0, ge=0, description="after a restart, how long to wait for known replicas before placing"
+        DEFAULT_RESYNC_TIMEOUT,
+        ge=0,
+        description="after a restart, how long to wait for the known replicas before placing without "
+        "them (the wait ends as soon as all are back)",
     )
     retry_interval: float = Field(10.0, gt=0, description="seconds between retries of failed models")
     drain_timeout: float = Field(60.0, gt=0, description="longest an AgentDrain call waits")
@@ -46,7 +65,48 @@ class SchedulerConfig(BaseModel):
     stats_max_age: float = Field(
         10.0, gt=0, description="an agent's usage report older than this counts as none"
     )
+    # Security: see the module's docstring and docs/placement.md.
+    tls: TlsServerConfig | None = Field(
+        None,
+        description="serve the REST API and the agent port over TLS with these files; client_ca_file: "
+        "REST clients showing a certificate it signed get the role write; null = plain text",
+    )
+    agent_ca_file: str = Field(
+        "", description="agents must show a client certificate signed by these CAs (mutual TLS; needs tls)"
+    )
+    tokens_file: str = Field(
+        "", description="REST bearer tokens, lines 'ROLE TOKEN' (read or write); '' = none"
+    )
+    agent_tokens_file: str = Field(
+        "", description="agents' join tokens, lines 'SERVER TOKEN' (sent as 'authorization: Bearer')"
+    )
+    insecure: bool = Field(
+        False, description="start on an address other than loopback without TLS or credentials (warned)"
+    )
+    max_replica_memory: Bytes = Field(
+        0, description="refuse an agent that claims more memory than this for its replica; 0 = no limit"
+    )
+    agent_keepalive: float = Field(
+        10.0,
+        gt=0,
+        description="seconds between pings on an agent's stream: one unanswered for as long again ends "
+        "it, so that a replica whose agent vanished frees its slot for the agent that replaces it",
+    )
     telemetry: TelemetryConfig = Field(
         default_factory=TelemetryConfig,
         description="tracing, as the gateway's: a span per model apply and per operation sent to an agent",
     )
+
+    @model_validator(mode="after")
+    def _agent_ca_needs_tls(self) -> SchedulerConfig:
+        if self.agent_ca_file and self.tls is None:
+            raise ValueError("agent_ca_file needs tls (a certificate and key for the agent port)")
+        return self
+
+    @property
+    def rest_credentials(self) -> bool:
+        return bool(self.tokens_file) or (self.tls is not None and bool(self.tls.client_ca_file))
+
+    @property
+    def agent_credentials(self) -> bool:
+        return bool(self.agent_ca_file) or bool(self.agent_tokens_file)

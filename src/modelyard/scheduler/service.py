@@ -1,7 +1,12 @@
 """`start_scheduler(config)`: the scheduler service, in-process (tests) or under the CLI.
 
 It restores the state from the store, serves the REST API and feed (restored endpoints at once),
-the agents' gRPC service, a retry timer and, after a restart, the resync deadline.
+the agents' gRPC service, a retry timer and, after a restart, the resync deadline: placing waits
+until every replica it knew has re-subscribed, or `resync_timeout` (60 s) has passed.
+
+Before anything listens, the configuration is checked for exposure (access.py): a scheduler on an
+address other than loopback without TLS and credentials refuses to start unless `insecure`; token
+files and certificate files are read (a ConfigError naming the file).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from modelyard.config import ListenConfig
 from modelyard.errors import StoreWriteFailed
 from modelyard.placement.scaling import ScalingPolicy
 from modelyard.rpc import AgentServer
+from modelyard.scheduler.access import agent_credentials, check_exposure, rest_access
 from modelyard.scheduler.agents import Agents
 from modelyard.scheduler.api import create_app
 from modelyard.scheduler.autoscaler import Autoscaler
@@ -47,6 +53,7 @@ class SchedulerService:
             queue_size=config.agent_queue_size,
             drain_timeout=config.drain_timeout,
             tracer=self.tracer,
+            max_replica_memory=config.max_replica_memory,
         )
         try:  # a database it cannot read is a ConfigError naming it (one line from the CLI)
             self.state = SchedulerState.restore(
@@ -151,10 +158,33 @@ class RunningScheduler:
 async def start_scheduler(
     config: SchedulerConfig, *, clock: Callable[[], float] = time.time
 ) -> RunningScheduler:
+    check_exposure(config)
+    access, credentials = rest_access(config), agent_credentials(config)  # token files read now
+    rest_tls = agent_tls = config.tls
+    if config.tls is not None:
+        if config.tls.client_ca_file and config.tokens_file:
+            # A token is a credential too: a client without a certificate must still be able to send one.
+            rest_tls = config.tls.model_copy(update={"client_cert": "optional"})
+        # The agent port trusts the agent CA, not the REST clients' one.
+        update = {"client_ca_file": config.agent_ca_file, "client_cert": "required"}
+        agent_tls = config.tls.model_copy(update=update)
+    listen = ListenConfig(
+        host=config.host, port=config.port, drain_seconds=0.0, shutdown_timeout=5.0, tls=rest_tls
+    )
     service = SchedulerService(config, clock=clock)
-    listen = ListenConfig(host=config.host, port=config.port, drain_seconds=0.0, shutdown_timeout=5.0)
-    http = HttpServer(create_app(service), listen)
-    agents = AgentServer(service.agents, config.host, config.agent_port)
+    try:  # certificate files are checked as the listeners are made (TlsError naming the file)
+        http = HttpServer(create_app(service, access), listen)
+        agents = AgentServer(
+            service.agents,
+            config.host,
+            config.agent_port,
+            tls=agent_tls,
+            credentials=credentials,
+            keepalive=config.agent_keepalive,
+        )
+    except BaseException:
+        service.store.close()
+        raise
     try:
         await http.start()
         await agents.start()

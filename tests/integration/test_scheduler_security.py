@@ -1,0 +1,531 @@
+"""A control plane only its own components can drive (issue 28 item 3, the scheduler's side): every
+attack an outside probe made on the scheduler, as a regression test that must be refused. A real
+scheduler in-process, real TLS handshakes with real certificates (trustme, and URI SANs made with
+cryptography), real gRPC calls from fake agents."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import orjson
+import pytest
+
+from agent_identities import agent_certificate, issue_uri
+from certificates import Issued, Pki
+from modelyard.errors import ConfigError
+from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
+from modelyard.scheduler import RunningScheduler, SchedulerConfig, start_scheduler
+from support import wait_until
+
+READ_TOKEN = "r-9f2c6d0a7b1e4c3f8a5d"
+WRITE_TOKEN = "w-5e8b1a3c9d7f2e6a0b4c"
+JOIN_TOKEN = "j-1c7e9a2f5b3d8e0a6c4f"
+REALM = 'Bearer realm="modelyard-scheduler"'
+REAL_URL = "http://127.0.0.1:18080"
+EVIL_URL = "http://127.0.0.1:18666"
+IRIS = {"storage_uri": "file:///models/iris", "memory": 100, "parameters": {"api_key": "hunter2"}}
+Code = grpc.StatusCode
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path, "server-ca")
+
+
+@pytest.fixture
+def agent_ca(tmp_path: Path) -> Pki:
+    return Pki(tmp_path, "agent-ca")
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# the scheduler's REST tokens\nread {READ_TOKEN}\nwrite {WRITE_TOKEN}\n")
+    agents = tmp_path / "agent-tokens"
+    agents.write_text(f"sim {JOIN_TOKEN}\n")
+    return {"tokens": str(tokens), "agent_tokens": str(agents)}
+
+
+@pytest.fixture
+async def scheduler(tmp_path: Path) -> AsyncIterator[Any]:
+    started: list[RunningScheduler] = []
+
+    async def start(**overrides: Any) -> RunningScheduler:
+        settings = {"port": 0, "agent_port": 0, "db": ":memory:", "retry_interval": 60, **overrides}
+        running = await start_scheduler(SchedulerConfig(**settings))
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        await running.stop()
+
+
+def tls(server: Issued, **fields: Any) -> dict[str, Any]:
+    return {"cert_file": str(server.cert), "key_file": str(server.key), **fields}
+
+
+def secured(pki: Pki, agent_ca: Pki, files: dict[str, str], **overrides: Any) -> dict[str, Any]:
+    """A scheduler as it should run on a network: TLS, REST tokens, agents by mutual TLS."""
+    return {
+        "tls": tls(pki.issue()),
+        "tokens_file": files["tokens"],
+        "agent_ca_file": str(agent_ca.ca_file),
+        **overrides,
+    }
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+class Agent:
+    """A fake agent on its own gRPC connection, with whatever credentials a test gives it: it
+    subscribes as a replica and answers LOAD with LOADED and UNLOAD with UNLOADED."""
+
+    def __init__(
+        self,
+        sched: RunningScheduler,
+        pki: Pki | None = None,
+        cert: Issued | None = None,
+        token: str | None = None,
+    ) -> None:
+        # Its own connection, as another process's would be (grpc shares them between channels).
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        if pki is not None:
+            key = cert.key.read_bytes() if cert is not None else None
+            chain = cert.cert.read_bytes() if cert is not None else None
+            credentials = grpc.ssl_channel_credentials(pki.ca_file.read_bytes(), key, chain)
+            self.channel = grpc.aio.secure_channel(sched.agent_address, credentials, options)
+        else:
+            self.channel = grpc.aio.insecure_channel(sched.agent_address, options)
+        self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.operations: list[agent_pb2.ModelOperation] = []
+        self._call: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.ended: grpc.aio.AioRpcError | None = None
+
+    async def subscribe(
+        self, server: str = "sim", replica: int = 0, url: str = REAL_URL, memory: int = 1000
+    ) -> None:
+        """Subscribe and keep answering; returns once the scheduler has it (or raises its refusal)."""
+        self.server, self.replica = server, replica
+        request = agent_pb2.SubscribeRequest(
+            server_name=server,
+            replica_idx=replica,
+            shared=True,
+            replica_config=agent_pb2.ReplicaConfig(inference_url=url, memory_bytes=memory),
+            available_memory_bytes=memory,
+        )
+        self._call = self.stub.Subscribe(request, metadata=self.metadata)
+        self._task = asyncio.create_task(self._answer())
+        # A refusal ends the call at once; a stream the scheduler keeps stays open.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), 0.3)
+        if self.ended is not None:
+            raise self.ended
+
+    async def _answer(self) -> None:
+        try:
+            async for operation in self._call:
+                self.operations.append(operation)
+                load = operation.operation == agent_pb2.ModelOperation.LOAD_MODEL
+                await self.event(
+                    operation.model_version.name,
+                    agent_pb2.ModelEvent.LOADED if load else agent_pb2.ModelEvent.UNLOADED,
+                    version=operation.model_version.version,
+                )
+        except grpc.aio.AioRpcError as error:
+            self.ended = error
+
+    async def event(
+        self, model: str, kind: int, *, server: str = "", replica: int | None = None, version: int = 1
+    ) -> None:
+        await self.stub.AgentEvent(
+            agent_pb2.ModelEvent(
+                server_name=server or self.server,
+                replica_idx=self.replica if replica is None else replica,
+                model_name=model,
+                model_version=version,
+                event=kind,
+                available_memory_bytes=900,
+            ),
+            metadata=self.metadata,
+            timeout=5,
+        )
+
+    async def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.channel.close()
+
+
+@pytest.fixture
+async def agents() -> AsyncIterator[list[Agent]]:
+    made: list[Agent] = []
+    yield made
+    for agent in made:
+        await agent.close()
+
+
+async def refused(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
+
+
+async def rest(
+    http: aiohttp.ClientSession, method: str, url: str, token: str | None = None, **kwargs: Any
+) -> tuple[int, Any, Any]:
+    headers = bearer(token) if token else {}
+    async with http.request(method, url, headers=headers, **kwargs) as response:
+        body = await response.read()
+        return response.status, response.headers, orjson.loads(body) if body else None
+
+
+async def model_state(sched: RunningScheduler, name: str = "iris") -> str:
+    model = sched.state.models.get(name)
+    return model.latest.status.state.value if model is not None else "absent"
+
+
+async def placed(
+    http: aiohttp.ClientSession, sched: RunningScheduler, ssl_context: Any = None, token: str = WRITE_TOKEN
+) -> None:
+    """iris applied and Available."""
+    status, _, body = await rest(
+        http, "PUT", f"{sched.url}/v1/models/iris", token, json=IRIS, ssl=ssl_context
+    )
+    assert status == 200, body
+
+    async def available() -> bool:
+        return await model_state(sched) == "ModelAvailable"
+
+    await wait_until(available, attempts=500)
+
+
+def endpoints(sched: RunningScheduler) -> list[Any]:
+    return [e["url"] for e in sched.state.feed_snapshot()[0]["endpoints"]]
+
+
+# --- REST: tokens, roles, client certificates ------------------------------------------------
+
+
+async def test_rest_writes_need_a_write_credential(
+    scheduler: Any, files: dict[str, str], http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    sched = await scheduler(tokens_file=files["tokens"])
+    models = f"{sched.url}/v1/models"
+
+    # The attack: PUT and DELETE with no credential at all.
+    for method in ("PUT", "DELETE"):
+        status, headers, body = await rest(http, method, f"{models}/iris", json=IRIS)
+        assert status == 401 and headers["WWW-Authenticate"] == REALM
+        assert (
+            body["error"]["code"] == "missing_credentials" and body["error"]["type"] == "authentication_error"
+        )
+    status, headers, body = await rest(http, "PUT", f"{models}/iris", "not-a-token", json=IRIS)
+    assert status == 401 and headers["WWW-Authenticate"] == REALM and body["error"]["code"] == "invalid_token"
+    async with http.put(f"{models}/iris", json=IRIS, headers={"Authorization": f"Basic {WRITE_TOKEN}"}) as r:
+        assert r.status == 401
+    status, _, body = await rest(http, "PUT", f"{models}/iris", READ_TOKEN, json=IRIS)
+    assert status == 403 and body["error"] == {
+        "message": "PUT /v1/models/iris needs the role write; this credential has read",
+        "type": "permission_error",
+        "param": None,
+        "code": "insufficient_role",
+    }
+    assert "iris" not in sched.state.models  # nothing refused changed anything
+
+    # Reading needs read (or write); the probes stay open.
+    for path in ("/v1/models", "/v1/servers", "/v1/models/iris", "/metrics"):
+        status, headers, _ = await rest(http, "GET", sched.url + path)
+        assert status == 401 and headers["WWW-Authenticate"] == REALM, path
+    assert (await rest(http, "GET", models, READ_TOKEN))[0] == 200
+    assert (await rest(http, "GET", f"{sched.url}/v1/servers", WRITE_TOKEN))[0] == 200
+    async with http.get(f"{sched.url}/metrics", headers=bearer(READ_TOKEN)) as response:
+        assert response.status == 200
+    for path in ("/healthz", "/readyz"):
+        assert (await rest(http, "GET", sched.url + path))[0] == 200
+    async with http.get(f"{sched.url}/v1/feed") as response:
+        assert response.status == 401
+    async with http.get(f"{sched.url}/v1/feed", headers=bearer(READ_TOKEN)) as response:
+        assert response.status == 200
+        assert orjson.loads(await response.content.readline())["type"] == "snapshot"
+
+    status, _, body = await rest(http, "PUT", f"{models}/iris", WRITE_TOKEN, json=IRIS)
+    assert status == 200 and body["change"] == "created"
+    assert (await rest(http, "DELETE", f"{models}/iris", READ_TOKEN))[0] == 403
+    assert (await rest(http, "DELETE", f"{models}/iris", WRITE_TOKEN))[0] == 200
+
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert READ_TOKEN not in logged and WRITE_TOKEN not in logged
+
+
+async def test_rest_over_tls_takes_a_client_certificate_as_write(
+    scheduler: Any, pki: Pki, tmp_path: Path, files: dict[str, str], http: aiohttp.ClientSession
+) -> None:
+    clients = Pki(tmp_path, "client-ca")
+    sched = await scheduler(
+        tls=tls(pki.issue(), client_ca_file=str(clients.ca_file)), tokens_file=files["tokens"]
+    )
+    assert sched.url.startswith("https://")
+    url = f"{sched.url}/v1/models/iris"
+    with_cert = pki.client_context(clients.issue("operator@example.com"))
+    assert (await rest(http, "PUT", url, json=IRIS, ssl=with_cert))[0] == 200
+    anonymous = pki.client_context()
+    status, headers, _ = await rest(http, "DELETE", url, json=IRIS, ssl=anonymous)
+    assert status == 401 and headers["WWW-Authenticate"] == REALM
+    assert (await rest(http, "GET", url, READ_TOKEN, ssl=anonymous))[0] == 200  # a token still works
+    # A certificate from another CA does not get through the handshake; plain HTTP gets no answer.
+    stranger = pki.client_context(Pki(tmp_path, "other-ca").issue("mallory@example.com"))
+    with pytest.raises(aiohttp.ClientError):
+        await rest(http, "DELETE", url, ssl=stranger)
+    with pytest.raises(aiohttp.ClientError):
+        await rest(http, "DELETE", url.replace("https:", "http:"))
+    assert await model_state(sched) != "absent"
+
+
+# --- agents: who may connect, as whom -------------------------------------------------------
+
+
+async def test_a_fake_agent_cannot_take_a_connected_replicas_slot(
+    scheduler: Any,
+    pki: Pki,
+    agent_ca: Pki,
+    files: dict[str, str],
+    http: aiohttp.ClientSession,
+    agents: list[Agent],
+) -> None:
+    sched = await scheduler(**secured(pki, agent_ca, files))
+    real = Agent(sched, pki, agent_certificate(agent_ca, "sim", 0))
+    agents.append(real)
+    await real.subscribe("sim", 0)
+    await placed(http, sched, pki.client_context())
+    assert endpoints(sched) == [REAL_URL]
+
+    # No certificate: the handshake fails (the port requires one). Plain text: no answer either.
+    for fake in (Agent(sched, pki), Agent(sched)):
+        agents.append(fake)
+        error = await refused(fake.subscribe("sim", 0, EVIL_URL))
+        assert error.code() == Code.UNAVAILABLE
+    # Signed by another CA (the server's, say): refused in the handshake too.
+    fake = Agent(sched, pki, pki.issue(name="not-an-agent"))
+    agents.append(fake)
+    assert (await refused(fake.subscribe("sim", 0, EVIL_URL))).code() == Code.UNAVAILABLE
+    # A real agent's certificate for another replica: not this one's slot.
+    fake = Agent(sched, pki, agent_certificate(agent_ca, "sim", 1))
+    agents.append(fake)
+    error = await refused(fake.subscribe("sim", 0, EVIL_URL))
+    assert error.code() == Code.PERMISSION_DENIED and "sim-0" in (error.details() or "")
+    # Even the slot's own identity, from another connection: the connected agent keeps it.
+    fake = Agent(sched, pki, agent_certificate(agent_ca, "sim", 0))
+    agents.append(fake)
+    assert (await refused(fake.subscribe("sim", 0, EVIL_URL))).code() == Code.ALREADY_EXISTS
+    assert endpoints(sched) == [REAL_URL]
+    assert sched.state.servers["sim"].replicas[0].inference_url == REAL_URL
+
+    # Once the real agent has gone, its replica's own certificate may take the slot again.
+    await real.close()
+    again = Agent(sched, pki, agent_certificate(agent_ca, "sim", 0))
+    agents.append(again)
+
+    async def back() -> bool:
+        try:
+            await again.subscribe("sim", 0)
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    await wait_until(back, attempts=100, interval=0.05)
+
+
+async def test_without_credentials_on_loopback_a_second_connection_still_cannot_take_a_slot(
+    scheduler: Any, http: aiohttp.ClientSession, agents: list[Agent]
+) -> None:
+    sched = await scheduler()
+    real, fake = Agent(sched), Agent(sched)
+    agents += [real, fake]
+    await real.subscribe("sim", 0)
+    await placed(http, sched)
+    assert (await refused(fake.subscribe("sim", 0, EVIL_URL))).code() == Code.ALREADY_EXISTS
+    assert endpoints(sched) == [REAL_URL]
+    # The same connection may start its stream again (an agent re-subscribing).
+    await real.subscribe("sim", 0)
+
+    async def connected() -> bool:
+        return "sim" in sched.state.servers and sched.state.servers["sim"].replicas[0].connected
+
+    await wait_until(connected, attempts=200)
+
+
+async def test_a_rogue_server_gets_no_model(
+    scheduler: Any,
+    pki: Pki,
+    files: dict[str, str],
+    http: aiohttp.ClientSession,
+    agents: list[Agent],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sched = await scheduler(
+        tls=tls(pki.issue()),
+        tokens_file=files["tokens"],
+        agent_tokens_file=files["agent_tokens"],
+        max_replica_memory="64Gi",
+    )
+    tebibyte = 2**40
+    # No credential, a made-up token, and sim's own token used for another server: all refused.
+    for token, code in ((None, Code.UNAUTHENTICATED), ("guess", Code.UNAUTHENTICATED), (JOIN_TOKEN, None)):
+        rogue = Agent(sched, pki, token=token)
+        agents.append(rogue)
+        error = await refused(rogue.subscribe("rogue", 0, EVIL_URL, memory=tebibyte))
+        assert error.code() == (code or Code.PERMISSION_DENIED), error.details()
+    # sim's token, for sim, but claiming a tebibyte: over the scheduler's bound.
+    greedy = Agent(sched, pki, token=JOIN_TOKEN)
+    agents.append(greedy)
+    error = await refused(greedy.subscribe("sim", 5, EVIL_URL, memory=tebibyte))
+    assert error.code() == Code.INVALID_ARGUMENT and "--max-replica-memory" in (error.details() or "")
+    assert "rogue" not in sched.state.servers and "sim" not in sched.state.servers
+
+    # The join token lets an agent be any replica of its server, and nothing else.
+    real = Agent(sched, pki, token=JOIN_TOKEN)
+    agents.append(real)
+    await real.subscribe("sim", 3)
+    await placed(http, sched, pki.client_context())
+    assert endpoints(sched) == [REAL_URL]
+    assert [o.model_version.parameters["api_key"] for o in real.operations] == ["hunter2"]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert JOIN_TOKEN not in logged and "guess" not in logged
+
+
+async def test_spoofed_events_drains_and_lag_reports_are_refused(
+    scheduler: Any,
+    pki: Pki,
+    agent_ca: Pki,
+    files: dict[str, str],
+    http: aiohttp.ClientSession,
+    agents: list[Agent],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "modelyard.rpc")
+    sched = await scheduler(
+        **secured(pki, agent_ca, files),
+        scale_up_lag=1.0,
+        scale_up_window=0.0,
+        scaling_interval=0.05,
+        stats_max_age=60,
+    )
+    real = Agent(sched, pki, agent_certificate(agent_ca, "sim", 0))
+    spare = Agent(sched, pki, agent_certificate(agent_ca, "sim", 1))  # room for a second replica
+    agents += [real, spare]
+    await real.subscribe("sim", 0)
+    await spare.subscribe("sim", 1, "http://127.0.0.1:18081")
+    status, _, body = await rest(
+        http,
+        "PUT",
+        f"{sched.url}/v1/models/iris",
+        WRITE_TOKEN,
+        json={**IRIS, "min_replicas": 1, "max_replicas": 2},
+        ssl=pki.client_context(),
+    )
+    assert status == 200, body
+
+    async def available() -> bool:
+        return await model_state(sched) == "ModelAvailable"
+
+    await wait_until(available, attempts=500)
+    (held,) = sched.state.models["iris"].latest.replicas
+    other = 1 - held
+    attacker = {0: spare, 1: real}[held]  # a real agent of the other replica, acting as this one
+
+    # UNLOADED for the replica that serves iris, sent again and again: refused, logged once.
+    for _ in range(5):
+        error = await refused(attacker.event("iris", agent_pb2.ModelEvent.UNLOADED, replica=held))
+        assert error.code() == Code.PERMISSION_DENIED
+    lines = [r.getMessage() for r in caplog.records if "refused AgentEvent" in r.getMessage()]
+    assert len(lines) == 1 and f"sim-{held}" in lines[0]
+    # Without any credential it does not get through the handshake.
+    anonymous = Agent(sched, pki)
+    agents.append(anonymous)
+    anonymous.server, anonymous.replica = "sim", held
+    assert (await refused(anonymous.event("iris", agent_pb2.ModelEvent.UNLOADED))).code() == Code.UNAVAILABLE
+
+    drain = agent_pb2.AgentDrainRequest(server_name="sim", replica_idx=held)
+    error = await refused(attacker.stub.AgentDrain(drain, timeout=5))
+    assert error.code() == Code.PERMISSION_DENIED
+    lag = agent_pb2.AgentStatsRequest(
+        server_name="sim",
+        replica_idx=held,
+        models=[agent_pb2.ModelStats(name="iris", version=1, in_flight=500, queued=500)],
+    )
+    error = await refused(attacker.stub.AgentStats(lag, timeout=5))
+    assert error.code() == Code.PERMISSION_DENIED
+
+    await asyncio.sleep(0.5)  # ten scaling decisions
+    model = sched.state.models["iris"]
+    assert await model_state(sched) == "ModelAvailable"
+    assert list(model.latest.replicas) == [held] and model.latest.spec.replicas in (None, 1)
+    assert endpoints(sched) == [REAL_URL if held == 0 else "http://127.0.0.1:18081"]
+    assert not sched.state.servers["sim"].replicas[held].draining
+    # The agent of `other` may still speak for itself.
+    await attacker.stub.AgentStats(
+        agent_pb2.AgentStatsRequest(server_name="sim", replica_idx=other), timeout=5
+    )
+
+
+async def test_a_certificate_without_an_agent_identity_is_refused(
+    scheduler: Any, pki: Pki, agent_ca: Pki, files: dict[str, str], agents: list[Agent]
+) -> None:
+    sched = await scheduler(**secured(pki, agent_ca, files))
+    for cert in (
+        issue_uri(agent_ca, name="no-san"),
+        issue_uri(agent_ca, "spiffe://elsewhere/server/sim/replica/0", name="other-domain"),
+    ):
+        agent = Agent(sched, pki, cert)
+        agents.append(agent)
+        error = await refused(agent.subscribe("sim", 0))
+        assert error.code() == Code.UNAUTHENTICATED and "spiffe://modelyard/server/" in (
+            error.details() or ""
+        )
+    # A server-wide certificate acts as any replica of its server.
+    agent = Agent(sched, pki, agent_certificate(agent_ca, "sim"))
+    agents.append(agent)
+    await agent.subscribe("sim", 7)
+    assert sched.state.servers["sim"].replicas[7].connected
+
+
+# --- plain text only on loopback -------------------------------------------------------------
+
+
+async def test_a_scheduler_reachable_from_elsewhere_needs_tls_and_credentials(
+    scheduler: Any, pki: Pki, agent_ca: Pki, files: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        await scheduler(host="0.0.0.0")
+    assert caught.value.source == "--host 0.0.0.0"
+    (problem,) = caught.value.problems
+    for missing in ("TLS (--tls-cert, --tls-key)", "--tokens-file or --tls-client-ca", "--agent-ca"):
+        assert missing in problem
+    assert "--insecure" in problem
+    with pytest.raises(ConfigError, match="no agent credentials"):
+        await scheduler(host="0.0.0.0", tls=tls(pki.issue()), tokens_file=files["tokens"])
+    with pytest.raises(ConfigError, match="there is no TLS"):
+        await scheduler(host="0.0.0.0", tokens_file=files["tokens"], agent_tokens_file=files["agent_tokens"])
+
+    secure = await scheduler(host="0.0.0.0", **secured(pki, agent_ca, files))
+    assert secure.url.startswith("https://")
+    caplog.set_level(logging.WARNING, "modelyard.scheduler")
+    await scheduler(host="0.0.0.0", insecure=True)
+    (warning,) = [r.getMessage() for r in caplog.records if "--insecure" in r.getMessage()]
+    assert "0.0.0.0" in warning and "without TLS" in warning
