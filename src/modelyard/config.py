@@ -204,8 +204,13 @@ class EndpointConfig(_Strict):
     gpu_metrics_url: str = Field("", description="resource_aware: a DCGM exporter for this server's GPU")
     grpc_url: str = Field(
         "",
-        description="the server's OIP v2 gRPC port, grpc://host:port: OIP gRPC calls routed here are "
-        "relayed as gRPC, their tensors never converted; '' = sent as REST to url",
+        description="the server's OIP v2 gRPC port, grpc://host:port (grpcs:// over TLS): OIP gRPC calls "
+        "routed here are relayed as gRPC, their tensors never converted; '' = sent as REST to url",
+    )
+    tls: TlsClientConfig | None = Field(
+        None,
+        description="TLS to this endpoint (an https:// url, a grpcs:// grpc_url); null = the model's tls, "
+        "else upstream.tls",
     )
 
     @field_validator("url")
@@ -227,9 +232,16 @@ class EndpointConfig(_Strict):
         except ValueError:
             port = None
         extra = parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc
-        if parts.scheme != "grpc" or not parts.hostname or not port or extra:
-            raise ValueError("expected grpc://host:port, e.g. grpc://127.0.0.1:8081")
+        if parts.scheme not in ("grpc", "grpcs") or not parts.hostname or not port or extra:
+            raise ValueError("expected grpc://host:port (grpcs:// over TLS), e.g. grpc://127.0.0.1:8081")
         return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _tls_used(self) -> EndpointConfig:
+        secure = urlsplit(self.url).scheme == "https" or urlsplit(self.grpc_url).scheme == "grpcs"
+        if self.tls is not None and not secure:
+            raise ValueError("tls is set, but url is not https:// and grpc_url not grpcs://: nothing uses it")
+        return self
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> EndpointConfig:
@@ -454,6 +466,11 @@ class ModelConfig(_Strict):
     circuit_breakers: CircuitBreakerConfig = CircuitBreakerConfig()
     retry_budget: RetryBudgetConfig = RetryBudgetConfig()
     resource_aware: ResourceAwareConfig = ResourceAwareConfig()
+    tls: TlsClientConfig | None = Field(
+        None,
+        description="TLS to this model's https:// and grpcs:// endpoints without their own; "
+        "null = upstream.tls",
+    )
 
     @model_validator(mode="after")
     def _routes_name_subsets(self) -> ModelConfig:
@@ -538,6 +555,11 @@ class UpstreamConfig(_Strict):
     connect_timeout: Seconds = 2.0
     timeout: Seconds = Field(600.0, description="whole-request deadline; 0 disables it")
     max_connections: int = Field(1024, ge=1, description="per upstream endpoint")
+    tls: TlsClientConfig | None = Field(
+        None,
+        description="TLS to every https:// and grpcs:// endpoint without its own (a model's or an "
+        "endpoint's tls wins, as a whole); null = verified against the system's CAs, host name checked",
+    )
 
 
 class PlacedHealthCheckConfig(HealthCheckConfig):

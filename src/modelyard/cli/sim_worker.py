@@ -9,6 +9,10 @@ import typer
 from pydantic import ValidationError
 
 from modelyard.cli.listening import Listener, listen_failure
+from modelyard.cli.problems import fail
+from modelyard.cli.tls import TlsCertOption, TlsClientCaOption, TlsKeyOption, tls_server_config
+from modelyard.config import TlsServerConfig
+from modelyard.errors import ModelyardError
 from modelyard.placement.manifest import parse_quantity
 from modelyard.serving import run, serve_until_signal
 from modelyard.simworker import SimWorker, SimWorkerConfig
@@ -82,6 +86,9 @@ def sim_worker(
         list[str] | None,
         typer.Option("--fail-load", help="Repository mode: this model's load fails (repeatable)."),
     ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: TlsClientCaOption = None,
 ) -> None:
     """Run a simulated LLM/OIP server: OpenAI, OIP v2, KServe v1, vLLM metrics.
 
@@ -119,8 +126,11 @@ def sim_worker(
         problems = "; ".join(f"{_flag(e['loc'])}: {e['msg']}" for e in exc.errors())
         typer.echo(f"error: sim-worker options: {problems}", err=True)
         raise typer.Exit(1) from None
+    tls = tls_server_config(tls_cert, tls_key, tls_client_ca)
     try:
-        run(_serve(config))
+        run(_serve(config, tls))
+    except ModelyardError as exc:  # a certificate or key that cannot be used: one line naming the file
+        raise fail(exc) from None
     except OSError as exc:  # typically the port is taken
         listeners = [Listener(host, port, "sim-worker HTTP")]
         if grpc_port is not None:
@@ -141,8 +151,8 @@ def _flag(loc: tuple[int | str, ...]) -> str:
     return "--" + field.replace("_", "-")
 
 
-async def _serve(config: SimWorkerConfig) -> None:
-    worker = SimWorker(config)
+async def _serve(config: SimWorkerConfig, tls: TlsServerConfig | None) -> None:
+    worker = SimWorker(config, tls=tls)
     url = await worker.start()
     typer.echo(f"sim-worker listening on {url}" + (f" and {worker.grpc_url}" if worker.grpc_url else ""))
     await serve_until_signal([worker.server], worker.stop)

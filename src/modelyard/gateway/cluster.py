@@ -35,9 +35,10 @@ from modelyard.cluster.canary import CanaryStats
 from modelyard.cluster.health import ejected, passed
 from modelyard.cluster.outlier import OutlierState, adopt, decide, routable
 from modelyard.cluster.outlier import observe as observe_outcome
-from modelyard.config import EndpointConfig, ModelConfig, RouteConfig
+from modelyard.config import EndpointConfig, ModelConfig, RouteConfig, TlsClientConfig
 from modelyard.errors import EndpointTakenOut, NotFound
 from modelyard.gateway.capacity import CapacityQueue
+from modelyard.upstream.pool import UpstreamTls
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -56,8 +57,13 @@ class Cluster:
         new_load: Callable[[str, str], Load] = BackendLoad,
         on_refused: Callable[[Cluster, Endpoint], None] | None = None,
         on_ejected: Callable[[Cluster, Endpoint], None] | None = None,
+        tls_url: Callable[[str, TlsClientConfig | None], str] | None = None,
     ) -> None:
         self.config = config
+        # The URL requests go to: an https:// or grpcs:// URL with TLS settings of its own (the
+        # endpoint's, else the model's) carries them, so the gateway's clients keep its
+        # connections apart; the others get upstream.tls. (Files checked here: a TlsError.)
+        self._tls_url = tls_url if tls_url is not None else UpstreamTls(None).url
         self.name = config.name
         self._loads = loads  # shared by every cluster: a server's load is the sum over its models
         self._new_load = new_load  # (url, name) -> the load of a server no cluster used yet
@@ -114,15 +120,17 @@ class Cluster:
         current = {(e.name, e.url): e for e in self.endpoints}
         endpoints = []
         for c in configs:
-            kept = current.get((c.name, c.url))
+            tls = c.tls or self.config.tls
+            url = self._tls_url(c.url, tls)
+            kept = current.get((c.name, url))
             if kept is None:
-                load = self._loads.get(c.url)
+                load = self._loads.get(c.url)  # a server's load, by its URL, whatever the TLS
                 if load is None:
                     load = self._loads[c.url] = self._new_load(c.url, c.name)
-                kept = Endpoint(c.name, c.url, load)
+                kept = Endpoint(c.name, url, load)
             kept.weight, kept.cost_per_1k_tokens, kept.subset = c.weight, c.cost_per_1k_tokens, c.subset
             kept.metrics_url, kept.gpu_metrics_url = c.metrics_url, c.gpu_metrics_url
-            kept.grpc_url = c.grpc_url
+            kept.grpc_url = self._tls_url(c.grpc_url, tls)
             endpoints.append(kept)
         stayed = {e.name for e in endpoints if (e.name, e.url) in current}
         subsets: dict[str, list[Endpoint]] = {}

@@ -63,6 +63,8 @@ class Gateway:
         self.tracer = tracer if tracer is not None else build_tracer(config.telemetry, GATEWAY_SERVICE_NAME)
         self.siblings = siblings  # the other workers of this gateway (listen.workers > 1)
         self.loads: dict[str, Load] = {}
+        # Before the clusters: their endpoints' TLS settings are the pool's (files checked now).
+        self.pool = UpstreamPool(config.upstream, relay_drop=NOT_RELAYED)
         self.metrics = GatewayMetrics(
             lambda: self.loads.values(),
             max_log_streams=config.admin.max_log_streams,
@@ -107,8 +109,8 @@ class Gateway:
                 on_writeback=self.metrics.state_writebacks.inc,
             )
         )
-        self.pool = UpstreamPool(config.upstream, relay_drop=NOT_RELAYED)
-        self.grpc_channels = OipChannels()  # to endpoints with a grpc_url; no channel until a call
+        # To endpoints with a grpc_url; no channel until a call.
+        self.grpc_channels = OipChannels(self.pool.tls.default)
         # Gateways on one Redis, or the workers of one gateway, share prefix_aware's index; a gateway
         # alone has nobody to tell.
         shared = config.state.backend == "redis" or self._sibling_state is not None
@@ -177,10 +179,14 @@ class Gateway:
     def new_cluster(self, config: ModelConfig) -> Cluster:
         siblings = self.siblings
         if siblings is None:
-            return Cluster(config, self.loads, self.metrics.health_changed, self.metrics.outlier_event)
+            return Cluster(
+                config, self.loads, self.metrics.health_changed, self.metrics.outlier_event,
+                tls_url=self.pool.tls.url,
+            )  # fmt: skip
         return Cluster(
             config, self.loads, self.metrics.health_changed, self.metrics.outlier_event, siblings.new_load,
             on_refused=siblings.connection_refused, on_ejected=siblings.publish_ejection,
+            tls_url=self.pool.tls.url,
         )  # fmt: skip
 
     def install(self, cluster: Cluster) -> None:
@@ -206,7 +212,8 @@ class Gateway:
         back at a new address), so placed models coming and going do not grow it without end or
         leave stale in-flight series in /metrics. Requests still running on a dropped one release
         onto the object their endpoint holds."""
-        in_use = {e.url for cluster in self.clusters.values() for e in cluster.endpoints}
+        # str(): an endpoint's URL with TLS settings of its own (a TlsUrl) equals no plain string.
+        in_use = {str(e.url) for cluster in self.clusters.values() for e in cluster.endpoints}
         for url in [url for url in self.loads if url not in in_use]:
             del self.loads[url]
 
@@ -326,7 +333,9 @@ class Gateway:
         if not self._leader:
             return  # the leader scrapes for every worker; this one adopts its snapshots (_follow)
         siblings = self.siblings
-        client = Http1Client(max_connections=2, connect_timeout=self.config.upstream.connect_timeout)
+        client = Http1Client(
+            max_connections=2, connect_timeout=self.config.upstream.connect_timeout, tls=self.pool.tls.default
+        )
         scraper = ResourceScraper(
             lambda: cluster.endpoints, client, cluster.config.resource_aware,
             on_snapshot=(lambda e: siblings.publish_resources(cluster, e)) if siblings is not None else None,

@@ -15,19 +15,28 @@ call's outcome is given as the REST call's would be, so the attempt loop treats 
 One channel per backend address, made on first use; gRPC multiplexes the calls over its HTTP/2
 connection. The channel's reconnect backoff is capped at a second: a backend that restarts is
 called again as soon as it listens, not after gRPC's default of up to two minutes.
+
+A `grpcs://` address is called over TLS: verified against the CA of its settings (a URL that
+carries its own, as the gateway's `TlsUrl` does, else the default: `upstream.tls`, else the
+system's CAs), `server_name` sent as SNI and verified, a client certificate presented when set.
+When the files change, the next call opens a new channel with them and the old one is closed once
+its calls end. A handshake that fails is logged once per address until a call succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+import ssl
+from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import urlsplit
 
 import grpc
 import orjson
 from grpc import aio
 
+from modelyard.config import TlsClientConfig
 from modelyard.errors import (
     BadRequest,
     ModelServerAnswered,
@@ -36,6 +45,9 @@ from modelyard.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from modelyard.security.tls import ClientTls
+
+log = logging.getLogger("modelyard.upstream")
 
 # The HTTP status a REST server would have answered with (the inverse of oip_server's table).
 _STATUSES = {
@@ -66,13 +78,20 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),  # the attempt loop retries, by the route's policy
 ]
+# A channel made with files that changed since is closed once its calls end, at most this long after.
+_RETIRE_GRACE = 600.0
+# gRPC core's words for a failed TLS handshake, in its UNAVAILABLE details.
+_TLS_FAILURE = re.compile(r"(?i)handshake|ssl|certificate|verification|tsi_")
+# The start of the last error in gRPC's details: its status and the address ("UNKNOWN: ipv4:h:p: ").
+_LAST_ERROR = re.compile(r"^[A-Z_]+: (?:(?:ipv4|ipv6|unix|dns):\S+: )?")
+_VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED: (.*?)(?:: OK)?$")
 # What gRPC takes as metadata (keys lower-case); an HTTP header may hold more (a tab, upper case).
 _METADATA_KEY = re.compile(r"[0-9a-z_.-]+\Z")
 _METADATA_VALUE = re.compile(r"[\x20-\x7e]*\Z")
 
 
 def grpc_target(url: str) -> str:
-    """`host:port` of a `grpc://host:port` URL (a checked config value)."""
+    """`host:port` of a `grpc://host:port` (or `grpcs://`) URL (a checked config value)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -80,16 +99,50 @@ def grpc_target(url: str) -> str:
     return f"{host}:{parts.port}"
 
 
+def system_cas() -> bytes | None:
+    """The system's CA bundle as PEM (what OpenSSL verifies with by default), for a gRPC channel:
+    gRPC otherwise trusts its own bundled roots. None when there is no such file."""
+    path = ssl.get_default_verify_paths().cafile
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def tls_failure(details: str) -> str:
+    """The reason in gRPC's details of a failed TLS handshake ("" when they are not about TLS):
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake
+    failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:
+    CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate: OK" gives "certificate
+    verify failed: unable to get local issuer certificate"."""
+    if not details.startswith(_UNREACHABLE):
+        return ""
+    last = _LAST_ERROR.sub("", details.rsplit("last error: ", 1)[-1])
+    if not _TLS_FAILURE.search(last):
+        return ""
+    verify = _VERIFY_FAILED.search(last)
+    if verify is not None:
+        return f"certificate verify failed: {verify.group(1)}"
+    return last.removesuffix(": OK")[:300]
+
+
 class OipPending:
     """One call on its way: `answer()` waits for its outcome; `abort(error)` gives it up (its
-    endpoint was taken out), and `answer()` then raises `error`."""
+    endpoint was taken out), and `answer()` then raises `error`. `watch`: the channels that log a
+    TLS call's failed handshake (None for a plain call)."""
 
-    __slots__ = ("_aborted", "_call", "_url")
+    __slots__ = ("_aborted", "_call", "_url", "_watch")
 
-    def __init__(self, url: str, call: aio.UnaryUnaryCall[bytes, bytes]) -> None:
+    def __init__(
+        self, url: str, call: aio.UnaryUnaryCall[bytes, bytes], watch: OipChannels | None = None
+    ) -> None:
         self._url = url
         self._call = call
         self._aborted: UpstreamError | None = None
+        self._watch = watch
 
     def abort(self, error: UpstreamError) -> None:
         if not self._call.done():
@@ -107,16 +160,32 @@ class OipPending:
         except aio.AioRpcError as error:
             if self._aborted is not None:
                 raise self._aborted from None
+            if self._watch is not None:
+                self._watch.tls_outcome(self._url, error.details() or "")
             return _answer_for(self._url, error)
         except Exception as error:  # what grpc raises for a call it could not start
             raise UpstreamError(f"cannot call {self._url}: {error}") from None
+        if self._watch is not None:
+            self._watch.tls_outcome(self._url, "")
         return 200, data
 
 
 class OipChannels:
-    def __init__(self) -> None:
+    """`tls`: the TLS of grpcs:// URLs without settings of their own (a URL's `tls` attribute),
+    asked for when the first such channel is made; None: the system's CAs."""
+
+    def __init__(self, tls: Callable[[], ClientTls] | None = None) -> None:
+        self._tls = tls
+        self._default_tls: ClientTls | None = None
         self._channels: dict[str, aio.Channel] = {}
         self._calls: dict[tuple[str, str], aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
+        # TLS channels: the settings and the context they were made with (a newer one: files changed).
+        self._made_with: dict[str, tuple[ClientTls, ssl.SSLContext]] = {}
+        self._tls_calls: dict[
+            tuple[str, str], tuple[aio.Channel, aio.UnaryUnaryMultiCallable[bytes, bytes]]
+        ] = {}
+        self._tls_failing: dict[str, str] = {}  # address -> the handshake failure logged
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def start(
         self,
@@ -132,8 +201,35 @@ class OipChannels:
         _check_metadata(metadata)
         multicallable = self._calls.get((url, method))
         if multicallable is None:
+            if url in self._made_with or urlsplit(url).scheme == "grpcs":
+                return OipPending(
+                    url, self._tls_call(url, method)(message, timeout=time_limit, metadata=metadata), self
+                )
             multicallable = self._calls[(url, method)] = self._channel(url).unary_unary(method)
         return OipPending(url, multicallable(message, timeout=time_limit, metadata=metadata))
+
+    def _tls_call(self, url: str, method: str) -> aio.UnaryUnaryMultiCallable[bytes, bytes]:
+        """A TLS address's method, looked up at each call (not kept in `_calls`), so that a channel
+        made before its files changed is replaced."""
+        channel = self._channel(url)
+        kept = self._tls_calls.get((url, method))
+        if kept is None or kept[0] is not channel:
+            kept = self._tls_calls[(url, method)] = (channel, channel.unary_unary(method))
+        return kept[1]
+
+    def tls_outcome(self, url: str, details: str) -> None:
+        """A TLS call ended (`details`: its error's, "" when it succeeded): a failed handshake is
+        logged once per address, until a call there succeeds."""
+        reason = tls_failure(details) if details else ""
+        if reason:
+            if self._tls_failing.get(url) != reason:
+                self._tls_failing[url] = reason
+                log.warning(
+                    "TLS to %s failed: %s; its calls fail until a handshake succeeds (logged once)",
+                    url, reason,
+                )  # fmt: skip
+        elif not details and self._tls_failing.pop(url, None) is not None:
+            log.info("TLS to %s works again", url)
 
     async def stream(
         self, url: str, method: str, messages: AsyncIterator[bytes], metadata: Sequence[tuple[str, str]]
@@ -160,15 +256,45 @@ class OipChannels:
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}
-        self._calls = {}
+        self._calls, self._tls_calls, self._made_with = {}, {}, {}
         for channel in channels.values():
             await channel.close()
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
 
     def _channel(self, url: str) -> aio.Channel:
         channel = self._channels.get(url)
+        made = self._made_with.get(url)
+        if channel is not None and made is not None and made[0].context() is not made[1]:
+            # The files changed: new calls go on a channel made with them; the old one's end.
+            retired = asyncio.get_running_loop().create_task(channel.close(grace=_RETIRE_GRACE))
+            self._retiring.add(retired)
+            retired.add_done_callback(self._retiring.discard)
+            channel = None
         if channel is None:
-            channel = self._channels[url] = aio.insecure_channel(grpc_target(url), _CHANNEL_OPTIONS)
+            channel = self._channels[url] = self._open(url)
         return channel
+
+    def _open(self, url: str) -> aio.Channel:
+        target = grpc_target(url)
+        if urlsplit(url).scheme != "grpcs":
+            return aio.insecure_channel(target, _CHANNEL_OPTIONS)
+        tls: ClientTls | None = getattr(url, "tls", None)
+        if tls is None:
+            if self._default_tls is None:
+                self._default_tls = self._tls() if self._tls is not None else ClientTls(TlsClientConfig())
+            tls = self._default_tls
+        context = tls.context()  # first: the files read as they are now
+        ca, key, chain = tls.material()
+        if not tls.config.verify:
+            log.warning("%s: tls.verify false does not apply to gRPC, which verifies the server anyway", url)
+        credentials = grpc.ssl_channel_credentials(ca if ca is not None else system_cas(), key, chain)
+        options: list[tuple[str, int | str]] = [*_CHANNEL_OPTIONS]
+        if tls.server_name:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
+        self._made_with[url] = (tls, context)
+        return aio.secure_channel(target, credentials, options)
 
 
 def _check_metadata(metadata: Sequence[tuple[str, str]]) -> None:

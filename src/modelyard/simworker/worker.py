@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from modelyard.config import ListenConfig
+from modelyard.config import ListenConfig, TlsServerConfig
 from modelyard.rpc import OipServer
 from modelyard.serving import HttpServer
 from modelyard.simworker.app import ENGINE, create_sim_app
@@ -17,13 +17,21 @@ _MAX_GRPC_MESSAGE = 16 * 1024 * 1024  # as the REST app's client_max_size
 
 class SimWorker:
     """Binds `config.host:config.port` (port 0 picks a free one) on `start()`, and OIP over gRPC on
-    `config.grpc_port` when set (`grpc_url` then says where).
+    `config.grpc_port` when set (`grpc_url` then says where). With `tls` it serves HTTPS and gRPC
+    over TLS (`url` https://, `grpc_url` grpcs://), from certificate files reloaded when they change.
 
     Usable as `async with SimWorker(config) as worker:`; several can share one event loop.
     """
 
-    def __init__(self, config: SimWorkerConfig | None = None, *, shutdown_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        config: SimWorkerConfig | None = None,
+        *,
+        shutdown_timeout: float = 2.0,
+        tls: TlsServerConfig | None = None,
+    ) -> None:
         self.config = config or SimWorkerConfig()
+        self.tls = tls
         self.app = create_sim_app(self.config)
         self.url: str | None = None
         self.port: int | None = None
@@ -58,6 +66,7 @@ class SimWorker:
             keepalive_timeout=3630.0,
             drain_seconds=0.0,  # nothing routes by a sim worker's readiness: stop at once
             shutdown_timeout=self._shutdown_timeout,
+            tls=self.tls,
         )
         # handler_cancellation (the default): a client that goes away aborts its generation, as vLLM does.
         server = HttpServer(self.app, listen)
@@ -67,7 +76,11 @@ class SimWorker:
         self.url = server.url
         if self.config.grpc_port is not None:
             grpc = OipServer(
-                SimOip(self.app), self.config.host, self.config.grpc_port, max_message_bytes=_MAX_GRPC_MESSAGE
+                SimOip(self.app),
+                self.config.host,
+                self.config.grpc_port,
+                max_message_bytes=_MAX_GRPC_MESSAGE,
+                tls=self.tls,
             )
             try:
                 await grpc.start()
@@ -75,7 +88,7 @@ class SimWorker:
                 await self.stop()
                 raise
             self._grpc = grpc
-            self.grpc_url = f"grpc://{grpc.address}"
+            self.grpc_url = f"{'grpcs' if self.tls is not None else 'grpc'}://{grpc.address}"
         return server.url
 
     async def stop(self) -> None:

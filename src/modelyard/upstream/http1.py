@@ -13,6 +13,8 @@ closed, a malformed answer) closes the connection rather than guessing.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import ssl
 import time
 from collections import deque
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from modelyard.config import TlsClientConfig
 from modelyard.errors import BadRequest, UpstreamClosed, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from modelyard.protocols.http import (
     HEADER_TEXT,
@@ -31,7 +34,10 @@ from modelyard.protocols.http import (
     fields_at,
     worth_keeping,
 )
+from modelyard.security.tls import ClientTls
 from modelyard.upstream.headers import NOT_RELAYED
+
+log = logging.getLogger("modelyard.upstream")
 
 IDLE_TIMEOUT = 4.0  # seconds a kept-alive connection may sit idle; under uvicorn's 5 s default
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
@@ -43,6 +49,51 @@ _TIMER_STEP = 0.001  # uvloop's timers and clock move in whole milliseconds
 _MEDIA_TYPES: dict[bytes, str] = {}
 _MAX_MEDIA_TYPES = 256
 _MAX_MEDIA_FIELD = 200
+
+
+# What OpenSSL's message says around its reason: "[SSL: CODE] reason (_ssl.c:1000)".
+_SSL_NOISE = re.compile(r"^\[[^\]]*\]\s*|\s*\(_ssl\.c:\d+\)$")
+
+
+class TlsUrl(str):
+    """An https:// (or grpcs://) URL that carries its own TLS settings (a model's or an endpoint's
+    `tls`): the client keeps its connections apart from those to the same URL with other settings
+    (another client certificate, another CA), as its pools are keyed by the URL. It is equal only
+    to a TlsUrl of the same text and settings (never to the plain string), and hashes as its text,
+    so that a lookup with the very object a pool was made for costs what a plain string's does.
+    Plain URL strings get the client's default TLS (`upstream.tls`)."""
+
+    tls: ClientTls
+
+    def __new__(cls, url: str, tls: ClientTls) -> TlsUrl:
+        self = super().__new__(cls, url)
+        self.tls = tls
+        return self
+
+    def __getnewargs__(self) -> tuple[str, ClientTls]:  # type: ignore[override]
+        return str(self), self.tls
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TlsUrl) and str.__eq__(self, other) and self.tls.config == other.tls.config
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+
+def system_tls() -> ClientTls:
+    """TLS for URLs without settings of their own when no `upstream.tls` is set: the system's CAs,
+    the server's certificate and host name verified."""
+    return ClientTls(TlsClientConfig())
+
+
+def tls_reason(exc: ssl.SSLError) -> str:
+    """What a failed handshake says, without OpenSSL's codes: "certificate verify failed: unable
+    to get local issuer certificate", "tlsv13 alert certificate required"."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    return _SSL_NOISE.sub("", exc.strerror or str(exc)) or exc.reason or type(exc).__name__
 
 
 class _Shape:
@@ -63,7 +114,13 @@ class _Shape:
 
 
 class _StaleConnection(Exception):
-    """A reused keep-alive connection closed before answering: the server timed it out."""
+    """A connection closed before answering: a reused keep-alive one, the server timed it out; a
+    new one, the server refused it (`tls_error`: with a TLS alert, as a TLS 1.3 server refuses a
+    client's certificate, or its absence, after the handshake)."""
+
+    def __init__(self, tls_error: ssl.SSLError | None = None) -> None:
+        super().__init__()
+        self.tls_error = tls_error
 
 
 class Flight:
@@ -283,7 +340,7 @@ class _Connection(asyncio.Protocol):
                 self._response._fail(UpstreamError(f"{self._pool.origin} closed the connection mid-response"))
         if self._head is not None and not self._head.done():
             error: Exception = (
-                _StaleConnection()
+                _StaleConnection(exc if isinstance(exc, ssl.SSLError) else None)
                 if not self._received
                 else UpstreamError(f"{self._pool.origin} closed early")
             )
@@ -424,11 +481,27 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
 
+class _AfterTlsFailure(_Connection):
+    """A connection made while its pool's TLS was failing: its first answer says TLS works again
+    (only such connections pay for the check)."""
+
+    def on_headers_complete(self) -> None:
+        self._pool.tls_works()
+        super().on_headers_complete()
+
+
 class _HostPool:
-    """Idle connections to one upstream origin, at most `limit` open at once."""
+    """Idle connections to one upstream origin (with one TLS setting), at most `limit` open at once.
+    Over TLS each new connection is made with the newest context (`ClientTls.context()`: files
+    read again when they change); a handshake that fails is logged once until one succeeds."""
 
     def __init__(
-        self, base_url: str, limit: int, connect_timeout: float, relay_drop: frozenset[bytes]
+        self,
+        base_url: str,
+        limit: int,
+        connect_timeout: float,
+        relay_drop: frozenset[bytes],
+        tls: ClientTls | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         self.relay_drop = relay_drop
@@ -437,7 +510,11 @@ class _HostPool:
         self.prefix = parts.path.rstrip("/")  # a base URL may carry a path: prepended to every request
         self._host = parts.hostname or "localhost"
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.tls = tls if parts.scheme == "https" else None
+        # Sent as SNI and verified: the settings' server_name, else the URL's host (an IP address
+        # is checked against the certificate's IP addresses and sent as no SNI).
+        self._server_name = (self.tls.server_name or self._host) if self.tls is not None else None
+        self._tls_failure = ""  # the reason last logged; "" while handshakes succeed
         self.host_header = parts.netloc.encode()
         self._limit = limit
         self._connect_timeout = connect_timeout
@@ -511,22 +588,62 @@ class _HostPool:
         limit = loop.time() + self._connect_timeout if self._connect_timeout else None
         if until is not None:
             limit = until if limit is None else min(limit, until)
+        protocol = _AfterTlsFailure if self._tls_failure else _Connection
         try:
             async with asyncio.timeout_at(limit):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self),
+                    lambda: protocol(self),
                     self._host,
                     self._port,
-                    ssl=self._ssl,
-                    server_hostname=self._host if self._ssl else None,
+                    ssl=self.tls.context() if self.tls is not None else None,
+                    server_hostname=self._server_name,
                 )
         except TimeoutError:
             raise UpstreamUnreachable(
                 f"cannot connect to {self.origin}: no answer within {self._connect_timeout:g}s"
             ) from None
+        except ssl.SSLError as exc:
+            raise self.tls_failed(tls_reason(exc)) from exc
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            if self.tls is None:
+                raise UpstreamUnreachable(f"cannot connect to {self.origin}: {exc.strerror or exc}") from exc
+            # Connected, then cut off: in the handshake (asyncio's servers send no alert).
+            raise self.tls_failed(f"the server closed the connection in the handshake{self._hint()}") from exc
         except OSError as exc:
             raise UpstreamUnreachable(f"cannot connect to {self.origin}: {exc.strerror or exc}") from exc
         return conn
+
+    def _hint(self) -> str:
+        if self.tls is None or self.tls.config.cert_file:
+            return ""
+        return " (it may require a client certificate: tls.cert_file)"
+
+    def closed_unanswered(self, reused: bool, stale: _StaleConnection) -> UpstreamError:
+        """A connection closed before answering. A new TLS connection closed so: a server that
+        wants a client certificate refuses one after a TLS 1.3 handshake (asyncio's without an
+        alert: only a hint then)."""
+        if reused:
+            return UpstreamClosed(f"{self.origin} closed the connection without answering")
+        if stale.tls_error is not None:
+            return self.tls_failed(tls_reason(stale.tls_error))
+        return UpstreamClosed(f"{self.origin} closed the connection without answering{self._hint()}")
+
+    def tls_failed(self, reason: str) -> UpstreamUnreachable:
+        """A handshake failed: logged once (until one succeeds, or the reason changes); the error
+        is a connect failure, as a refused connection's."""
+        if reason != self._tls_failure:
+            self._tls_failure = reason
+            name = f" (server name {self._server_name})" if self._server_name != self._host else ""
+            log.warning(
+                "TLS to %s%s failed: %s; its requests fail until a handshake succeeds (logged once)",
+                self.origin, name, reason,
+            )  # fmt: skip
+        return UpstreamUnreachable(f"cannot connect to {self.origin}: TLS handshake failed: {reason}")
+
+    def tls_works(self) -> None:
+        if self._tls_failure:
+            self._tls_failure = ""
+            log.info("TLS to %s works again", self.origin)
 
     def release(self, conn: _Connection, reusable: bool) -> None:
         if reusable:
@@ -581,19 +698,33 @@ class Http1Client:
     (lower-case names) a proxy does not pass on, left out of `UpstreamResponse.relayed`."""
 
     def __init__(
-        self, *, max_connections: int, connect_timeout: float, relay_drop: frozenset[bytes] = NOT_RELAYED
+        self,
+        *,
+        max_connections: int,
+        connect_timeout: float,
+        relay_drop: frozenset[bytes] = NOT_RELAYED,
+        tls: Callable[[], ClientTls] = system_tls,
     ) -> None:
+        """`tls`: the TLS of https:// URLs without their own (a `TlsUrl`'s), asked for when the
+        first such pool is made."""
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
         self._relay_drop = relay_drop
+        self._tls = tls
+        self._default_tls: ClientTls | None = None
         self._pools: dict[str, _HostPool] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _pool(self, base_url: str) -> _HostPool:
         pool = self._pools.get(base_url)
         if pool is None:
+            tls = None
+            if isinstance(base_url, TlsUrl):
+                tls = base_url.tls
+            elif urlsplit(base_url).scheme == "https":
+                tls = self._default_tls = self._default_tls or self._tls()
             pool = self._pools[base_url] = _HostPool(
-                base_url, self._max_connections, self._connect_timeout, self._relay_drop
+                base_url, self._max_connections, self._connect_timeout, self._relay_drop, tls
             )
         return pool
 
@@ -629,14 +760,14 @@ class Http1Client:
                 flight._conn = conn
             try:
                 return await conn.send(payload, left)
-            except _StaleConnection:
+            except _StaleConnection as stale:
                 conn.abandon()
                 # A reused connection closed before any answer: the server dropped it while idle,
                 # or took the request and died. Only a request that may run twice is sent again;
                 # for the others the caller's retry policy decides ("reset").
                 if reused and method in _IDEMPOTENT:
                     continue
-                raise UpstreamClosed(f"{pool.origin} closed the connection without answering") from None
+                raise pool.closed_unanswered(reused, stale) from None
             except BaseException:
                 conn.abandon()
                 raise

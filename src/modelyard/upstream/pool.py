@@ -4,24 +4,70 @@ from __future__ import annotations
 
 from collections.abc import Coroutine, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
-from modelyard.config import UpstreamConfig
+from modelyard.config import TlsClientConfig, UpstreamConfig
 from modelyard.errors import ModelyardError
 from modelyard.protocols.http import RawHeaders
+from modelyard.security.tls import ClientTls
 from modelyard.upstream.headers import NOT_RELAYED
-from modelyard.upstream.http1 import Flight, Http1Client, UpstreamResponse
+from modelyard.upstream.http1 import Flight, Http1Client, TlsUrl, UpstreamResponse, system_tls
+
+_SECURE = frozenset({"https", "grpcs"})
+
+
+class UpstreamTls:
+    """TLS to upstream servers: the default for https:// and grpcs:// URLs without settings of
+    their own (`upstream.tls`, else the system's CAs), and one `ClientTls` per distinct setting of a
+    model or an endpoint, whose files are checked when it is made (a `TlsError` naming the file)
+    and read again when they change. `url()` gives the URL a request is sent to: the same object
+    for the same URL and settings, so that a client's pool is found by identity."""
+
+    def __init__(self, default: TlsClientConfig | None) -> None:
+        self._default = ClientTls(default) if default is not None else None  # its files checked now
+        self._clients: dict[TlsClientConfig, ClientTls] = {}
+        self._urls: dict[tuple[str, TlsClientConfig], TlsUrl] = {}
+
+    def default(self) -> ClientTls:
+        if self._default is None:
+            self._default = system_tls()  # made when first needed: most gateways never need it
+        return self._default
+
+    def client(self, config: TlsClientConfig) -> ClientTls:
+        tls = self._clients.get(config)
+        if tls is None:
+            tls = self._clients[config] = ClientTls(config)
+        return tls
+
+    def url(self, url: str, config: TlsClientConfig | None) -> str:
+        """`url` itself when `config` is None or it is plain http:// or grpc://; else a TlsUrl."""
+        if config is None or not url or urlsplit(url).scheme not in _SECURE:
+            return url
+        key = (url, config)
+        found = self._urls.get(key)
+        if found is None:
+            found = self._urls[key] = TlsUrl(url, self.client(config))
+        return found
 
 
 class UpstreamPool:
-    """`relay_drop`: the answer fields the caller does not pass on (`UpstreamResponse.relayed`)."""
+    """`relay_drop`: the answer fields the caller does not pass on (`UpstreamResponse.relayed`).
+    `tls`: the TLS settings to upstreams (made from `config.tls` when not given)."""
 
-    def __init__(self, config: UpstreamConfig, relay_drop: frozenset[bytes] = NOT_RELAYED) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        relay_drop: frozenset[bytes] = NOT_RELAYED,
+        tls: UpstreamTls | None = None,
+    ) -> None:
         self._config = config
         self.relay_drop = relay_drop
+        self.tls = tls if tls is not None else UpstreamTls(config.tls)
         self._client = Http1Client(
             max_connections=config.max_connections,
             connect_timeout=config.connect_timeout,
             relay_drop=relay_drop,
+            tls=self.tls.default,
         )
 
     @property

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from modelyard.cluster import Endpoint, ResourceSnapshot
 from modelyard.config import ResourceAwareConfig, ResourceMetricNames
 from modelyard.errors import ModelyardError
-from modelyard.upstream.http1 import Http1Client
+from modelyard.upstream.http1 import Http1Client, TlsUrl
 
 log = logging.getLogger("modelyard.upstream")
 
@@ -111,11 +111,16 @@ def snapshot_from_metrics(
     )
 
 
-def _split_url(url: str) -> tuple[str, str]:
-    """`http://h:p/a/b?q` -> (`http://h:p`, `/a/b?q`): Http1Client pools by origin, paths vary."""
+def _split_url(url: str, server: str = "") -> tuple[str, str]:
+    """`http://h:p/a/b?q` -> (`http://h:p`, `/a/b?q`): Http1Client pools by origin, paths vary.
+    An https:// URL on the host of `server`, an endpoint's URL with TLS settings of its own (a
+    TlsUrl), is scraped with those settings (its client certificate, its CA, its server name)."""
     parts = urlsplit(url)
     path = parts.path or "/"
-    return f"{parts.scheme}://{parts.netloc}", path + (f"?{parts.query}" if parts.query else "")
+    origin = f"{parts.scheme}://{parts.netloc}"
+    if isinstance(server, TlsUrl) and parts.scheme == "https" and parts.hostname == urlsplit(server).hostname:
+        origin = TlsUrl(origin, server.tls)
+    return origin, path + (f"?{parts.query}" if parts.query else "")
 
 
 class ResourceScraper:
@@ -173,7 +178,9 @@ class ResourceScraper:
             await asyncio.sleep(max(0.0, started + interval - loop.time()))
 
     async def _scrape(self, endpoint: Endpoint) -> None:
-        base_url, path = _split_url(endpoint.metrics_url or endpoint.url.rstrip("/") + "/metrics")
+        base_url, path = _split_url(
+            endpoint.metrics_url or endpoint.url.rstrip("/") + "/metrics", endpoint.url
+        )
         try:
             families = await self._fetch(base_url, path)
         except ModelyardError as exc:
@@ -190,7 +197,7 @@ class ResourceScraper:
         # A DCGM exporter runs beside the server, at its own address: scraped too, merged in; when
         # it fails the server's own signals still count (the GPU ones drop out of the score).
         if endpoint.gpu_metrics_url:
-            gpu = _split_url(endpoint.gpu_metrics_url)
+            gpu = _split_url(endpoint.gpu_metrics_url, endpoint.url)
             try:
                 families = {**families, **await self._fetch(*gpu)}
             except (ModelyardError, TimeoutError, ValueError) as exc:
