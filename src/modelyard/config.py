@@ -610,6 +610,17 @@ class PlacementConfig(_Strict):
         description="how long start-up waits for the first snapshot before serving without it "
         "(placed models answer 404 until it comes)",
     )
+    token_file: str | None = Field(
+        None,
+        min_length=1,
+        description="a file holding the bearer token (role read) sent to the scheduler, read again at "
+        "each connection; null = none",
+    )
+    tls: TlsClientConfig | None = Field(
+        None,
+        description="an https scheduler is verified with these (a CA file, a client certificate for "
+        "mutual TLS); null = against the system's CAs",
+    )
 
     @field_validator("scheduler")
     @classmethod

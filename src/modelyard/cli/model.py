@@ -4,6 +4,10 @@ API (docs/placement.md) for people (tables) and scripts (`-o json`: the API's JS
 A problem prints one line per cause and exits 1: the scheduler unreachable, a manifest that does
 not validate (every problem, before anything is sent), an error the scheduler answers.
 
+Credentials: the token comes from --token (MODELYARD_SCHEDULER_TOKEN) or --token-file
+(MODELYARD_SCHEDULER_TOKEN_FILE), a flag before a variable; an https scheduler is verified with
+--ca-file (MODELYARD_SCHEDULER_CA), else the system's CAs. No token is ever printed.
+
 `model apply` sends each model as its own request, which the scheduler refuses past its
 `max_body_bytes` (scheduler.config.MAX_BODY_BYTES). So it reads at most MAX_FILE_BYTES of a file
 (counting bytes read: a FIFO's or a pipe's size is unknown), splits the YAML stream at its document
@@ -29,13 +33,15 @@ from rich.console import Console, RenderableType
 from rich.markup import escape
 
 from modelyard.cli.placement_views import TERMINATED, applied_line, model_status, models_table, servers_table
-from modelyard.config import scheduler_url
+from modelyard.config import TlsClientConfig, scheduler_url
 from modelyard.documents import DocumentError, parse_documents
-from modelyard.errors import ModelSpecInvalid, ModelyardError, NotFound, SchedulerUnavailable
+from modelyard.errors import ModelSpecInvalid, ModelyardError, NotFound, SchedulerUnavailable, Unauthorized
 from modelyard.placement.manifest import spec_to_plain, specs_from_manifests
 from modelyard.placement.spec import ModelSpec
 from modelyard.placement.states import ModelState
 from modelyard.scheduler.config import MAX_BODY_BYTES
+from modelyard.security.tls import ClientTls
+from modelyard.security.tokens import Forbidden, read_token
 from modelyard.upstream.scheduler_client import DEFAULT_SCHEDULER, SchedulerClient
 
 model_app = typer.Typer(no_args_is_help=True, help="Models placed by the scheduler.")
@@ -87,22 +93,81 @@ SchedulerOption = Annotated[
     ),
 ]
 OutputOption = Annotated[Output, typer.Option("-o", "--output", help="table for people, json for scripts.")]
+TOKEN_ENV = "MODELYARD_SCHEDULER_TOKEN"
+TOKEN_FILE_ENV = "MODELYARD_SCHEDULER_TOKEN_FILE"
+CA_ENV = "MODELYARD_SCHEDULER_CA"
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=TOKEN_ENV,
+        show_default=False,
+        help="The scheduler's bearer token (role read, or write to apply and delete).",
+    ),
+]
+TokenFileOption = Annotated[
+    str | None,
+    typer.Option("--token-file", envvar=TOKEN_FILE_ENV, help="A file holding the token (its first line)."),
+]
+CaFileOption = Annotated[
+    str | None,
+    typer.Option("--ca-file", envvar=CA_ENV, help="CAs to verify an https scheduler with (PEM)."),
+]
+
+
+class Access:
+    """How to reach the scheduler: its URL, the token, the CA file (resolved once per command)."""
+
+    def __init__(
+        self, ctx: typer.Context, url: str, token: str | None, token_file: str | None, ca: str | None
+    ):
+        self.url = url
+        self._ca = ca
+        self.token: str | None = None
+        if token and token_file:  # a flag wins over a variable; two flags are a mistake
+            by_flag = {name: not from_variable(ctx, name) for name in ("token", "token_file")}
+            if by_flag["token"] == by_flag["token_file"]:
+                where = (
+                    "--token and --token-file" if by_flag["token"] else f"{TOKEN_ENV} and {TOKEN_FILE_ENV}"
+                )
+                _error(f"{where}: give one of them")
+                raise typer.Exit(1)
+            if by_flag["token"]:
+                token_file = None
+            else:
+                token = None
+        self._token, self._token_file = token, token_file
+
+    def client(self) -> SchedulerClient:
+        token = self._token
+        if self._token_file:
+            token = read_token(self._token_file)  # TokenFileError names the file, never the token
+        tls = None
+        if self.url.startswith("https:"):
+            tls = ClientTls(TlsClientConfig(ca_file=self._ca or ""))  # TlsError names the file
+        return SchedulerClient(self.url, token=token, tls=tls)
 
 
 def _error(message: str) -> None:
     err.print("[red]error:[/red] " + escape(message), soft_wrap=True)
 
 
-def _call(url: str, work: Callable[[SchedulerClient], Awaitable[T]]) -> T:
-    """Run `work` against the scheduler at `url` (--scheduler's, checked as it was parsed); a modelyard
+def _call(access: Access, work: Callable[[SchedulerClient], Awaitable[T]]) -> T:
+    """Run `work` against the scheduler (--scheduler's URL, checked as it was parsed); a modelyard
     error prints one line and exits 1."""
 
     async def run() -> T:
-        async with SchedulerClient(url) as scheduler:
+        async with access.client() as scheduler:
             return await work(scheduler)
 
     try:
         return asyncio.run(run())
+    except Unauthorized as exc:
+        _error(f"{exc.message} (give a token: --token, {TOKEN_ENV} or --token-file)")
+        raise typer.Exit(1) from None
+    except Forbidden as exc:
+        _error(f"{exc.message} (this needs a token with the role write)")
+        raise typer.Exit(1) from None
     except ModelyardError as exc:
         _error(exc.message)
         raise typer.Exit(1) from None
@@ -129,13 +194,18 @@ def apply(
         list[str],
         typer.Option("-f", "--filename", help="YAML or JSON file of models (repeatable; - = stdin)."),
     ],
+    ctx: typer.Context,
     output: OutputOption = Output.table,
     scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """Validate every model in the files (plain specs or Seldon Model resources); send them only when
     all are valid, then print what each became (-o json: each answer, one per line). Each model is
     its own request: one larger than the scheduler takes in a request is refused before any is sent
     (its document unparsed when it is the document that is too large)."""
+    access = Access(ctx, scheduler, token, token_file, ca_file)
     specs = _read_specs(files)
     if specs is None:
         raise typer.Exit(1)
@@ -149,14 +219,14 @@ def apply(
                     _print_json(answer, compact=True)
                 else:
                     out.print(escape(applied_line(answer)))
-            except SchedulerUnavailable:
+            except (SchedulerUnavailable, Unauthorized, Forbidden):  # the same for every model: stop
                 raise
             except ModelyardError as exc:  # one refused model: the others are still applied
                 _error(f"{spec.name}: {exc.message}")
                 ok = False
         return ok
 
-    if not _call(scheduler, send):
+    if not _call(access, send):
         raise typer.Exit(1)
 
 
@@ -324,12 +394,16 @@ def _document_name(document: bytes) -> str | None:
 
 @model_app.command("list")
 def list_models(
+    ctx: typer.Context,
     output: OutputOption = Output.table,
     show_all: Annotated[bool, typer.Option("--all", help="Include terminated models.")] = False,
     scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """The scheduler's models. -o json prints every model, as the API answers."""
-    models = _call(scheduler, lambda client: client.list())
+    models = _call(Access(ctx, scheduler, token, token_file, ca_file), lambda client: client.list())
     if output is Output.json:
         _print_json({"models": models})
     else:
@@ -344,6 +418,7 @@ MODEL_STATES = tuple(
 
 @model_app.command("status")
 def status(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The model.")],
     watch: Annotated[bool, typer.Option("--watch", help="Poll every second; print again on change.")] = False,
     until: Annotated[
@@ -355,8 +430,12 @@ def status(
     interval: Annotated[float, typer.Option("--interval", hidden=True)] = 1.0,
     output: OutputOption = Output.table,
     scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """A model's state, with every version and replica."""
+    access = Access(ctx, scheduler, token, token_file, ca_file)
 
     def show(model: dict[str, Any]) -> None:
         if output is Output.json:
@@ -372,9 +451,9 @@ def status(
             _error(f"--until: {until!r} is not a model state; one of: {', '.join(MODEL_STATES)}")
             raise typer.Exit(1)
     if not watch:
-        show(_call(scheduler, lambda client: client.get(name)))
+        show(_call(access, lambda client: client.get(name)))
         return
-    reached = _call(scheduler, lambda client: _watch(client, name, until, timeout, interval, show))
+    reached = _call(access, lambda client: _watch(client, name, until, timeout, interval, show))
     if not reached:
         _error(f"model {name!r} did not reach {until} within {timeout:g}s" if until else "timed out")
         raise typer.Exit(1)
@@ -412,12 +491,16 @@ async def _watch(
 
 @model_app.command("delete")
 def delete(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The model.")],
     output: OutputOption = Output.table,
     scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """Delete a model: its replicas unload, then the scheduler forgets it."""
-    model = _call(scheduler, lambda client: client.delete(name))
+    model = _call(Access(ctx, scheduler, token, token_file, ca_file), lambda client: client.delete(name))
     if output is Output.json:
         _print_json(model)
     else:
@@ -425,9 +508,16 @@ def delete(
 
 
 @server_app.command("list")
-def list_servers(output: OutputOption = Output.table, scheduler: SchedulerOption = DEFAULT_SCHEDULER) -> None:
+def list_servers(
+    ctx: typer.Context,
+    output: OutputOption = Output.table,
+    scheduler: SchedulerOption = DEFAULT_SCHEDULER,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
+    ca_file: CaFileOption = None,
+) -> None:
     """Servers and their replicas: address, memory, capabilities, loaded models."""
-    servers = _call(scheduler, lambda client: client.servers())
+    servers = _call(Access(ctx, scheduler, token, token_file, ca_file), lambda client: client.servers())
     if output is Output.json:
         _print_json({"servers": servers})
     else:

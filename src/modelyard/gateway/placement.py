@@ -22,6 +22,8 @@ within the subset a request was sent to.
 
 `FeedFollower` keeps the feed connected: on a break the last endpoints keep serving, and it
 reconnects with exponential backoff and jitter; the snapshot that starts every connection resyncs.
+It sends `placement.token_file`'s token (role read) and verifies an https scheduler with
+`placement.tls`; files that cannot be used stop the gateway's start (ConfigError naming the file).
 """
 
 from __future__ import annotations
@@ -33,10 +35,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from modelyard.config import Destination, EndpointConfig, ModelConfig, PlacementConfig, RouteConfig
+from modelyard.config import (
+    Destination,
+    EndpointConfig,
+    ModelConfig,
+    PlacementConfig,
+    RouteConfig,
+    TlsClientConfig,
+)
 from modelyard.errors import ModelNotPlaced, SchedulerUnavailable
 from modelyard.gateway.cluster import Cluster
 from modelyard.protocols.feed import FeedEvent, ModelChanged, ModelRemoved, PlacedModel, Snapshot
+from modelyard.security.tls import ClientTls
 from modelyard.upstream.feed import FeedClient
 
 if TYPE_CHECKING:
@@ -196,7 +206,11 @@ class FeedFollower:
         self._config = config
         self._rng = rng
         self._client = FeedClient(
-            config.scheduler, connect_timeout=config.connect_timeout, ping_timeout=config.ping_timeout
+            config.scheduler,
+            connect_timeout=config.connect_timeout,
+            ping_timeout=config.ping_timeout,
+            token_file=config.token_file or "",
+            tls=ClientTls(config.tls or TlsClientConfig()) if config.scheduler.startswith("https:") else None,
         )
         self._task: asyncio.Task[None] | None = None
         self._first_snapshot = asyncio.Event()

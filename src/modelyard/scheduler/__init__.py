@@ -9,6 +9,7 @@ records       the in-memory models, versions, servers, and their store records
 feed          feed entries and FeedHub (the NDJSON feed's readers)
 agents        Agents: the AgentHandler (streams, events, drain)
 api           the REST API (aiohttp)
+access        who may call: REST tokens and client certificates, agent credentials, the exposure check
 service       start_scheduler(config) -> RunningScheduler
 """
 

@@ -4,6 +4,10 @@ Answers come back as the API's JSON, unchanged. An error envelope becomes the mo
 its status and code (400 invalid_model_spec, 404 model_not_found, 409 model_being_deleted, ...)
 with the scheduler's message; a scheduler that cannot be reached, or answers with something that is
 not the API's JSON, is SchedulerUnavailable naming its address.
+
+`token` is sent as `Authorization: Bearer <token>` (never logged nor put in an error); an https
+scheduler is verified with `tls` (ClientTls: its CA file, a client certificate), or the system's CAs.
+401 is Unauthorized, 403 Forbidden, with the scheduler's message.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from modelyard.errors import (
     NotFound,
     PayloadTooLarge,
     SchedulerUnavailable,
+    Unauthorized,
 )
+from modelyard.security.tls import ClientTls
+from modelyard.security.tokens import Forbidden
 
 DEFAULT_SCHEDULER = "http://127.0.0.1:9004"
 
@@ -40,6 +47,8 @@ _BY_CODE: dict[str, type[ModelyardError]] = {
 }
 _BY_STATUS: dict[int, type[ModelyardError]] = {
     400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
@@ -49,10 +58,19 @@ _BY_STATUS: dict[int, type[ModelyardError]] = {
 class SchedulerClient:
     """`async with SchedulerClient(url) as scheduler: await scheduler.list()`."""
 
-    def __init__(self, base_url: str = DEFAULT_SCHEDULER, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_SCHEDULER,
+        *,
+        timeout: float = 10.0,
+        token: str | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._headers = auth_headers(token)
+        self._tls = tls
 
     async def apply(self, spec: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
         """PUT a model spec (plain or a Seldon `Model`); the model with its `change`."""
@@ -89,9 +107,11 @@ class SchedulerClient:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         url = self.base_url + path
         data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers = {"Content-Type": "application/json", **self._headers} if data is not None else self._headers
         try:
-            async with self._session.request(method, url, data=data, headers=headers) as response:
+            async with self._session.request(
+                method, url, data=data, headers=headers, **tls_options(url, self._tls)
+            ) as response:
                 status, raw = response.status, await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise SchedulerUnavailable(
@@ -129,10 +149,31 @@ def error_from_envelope(status: int, answer: Mapping[str, Any], where: str) -> M
     return error
 
 
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def tls_options(url: str, tls: ClientTls | None) -> dict[str, Any]:
+    """aiohttp's request options for `url`: an https URL verified with `tls`'s newest context (and
+    its server_name), or with the system's CAs."""
+    if tls is None or not url.startswith("https:"):
+        return {}
+    options: dict[str, Any] = {"ssl": tls.context()}
+    if tls.server_name:
+        options["server_hostname"] = tls.server_name
+    return options
+
+
 def describe_client_error(exc: BaseException) -> str:
     """A short cause ("connection refused"), not aiohttp's "Cannot connect to host ... ssl:default"."""
     if isinstance(exc, TimeoutError):
         return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        error = exc.certificate_error
+        detail = getattr(error, "verify_message", "") or getattr(error, "reason", "") or str(error)
+        return f"TLS: the scheduler's certificate did not verify ({detail})"
+    if isinstance(exc, aiohttp.ClientConnectorSSLError):
+        return f"TLS handshake failed ({getattr(exc.os_error, 'reason', None) or exc.os_error})"
     if isinstance(exc, aiohttp.ClientConnectorError):
         errno = exc.os_error.errno
         return (os.strerror(errno) if errno else str(exc.os_error) or "cannot connect").lower()
