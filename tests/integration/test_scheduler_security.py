@@ -97,6 +97,7 @@ class Agent:
         cert: Issued | None = None,
         token: str | None = None,
     ) -> None:
+        self.sched = sched
         # Its own connection, as another process's would be (grpc shares them between channels).
         options = [("grpc.use_local_subchannel_pool", 1)]
         if pki is not None:
@@ -127,11 +128,19 @@ class Agent:
         )
         self._call = self.stub.Subscribe(request, metadata=self.metadata)
         self._task = asyncio.create_task(self._answer())
-        # A refusal ends the call at once; a stream the scheduler keeps stays open.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._task), 0.3)
+        # A refusal ends the call; a stream the scheduler keeps stays open and registers the replica.
+        task = self._task
+        for _ in range(500):
+            if task.done():
+                break
+            held = self.sched.state.servers.get(server)
+            replica_now = held.replicas.get(replica) if held is not None else None
+            if replica_now is not None and replica_now.connected and replica_now.inference_url == url:
+                return
+            await asyncio.sleep(0.01)
         if self.ended is not None:
             raise self.ended
+        assert not task.done(), "the stream ended without an error"
 
     async def _answer(self) -> None:
         try:
@@ -343,7 +352,7 @@ async def test_a_fake_agent_cannot_take_a_connected_replicas_slot(
 
     async def back() -> bool:
         try:
-            await again.subscribe("sim", 0)
+            await again.subscribe("sim", 0, "http://127.0.0.1:18082")  # its restart, say
         except grpc.aio.AioRpcError:
             return False
         return True

@@ -421,7 +421,7 @@ async def test_a_vanished_agent_frees_its_slot_for_the_one_replacing_it(
 ) -> None:
     """A second agent cannot take a connected replica's slot; when the connected one's host vanishes
     without closing its connection, the keepalive ends its stream and the replacement gets in."""
-    sched = await scheduler(db=":memory:", agent_keepalive=0.3)
+    sched = await scheduler(db=":memory:", agent_keepalive=1.0)
     proxy = FreezingProxy(sched.agent_port)
     port = await proxy.start()
     gone = FakeAgent(f"127.0.0.1:{port}")
@@ -453,7 +453,7 @@ async def test_a_vanished_agent_frees_its_slot_for_the_one_replacing_it(
                 assert error.code() == grpc.StatusCode.ALREADY_EXISTS
             return False
 
-        await until(taken_over, "the slot freed by the keepalive", attempts=300)
+        await until(taken_over, "the slot freed by the keepalive", attempts=1000)
     finally:
         await replacement.stop()
         await gone.stop()
