@@ -6,7 +6,7 @@ from collections.abc import Coroutine, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from modelyard.config import TlsClientConfig, UpstreamConfig
+from modelyard.config import GatewayConfig, TlsClientConfig, UpstreamConfig
 from modelyard.errors import ModelyardError
 from modelyard.protocols.http import RawHeaders
 from modelyard.security.tls import ClientTls
@@ -48,6 +48,18 @@ class UpstreamTls:
         if found is None:
             found = self._urls[key] = TlsUrl(url, self.client(config))
         return found
+
+
+def check_upstream_tls(config: GatewayConfig) -> None:
+    """Read every file the config's TLS to upstreams names (upstream.tls, each model's and each
+    endpoint's): a TlsError naming the first that cannot be used. For a parent that starts
+    workers, as for listen.tls: one line, not a traceback from each worker."""
+    tls = UpstreamTls(config.upstream.tls)
+    for model in config.models:
+        for endpoint in model.endpoints:
+            setting = endpoint.tls or model.tls
+            if setting is not None:
+                tls.client(setting)
 
 
 class UpstreamPool:

@@ -11,12 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from certificates import Pki
-from modelyard.config import EndpointConfig, ModelConfig, TlsClientConfig
+from modelyard.config import EndpointConfig, ModelConfig, TlsClientConfig, validate_config
 from modelyard.gateway.cluster import Cluster
 from modelyard.rpc.oip_client import tls_failure
-from modelyard.security.tls import ClientTls
+from modelyard.security.tls import ClientTls, TlsError
 from modelyard.upstream.http1 import TlsUrl, tls_reason
-from modelyard.upstream.pool import UpstreamTls
+from modelyard.upstream.pool import UpstreamTls, check_upstream_tls
 
 URL = "https://10.0.0.1:8443"
 
@@ -117,3 +117,18 @@ def test_tls_on_an_endpoint_needs_a_url_that_uses_it():
     EndpointConfig.model_validate({"url": "http://10.0.0.1:1", "grpc_url": "grpcs://10.0.0.1:2", "tls": tls})
     with pytest.raises(ValidationError, match="grpcs://"):
         EndpointConfig.model_validate({"url": "http://10.0.0.1:1", "grpc_url": "https://10.0.0.1:2"})
+
+
+def test_every_upstream_tls_file_can_be_checked_before_workers_start(pki, tmp_path):
+    missing = tmp_path / "missing.key"
+    client = pki.issue("gateway")
+    endpoint = {"url": "https://10.0.0.1:1", "tls": {"cert_file": str(client.cert), "key_file": str(missing)}}
+    data = {
+        "upstream": {"tls": {"ca_file": str(pki.ca_file)}},
+        "models": [{"name": "m", "endpoints": [endpoint]}],
+    }
+    with pytest.raises(TlsError) as raised:
+        check_upstream_tls(validate_config(data, "<test>"))
+    assert raised.value.source == str(missing)
+    endpoint["tls"]["key_file"] = str(client.key)
+    check_upstream_tls(validate_config(data, "<test>"))
