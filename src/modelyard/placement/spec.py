@@ -28,12 +28,16 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from modelyard.errors import ModelSpecInvalid
 
 # Seldon's model-name rule: one DNS label, lowercase, no dots (compat §6.1). Its length is not
 # limited there, so it is not here either.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# scheme://user[:password]@host...: userinfo, a credential in the URL itself
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@")
+_CREDENTIALS = "credentials_in_uri"
 
 
 def _capability(value: str) -> str:
@@ -89,6 +93,19 @@ class ModelSpec(BaseModel):
             )
         return name
 
+    @field_validator("storage_uri")
+    @classmethod
+    def _no_credentials(cls, uri: str) -> str:
+        # A spec is shown (model status, `modelyard model status`) and sent to agents: credentials
+        # stay in the agents' own files (--fetch-bearer-token, --fetch-basic-auth) or environment.
+        if _USERINFO.match(uri):
+            raise PydanticCustomError(  # a type of its own: the value is not echoed back (_describe)
+                _CREDENTIALS,
+                "must not carry credentials (user:password@): give them to the agents as files "
+                "(modelyard agent --fetch-basic-auth HOST=FILE, --fetch-bearer-token HOST=FILE)",
+            )
+        return uri
+
     @field_validator("server")
     @classmethod
     def _no_empty_pin(cls, server: str | None) -> str | None:
@@ -139,7 +156,9 @@ def _describe(err: Mapping[str, Any], paths: Mapping[str, str]) -> str:
     message = "unknown field" if kind == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     shown = (
-        "" if kind in ("missing", "extra_forbidden") or isinstance(got, dict | list) else f" (got {got!r})"
+        ""
+        if kind in ("missing", "extra_forbidden", _CREDENTIALS) or isinstance(got, dict | list)
+        else f" (got {got!r})"
     )
     return f"{path or '(top level)'}: {message}{shown}"
 

@@ -8,6 +8,7 @@ from modelyard.placement import LIVE, ReplicaState
 from modelyard.placement.manifest import spec_to_plain
 from modelyard.scheduler.records import Model, Server, Version
 from modelyard.scheduler.state import SchedulerState
+from modelyard.upstream.download import redact
 
 _RESERVING = frozenset({ReplicaState.LOAD_REQUESTED, ReplicaState.LOADING})
 
@@ -23,7 +24,8 @@ def model_view(model: Model) -> dict[str, Any]:
         "reason": latest.status.reason,
         "available_replicas": latest.status.available,
         "unavailable_replicas": latest.status.unavailable,
-        "spec": spec_to_plain(model.spec),
+        # A presigned URL's query is a credential: the agent gets it whole, views never do.
+        "spec": {**spec_to_plain(model.spec), "storage_uri": redact(model.spec.storage_uri)},
         "versions": [_version_view(v) for v in model.versions],
     }
 
