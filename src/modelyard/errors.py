@@ -11,6 +11,9 @@
     │   ├── RoutesInvalid               400 (every problem of a routes update, with its path)
     │   └── ModelSpecInvalid            400 (every problem of a model spec to place, with its path)
     ├── Unauthorized                    401 authentication_error
+    │   ├── MissingCredentials          401 (no credential at all)
+    │   └── InvalidToken                401 (a bearer token no table holds)
+    ├── Forbidden                       403 permission_error (a credential whose role does not allow it)
     ├── NotFound                        404 not_found_error
     │   └── ModelNotFound               404 model_not_found
     ├── MethodNotAllowed                405 method_not_allowed
@@ -126,6 +129,20 @@ class Unauthorized(ModelyardError):
     status = 401
     error_type = "authentication_error"
     code = "invalid_admin_token"
+
+
+class MissingCredentials(Unauthorized):
+    code = "missing_credentials"
+
+
+class InvalidToken(Unauthorized):
+    code = "invalid_token"
+
+
+class Forbidden(ModelyardError):
+    status = 403
+    error_type = "permission_error"
+    code = "insufficient_role"
 
 
 class NotFound(ModelyardError):

@@ -35,13 +35,20 @@ from rich.markup import escape
 from modelyard.cli.placement_views import TERMINATED, applied_line, model_status, models_table, servers_table
 from modelyard.config import TlsClientConfig, scheduler_url
 from modelyard.documents import DocumentError, parse_documents
-from modelyard.errors import ModelSpecInvalid, ModelyardError, NotFound, SchedulerUnavailable, Unauthorized
+from modelyard.errors import (
+    Forbidden,
+    ModelSpecInvalid,
+    ModelyardError,
+    NotFound,
+    SchedulerUnavailable,
+    Unauthorized,
+)
 from modelyard.placement.manifest import spec_to_plain, specs_from_manifests
 from modelyard.placement.spec import ModelSpec
 from modelyard.placement.states import ModelState
 from modelyard.scheduler.config import MAX_BODY_BYTES
 from modelyard.security.tls import ClientTls
-from modelyard.security.tokens import Forbidden, read_token
+from modelyard.security.tokens import read_token
 from modelyard.upstream.scheduler_client import DEFAULT_SCHEDULER, SchedulerClient
 
 model_app = typer.Typer(no_args_is_help=True, help="Models placed by the scheduler.")

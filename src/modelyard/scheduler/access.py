@@ -16,15 +16,12 @@ import logging
 from aiohttp import web
 
 from modelyard.config import on_loopback
-from modelyard.errors import ConfigError
+from modelyard.errors import ConfigError, Forbidden, InvalidToken, MissingCredentials
 from modelyard.rpc.agent_server import AgentCredentials
 from modelyard.scheduler.config import SchedulerConfig
 from modelyard.security.tokens import (
     READ,
     WRITE,
-    Forbidden,
-    InvalidToken,
-    MissingCredentials,
     TokenFile,
     any_key,
     bearer_token,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from modelyard.errors import ConfigError, ModelyardError, Unauthorized
+from modelyard.errors import ConfigError
 
 log = logging.getLogger("modelyard.security")
 
@@ -43,26 +43,6 @@ class TokenFileError(ConfigError):
 
     def __init__(self, path: str, problem: str, line: int | None = None) -> None:
         super().__init__(f"{path}:{line}" if line is not None else path, [problem])
-
-
-class MissingCredentials(Unauthorized):
-    """No credential at all (401)."""
-
-    code = "missing_credentials"
-
-
-class InvalidToken(Unauthorized):
-    """A bearer token no table holds (401)."""
-
-    code = "invalid_token"
-
-
-class Forbidden(ModelyardError):
-    """A known credential whose role does not allow the call (403)."""
-
-    status = 403
-    error_type = "permission_error"
-    code = "insufficient_role"
 
 
 def digest(token: str) -> bytes:

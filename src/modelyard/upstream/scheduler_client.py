@@ -25,6 +25,7 @@ import orjson
 from modelyard.errors import (
     BadRequest,
     Conflict,
+    Forbidden,
     ModelBeingDeleted,
     ModelNotFound,
     ModelSpecInvalid,
@@ -35,7 +36,6 @@ from modelyard.errors import (
     Unauthorized,
 )
 from modelyard.security.tls import ClientTls
-from modelyard.security.tokens import Forbidden
 
 DEFAULT_SCHEDULER = "http://127.0.0.1:9004"
 
