@@ -217,14 +217,17 @@ class ClientTls:
 
     def context(self) -> ssl.SSLContext:
         """The newest context: the files are looked at again at most every 10 s."""
-        now = time.monotonic()
-        if self._files and now - self._checked >= 10.0:
-            self._checked = now
-            seen = signature(*self._files)
-            if seen != self._signature:
-                try:
-                    self._context = self._build()
-                except TlsError as exc:
-                    log.error("%s; still using the files loaded before", exc)
-                self._signature = seen
+        if self._files and time.monotonic() - self._checked >= 10.0:
+            self.reload()
         return self._context
+
+    def reload(self) -> None:
+        """Look at the files now (a client about to connect again), and rebuild if they changed."""
+        self._checked = time.monotonic()
+        seen = signature(*self._files)
+        if seen != self._signature:
+            try:
+                self._context = self._build()
+            except TlsError as exc:
+                log.error("%s; still using the files loaded before", exc)
+            self._signature = seen
