@@ -9,6 +9,14 @@ Targets, same zero-latency backends (nginx returning a fixed chat.completion), s
   modelyard    `modelyard serve -c <generated yaml>` round robin over the 3 backends, the default
                config (`listen.workers: auto`: one process per CPU; `--variant` for others)
 
+With --tls, TLS beside plain text in the same run (a trustme CA, the backends also listening over
+TLS; vLLM's router has no TLS of its own):
+  direct-tls        wrk to one backend over TLS
+  nginx-tls-up      nginx, plain from wrk, TLS to the backends (proxy_ssl_verify, session reuse)
+  nginx-tls         nginx, TLS from wrk and to the backends
+  modelyard-tls-up  the gateway, plain from wrk, TLS to the backends (upstream.tls.ca_file)
+  modelyard-tls     the gateway, TLS from wrk (listen.tls) and to the backends
+
 For each proxy the table also shows the CPU it used per request (its whole process tree, from /proc).
 
 Run by hand, never from the test suite:  .venv/bin/python benchmarks/overhead.py
@@ -24,9 +32,11 @@ import platform
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,7 +67,17 @@ from common import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("direct", "nginx", "vllm-router", "modelyard")
+PLAIN_TARGETS = ("direct", "nginx", "vllm-router", "modelyard")
+# Every target, in the tables' order: each TLS one after the plain one it is measured against.
+TARGETS = (
+    "direct", "direct-tls", "nginx", "nginx-tls-up", "nginx-tls", "vllm-router",
+    "modelyard", "modelyard-tls-up", "modelyard-tls",
+)  # fmt: skip
+TLS_OF = {
+    "direct": ("direct-tls",),
+    "nginx": ("nginx-tls-up", "nginx-tls"),
+    "modelyard": ("modelyard-tls-up", "modelyard-tls"),
+}
 WARMUP_S = 2.0
 
 
@@ -89,7 +109,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--targets",
         type=_csv_targets,
         default=None,
-        help="any of direct,nginx,vllm-router,modelyard (default: all, vllm-router when found)",
+        help="any of " + ",".join(TARGETS) + " (default: direct,nginx,vllm-router,modelyard, "
+        "vllm-router when found)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="add the TLS targets of the plain ones chosen (direct-tls; nginx-tls-up, nginx-tls; "
+        "modelyard-tls-up, modelyard-tls): TLS's cost against plain text in the same run",
     )
     parser.add_argument(
         "--vllm-router",
@@ -125,7 +152,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--duration must be > 0 and --repeat >= 1")
     if args.targets is None:
         found = shutil.which(args.vllm_router) is not None
-        args.targets = [t for t in TARGETS if t != "vllm-router" or found]
+        args.targets = [t for t in PLAIN_TARGETS if t != "vllm-router" or found]
+    if args.tls:
+        wanted = {*args.targets, *(tls for t in args.targets for tls in TLS_OF.get(t, ()))}
+        args.targets = [t for t in TARGETS if t in wanted]
     variants: dict[str, str] = {}
     for text in args.variant:
         name, sep, command = text.partition("=")
@@ -153,19 +183,93 @@ def gateway_argv(gateway_cmd: str | None, config: Path) -> list[str]:
     return [*argv, "-c", str(config)]
 
 
-def gateway_yaml(port: int, backend_ports: list[int]) -> str:
-    endpoints = "\n".join(f"      - url: http://127.0.0.1:{p}" for p in backend_ports)
+def gateway_yaml(
+    port: int, backend_ports: list[int], tls: Tls | None = None, listen_tls: bool = False
+) -> str:
+    """The gateway's config; with `tls`, https:// backends verified with its CA (upstream.tls) and,
+    with `listen_tls`, HTTPS to its clients (listen.tls)."""
+    scheme = "https" if tls is not None else "http"
+    endpoints = "\n".join(f"      - url: {scheme}://127.0.0.1:{p}" for p in backend_ports)
+    listen = upstream = ""
+    if tls is not None:
+        upstream = f"upstream:\n  tls: {{ca_file: {tls.ca}}}\n"
+        if listen_tls:
+            listen = f"  tls: {{cert_file: {tls.cert}, key_file: {tls.key}}}\n"
     return f"""\
 listen:
   host: 127.0.0.1
   port: {port}
-models:
+{listen}{upstream}models:
   - name: bench
     strategy: round_robin
     health_check: {{interval: 60s}}
     endpoints:
 {endpoints}
 """
+
+
+# --- TLS --------------------------------------------------------------------------------------
+
+
+class Tls:
+    """A CA and a server certificate for 127.0.0.1 and localhost (trustme, ECDSA P-256 keys), as
+    PEM files in `folder`."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            import trustme
+        except ImportError:
+            raise RuntimeError("--tls needs trustme (in the dev environment: uv sync)") from None
+        folder.mkdir(parents=True, exist_ok=True)
+        ca = trustme.CA(organization_name="modelyard benchmark", key_type=trustme.KeyType.ECDSA)
+        leaf = ca.issue_cert("127.0.0.1", "localhost")
+        self.ca, self.cert, self.key = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+        ca.cert_pem.write_to_path(str(self.ca))
+        self.cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+        self.key.write_bytes(leaf.private_key_pem.bytes())
+        self.key_type = "ECDSA P-256"
+
+
+def _sub_once(text: str, old: str, new: str) -> str:
+    if text.count(old) != 1:
+        raise RuntimeError(f"generated nginx config changed: {old!r} not found once")
+    return text.replace(old, new)
+
+
+def tls_backends_conf(tmp: Path, ports: list[int], tls_ports: list[int], tls: Tls) -> str:
+    """The backends, also listening over TLS on `tls_ports` (the same answers)."""
+    conf = backends_conf(tmp, ports + tls_ports)
+    for port in tls_ports:
+        conf = _sub_once(
+            conf,
+            f"listen 127.0.0.1:{port} backlog=4096;",
+            f"listen 127.0.0.1:{port} ssl backlog=4096;\n"
+            f"        ssl_certificate {tls.cert};\n        ssl_certificate_key {tls.key};",
+        )
+    return conf
+
+
+def tls_proxy_conf(tmp: Path, port: int, tls_ports: list[int], tls: Tls, listen_tls: bool) -> str:
+    """nginx to the backends over TLS (verified with the CA, sessions reused, connections kept
+    alive as in proxy_conf), and with `listen_tls` serving TLS itself."""
+    conf = proxy_conf(tmp, port, tls_ports)
+    conf = _sub_once(
+        conf,
+        "proxy_pass http://backends;",
+        "proxy_pass https://backends;\n"
+        f"            proxy_ssl_trusted_certificate {tls.ca};\n"
+        "            proxy_ssl_verify on;\n"
+        "            proxy_ssl_name localhost;\n"
+        "            proxy_ssl_session_reuse on;",
+    )
+    if listen_tls:
+        conf = _sub_once(
+            conf,
+            f"listen 127.0.0.1:{port} backlog=4096;",
+            f"listen 127.0.0.1:{port} ssl backlog=4096;\n"
+            f"        ssl_certificate {tls.cert};\n        ssl_certificate_key {tls.key};",
+        )
+    return conf
 
 
 def _interpreter_of(exe: str) -> str | None:
@@ -222,18 +326,36 @@ def loaded_event_loop(pid: int) -> str:
 def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
     children: list[Child] = []
     try:
+        tls = Tls(tmp / "tls") if any("-tls" in t for t in args.targets) else None
         # One call for every port: a later call could hand out one already given, not yet bound.
-        ports = free_ports(5 + 1 + len(args.variants))
-        backend_ports, proxy_port, router_port, gateway_ports = ports[:3], ports[3], ports[4], ports[5:]
-        backends = start_nginx(
-            "backends (nginx)", tmp / "backends", backends_conf(tmp / "backends", backend_ports)
-        )
+        gateways = 1 + len(args.variants)
+        ports = free_ports(5 + gateways + (7 if tls is not None else 0))
+        backend_ports, proxy_port, router_port = ports[:3], ports[3], ports[4]
+        gateway_ports, tls_ports = ports[5 : 5 + gateways], ports[5 + gateways :]
+        # TLS: the backends' own TLS ports, then nginx's and the gateway's, each to TLS backends
+        # and from plain or TLS clients.
+        tls_backend_ports = tls_ports[:3]
+        if tls is None:
+            conf = backends_conf(tmp / "backends", backend_ports)
+        else:
+            conf = tls_backends_conf(tmp / "backends", backend_ports, tls_backend_ports, tls)
+            # This process's own requests (the sanity checks) trust the benchmark's CA; wrk verifies nothing.
+            context = ssl.create_default_context(cafile=str(tls.ca))
+            urllib.request.install_opener(
+                urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+            )
+        backends = start_nginx("backends (nginx)", tmp / "backends", conf)
         children.append(backends)
-        for port in backend_ports:
+        for port in backend_ports + tls_backend_ports:
             wait_for_port(port, backends)
 
         urls = {"direct": f"http://127.0.0.1:{backend_ports[0]}{CHAT_PATH}"}
         meta: dict[str, Any] = {}
+        if tls is not None:
+            urls["direct-tls"] = f"https://127.0.0.1:{tls_backend_ports[0]}{CHAT_PATH}"
+            meta["tls_certificates"] = (
+                f"trustme CA ({tls.key_type}), a certificate for 127.0.0.1 and localhost"
+            )
         # How each proxy under test starts, ready to serve (`--fresh` starts it again before each
         # run); `running` holds the process now serving, whose tree's CPU is the proxy's.
         starters: dict[str, Callable[[], Child]] = {}
@@ -252,6 +374,21 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
                 return proxy
 
             starters["nginx"] = start_proxy
+        for name, port, listen_tls in (("nginx-tls-up", 3, False), ("nginx-tls", 4, True)):
+            if name not in args.targets or tls is None:
+                continue
+            scheme = "https" if listen_tls else "http"
+            urls[name] = f"{scheme}://127.0.0.1:{tls_ports[port]}{CHAT_PATH}"
+
+            def start_tls_proxy(
+                name: str = name, port: int = tls_ports[port], listen_tls: bool = listen_tls, tls: Tls = tls
+            ) -> Child:
+                conf = tls_proxy_conf(tmp / name, port, tls_backend_ports, tls, listen_tls)
+                proxy = started(start_nginx(f"proxy ({name})", tmp / name, conf))
+                wait_for_port(port, proxy)
+                return proxy
+
+            starters[name] = start_tls_proxy
         if "vllm-router" in args.targets:
             urls["vllm-router"] = f"http://127.0.0.1:{router_port}{CHAT_PATH}"
             router_argv = [
@@ -275,17 +412,26 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
 
             starters["vllm-router"] = start_router
         commands = {"modelyard": args.gateway_cmd, **args.variants}
-        for (name, command), port in zip(commands.items(), gateway_ports, strict=True):
+        gateways_run = [
+            (name, command, port, gateway_yaml(port, backend_ports), "http")
+            for (name, command), port in zip(commands.items(), gateway_ports, strict=True)
+        ]
+        if tls is not None:
+            for name, port, listen_tls in (("modelyard-tls-up", 5, False), ("modelyard-tls", 6, True)):
+                text = gateway_yaml(tls_ports[port], tls_backend_ports, tls, listen_tls)
+                scheme = "https" if listen_tls else "http"
+                gateways_run.append((name, args.gateway_cmd, tls_ports[port], text, scheme))
+        for name, command, port, text, scheme in gateways_run:
             if name not in args.targets:
                 continue
             config = tmp / f"gateway-{name}.yaml"
-            config.write_text(gateway_yaml(port, backend_ports))
+            config.write_text(text)
             argv = gateway_argv(command, config)
-            urls[name] = f"http://127.0.0.1:{port}{CHAT_PATH}"
+            urls[name] = f"{scheme}://127.0.0.1:{port}{CHAT_PATH}"
             if name == "modelyard":
                 meta["gateway_argv"] = argv
                 meta["gateway_versions"] = gateway_versions(argv)
-            else:
+            elif name in args.variants:
                 meta.setdefault("variant_argv", {})[name] = argv
 
             def start_gateway(name: str = name, argv: list[str] = argv) -> Child:
@@ -443,7 +589,52 @@ def report_lines(rows: list[dict[str, Any]], args: argparse.Namespace, info: dic
             )
         lines += [f"{conns} connection(s): wrk -t1 -c{conns}, median of {args.repeat} run(s)", ""]
         lines += [markdown_table(header, cells), ""]
-    return lines + footer(info)
+    return lines + tls_lines(rows, args) + footer(info)
+
+
+def plain_of(target: str) -> str:
+    """The plain target a TLS one is measured against ("" for a plain one)."""
+    return next((plain for plain, tls in TLS_OF.items() if target in tls), "")
+
+
+def tls_lines(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """Each TLS target against its plain one, in the same run: req/s as a share of the plain
+    target's, and what TLS adds to the p50 and to the proxy's CPU per request."""
+    header = [
+        "connections",
+        "target",
+        "req/s",
+        "÷ plain",
+        "p50 ms",
+        "added p50 ms",
+        "CPU ms/req",
+        "added CPU ms/req",
+    ]
+    cells = []
+    for conns in args.concurrency:
+        by = {r["target"]: r for r in rows if r["concurrency"] == conns}
+        for target, row in by.items():
+            plain = by.get(plain_of(target))
+            if plain is None:
+                continue
+            cpu, plain_cpu = row["cpu_ms_per_request"], plain["cpu_ms_per_request"]
+            cells.append(
+                [
+                    str(conns),
+                    f"{target} (vs {plain['target']})",
+                    f"{row['requests_per_s']:,.0f}",
+                    f"{row['requests_per_s'] / plain['requests_per_s']:.2f}"
+                    if plain["requests_per_s"]
+                    else "—",
+                    f"{row['p50_ms']:.3f}",
+                    f"{row['p50_ms'] - plain['p50_ms']:+.3f}",
+                    "—" if cpu is None else f"{cpu:.3f}",
+                    "—" if cpu is None or plain_cpu is None else f"{cpu - plain_cpu:+.3f}",
+                ]
+            )
+    if not cells:
+        return []
+    return ["TLS against plain text, same proxy, same run (medians):", "", markdown_table(header, cells), ""]
 
 
 def footer(info: dict[str, Any]) -> list[str]:
@@ -460,6 +651,11 @@ def footer(info: dict[str, Any]) -> list[str]:
         lines.append(f"gateway command: {shlex.join(info['gateway_argv'])}")
     for name, argv in info.get("variant_argv", {}).items():
         lines.append(f"{name} command: {shlex.join(argv)}")
+    if "tls_certificates" in info:
+        lines.append(
+            f"TLS: {info['tls_certificates']}; -tls-up: TLS to the backends, -tls: from wrk too; "
+            "connections kept alive throughout (nginx: proxy_ssl_verify, proxy_ssl_session_reuse)"
+        )
     lines.append(
         f"load: wrk 1 thread, {info['duration_s']:g}s per run, "
         + (
@@ -520,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     runs: list[WrkResult] = result.pop("runs")
-    shown = ("gateway_", "variant_")  # what the footer names: versions, commands
+    shown = ("gateway_", "variant_", "tls_")  # what the footer names: versions, commands, certificates
     info.update({k: v for k, v in result.items() if k.startswith(shown) and k != "gateway_log_tail"})
     rows = summarize(runs, args.targets, args.concurrency)
     print()
