@@ -222,6 +222,9 @@ class OipChannels:
         logged once per address, until a call there succeeds."""
         reason = tls_failure(details) if details else ""
         if reason:
+            made = self._made_with.get(url)
+            if made is not None:  # the next call opens a new channel if the files changed
+                made[0].reload()
             if self._tls_failing.get(url) != reason:
                 self._tls_failing[url] = reason
                 log.warning(

@@ -630,7 +630,10 @@ class _HostPool:
 
     def tls_failed(self, reason: str) -> UpstreamUnreachable:
         """A handshake failed: logged once (until one succeeds, or the reason changes); the error
-        is a connect failure, as a refused connection's."""
+        is a connect failure, as a refused connection's. The files are looked at again now: the
+        next connection uses a CA or certificate rotated a moment ago."""
+        if self.tls is not None:
+            self.tls.reload()
         if reason != self._tls_failure:
             self._tls_failure = reason
             name = f" (server name {self._server_name})" if self._server_name != self._host else ""
