@@ -26,6 +26,7 @@ from modelyard.security.tls import ServerTls
 from modelyard.serving import run, serve_until_signal
 from modelyard.serving.workers import ParentLink, SharedInts, reserve_port, supervise, watch_parent
 from modelyard.state.siblings import LOG_RING_BYTES, RINGS_FILE, create_rings, rings_size
+from modelyard.upstream.pool import check_upstream_tls
 
 log = logging.getLogger("modelyard.gateway")
 
@@ -94,8 +95,10 @@ def serve_workers(
     The HTTP port and listen.grpc_port are both reserved here, so that port 0 becomes one port that
     every worker binds (SO_REUSEPORT) and a port in use is refused before any worker starts."""
     check_workers(config, source, count)
-    if config.listen.tls is not None:  # bad files: one line here, not a traceback from each worker
+    # Bad certificate files: one line here, not a traceback from each worker.
+    if config.listen.tls is not None:
         ServerTls(config.listen.tls)
+    check_upstream_tls(config)
     run_dir = Path(tempfile.mkdtemp(prefix="modelyard-", dir=_run_parent(count, _state_rings(config))))
     reserved: list[socket.socket] = []
     layout = Layout(config, count)
