@@ -190,6 +190,7 @@ async def test_a_backend_that_does_not_verify_fails_as_a_connect_error_logged_on
     # As for a refused connection: 502, retried (on the same endpoint, the model's only one).
     assert {status for status, _ in answers} == {502}
     assert {"refused the connection" in body["error"]["message"] for _, body in answers} == {True}
+    assert {"certificate verify failed" in body["error"]["message"] for _, body in answers} == {True}
     handshake = [r for r in caplog.records if r.name == "modelyard.upstream"]
     assert len(handshake) == 1, [r.getMessage() for r in handshake]
     line = handshake[0].getMessage()

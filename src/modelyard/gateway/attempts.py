@@ -228,8 +228,9 @@ class AttemptLoop:
                 assert failure is not None
                 if outcome.reason == "connect-failure" and len(tried) > 1 and not out_of_time:
                     names = ", ".join(e.name for e in tried)
-                    failure = UpstreamError(
-                        f"every endpoint of model {cluster.name!r} tried refused the connection: {names}"
+                    failure = UpstreamError(  # the last one's reason: a TLS failure says which
+                        f"every endpoint of model {cluster.name!r} tried refused the connection: {names} "
+                        f"(last: {failure.message})"
                     )
                 if ex.counted:  # a shadow copy's failure is the canary's business, not the log's
                     self._warn_failed(ex, endpoint, failure)
