@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
 import sys
 
+import aiohttp
 import grpc
 
+from certificates import Pki
 from fake_agent_scheduler import FakeScheduler
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
 from support import free_ports, run_modelyard, wait_until
@@ -153,3 +156,117 @@ async def test_agent_and_sim_worker_processes_load_a_model_for_the_scheduler(tmp
                 process.kill()
                 await process.wait()
         await server.stop(0)
+
+
+# --- security: plain text only on loopback, files checked at start, the token never logged -----
+
+BASE = ["agent", "--server", "sim", "--inference-url", "http://127.0.0.1:1", "--memory", "1Ki"]
+JOIN_TOKEN = "j-0a9e8d7c6b5a4f3e2d1c"
+
+
+def agent_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modelyard", *BASE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "250", **(env or {})},
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: "), line
+    return line
+
+
+def test_an_agent_others_could_reach_without_tls_does_not_start():
+    line = one_error_line(agent_run("--scheduler", "127.0.0.1:1", "--host", "0.0.0.0"))
+    assert "its data plane listens on 0.0.0.0 without TLS (--tls-cert, --tls-key)" in line
+    assert "--insecure" in line
+    line = one_error_line(agent_run("--scheduler", "10.0.0.1:9005"))
+    assert "it reaches the scheduler 10.0.0.1:9005 without TLS (--scheduler-ca) or a credential" in line
+
+
+def test_unusable_certificate_and_token_files_are_one_line_naming_them(tmp_path):
+    pki = Pki(tmp_path, "ca")
+    cert, other = pki.issue(), pki.issue()
+    expired = pki.expired()
+    loopback = ["--scheduler", "127.0.0.1:1"]
+    cases = [
+        (["--scheduler-ca", str(tmp_path / "none.pem")], str(tmp_path / "none.pem")),
+        (["--cert", str(cert.cert), "--key", str(other.key)], str(other.key)),  # not its key
+        (["--tls-cert", str(expired.cert), "--tls-key", str(expired.key)], str(expired.cert)),
+        (["--token-file", str(tmp_path / "no-token")], str(tmp_path / "no-token")),
+    ]
+    for args, named in cases:
+        line = one_error_line(agent_run(*loopback, *args))
+        assert named in line, (args, line)
+    line = one_error_line(agent_run(*loopback, "--cert", str(cert.cert)))
+    assert line == "error: agent options: --cert and --key go together"
+    secret = "j-has a space-and-secret"
+    line = one_error_line(agent_run(*loopback, env={"MODELYARD_AGENT_TOKEN": secret}))
+    assert (
+        line
+        == "error: agent options: MODELYARD_AGENT_TOKEN: the token must be printable ASCII without spaces"
+    )
+
+
+async def test_the_agent_joins_a_tls_scheduler_with_the_token_from_its_environment_and_never_logs_it(
+    tmp_path, sim_workers
+):
+    """A real agent process at debug level, a real scheduler over TLS taking join tokens: the agent
+    subscribes and loads what it is given, and the token is nowhere in what it printed."""
+    from modelyard.scheduler import SchedulerConfig, start_scheduler
+
+    pki = Pki(tmp_path, "ca")
+    served = pki.issue()
+    tokens = tmp_path / "agent-tokens"
+    tokens.write_text(f"sim {JOIN_TOKEN}\n")
+    sched = await start_scheduler(
+        SchedulerConfig(
+            port=0,
+            agent_port=0,
+            db=":memory:",
+            tls={"cert_file": str(served.cert), "key_file": str(served.key)},
+            agent_tokens_file=str(tokens),
+        )
+    )
+    (worker,) = await sim_workers(1, repository_api=True)
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "modelyard", "agent", "--scheduler", sched.agent_address, "--server", "sim",
+        "--inference-url", worker.url, "--memory", "1Ki", "--port", "0", "--unload-grace", "0",
+        "--scheduler-ca", str(pki.ca_file), "--log-level", "debug", "--drain-timeout", "5",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "MODELYARD_AGENT_TOKEN": JOIN_TOKEN},
+    )  # fmt: skip
+    try:
+
+        async def subscribed() -> bool:
+            server = sched.state.servers.get("sim")
+            return (server is not None and server.replicas[0].connected) or agent.returncode is not None
+
+        await wait_until(subscribed, attempts=3000)
+        assert agent.returncode is None
+        async with aiohttp.ClientSession() as http:
+            spec = {"storage_uri": "file:///models/iris", "memory": 100}
+            async with http.put(f"{sched.url}/v1/models/iris", json=spec, ssl=pki.client_context()) as r:
+                assert r.status == 200
+
+        async def available() -> bool:
+            model = sched.state.models.get("iris")
+            return model is not None and model.latest.status.state.value == "ModelAvailable"
+
+        await wait_until(available, attempts=3000)
+        agent.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(agent.communicate(), 30)
+        assert agent.returncode == 0, stderr.decode()
+        output = stdout.decode() + stderr.decode()
+        assert "DEBUG" in output and "loaded iris" in output  # it did log, at length
+        assert JOIN_TOKEN not in output
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+        await sched.stop()

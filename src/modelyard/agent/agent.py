@@ -4,9 +4,17 @@ Start (compat §7.2): wait for the server to be live, unload what it serves that
 not load (unless `keep_existing`), then subscribe holding nothing. The subscription carries the
 replica's config, the models held with their versions and the available memory; when the stream
 ends or breaks the agent subscribes again after an exponential backoff with jitter
-(`reconnect_backoff` .. `reconnect_backoff_max`), re-sending what it holds, for as long as it
-runs: the scheduler may be down for a while. Each operation is stamped on receipt and handled in
-its own task (`operations.py`).
+(`reconnect_backoff` .. `reconnect_backoff_max`, 2 s by default), re-sending what it holds, for as
+long as it runs: the scheduler may be down for a while, and once it is back the agent is too within
+about `reconnect_backoff_max` (a connect attempt that waited counts towards the backoff), well
+before the scheduler's resync gives up on it. A failure is logged when it differs from the one
+before (a scheduler that stays down is one warning, not one per attempt). Each operation is stamped
+on receipt and handled in its own task (`operations.py`).
+
+Security: the connection to the scheduler is TLS with `scheduler_tls` and carries the join token
+(`rpc/agent_client.py`); the data plane serves TLS with `tls` and forwards inference paths only
+(`dataplane.py`). An agent others can reach, or that reaches a scheduler elsewhere, without TLS and
+a credential does not start unless `insecure` (`config.check_exposure`), which is warned once.
 
 At start, with a repository, the staging and swapped-out directories an interrupted fetch left
 behind are deleted (their names are the agent's own; see `artefacts.py` for what else it deletes).
@@ -30,7 +38,7 @@ from types import TracebackType
 from typing import Any
 
 from modelyard.agent.artefacts import Artefacts, fetch_policy
-from modelyard.agent.config import AgentConfig
+from modelyard.agent.config import AgentConfig, check_exposure, exposure
 from modelyard.agent.dataplane import DataPlane
 from modelyard.agent.metrics import AgentMetrics
 from modelyard.agent.operations import Operations
@@ -59,7 +67,6 @@ class Agent:
         self.tracer = build_tracer(config.telemetry, "modelyard-agent")
         self.state = LocalState(config.memory_bytes, config.overcommit_percent)
         self._rng = rng or random.Random()
-        self._client = AgentClient(config.scheduler, connect_timeout=config.connect_timeout)
         self._server = RepositoryClient(config.inference_url, timeout=config.request_timeout)
         artefacts = None
         if config.repository is not None:
@@ -70,6 +77,15 @@ class Agent:
                 policy=fetch_policy(config),
             )
         self._artefacts = artefacts
+        token = config.scheduler_token
+        self._client = AgentClient(  # the TLS and token files checked now (one line naming the file)
+            config.scheduler,
+            connect_timeout=config.connect_timeout,
+            tls=config.scheduler_tls,
+            token=token.get_secret_value() if token is not None else None,
+            token_file=str(config.scheduler_token_file) if config.scheduler_token_file else None,
+            reconnect_backoff_max=config.reconnect_backoff_max,
+        )
         self.metrics = AgentMetrics(self.state, _loop_time)
         self.residency = Residency(
             self.state,
@@ -102,9 +118,11 @@ class Agent:
                 max_connections=config.max_server_connections,
             )
             listen = ListenConfig(
-                host=config.host, port=config.port, drain_seconds=0.0, shutdown_timeout=30.0
+                host=config.host, port=config.port, drain_seconds=0.0, shutdown_timeout=30.0, tls=config.tls
             )
             self._http = HttpServer(self._data_plane.app(config.max_body_bytes), listen)
+        # Every file checked first (fetch, scheduler TLS and token, data-plane TLS), then where it runs.
+        check_exposure(config)  # plain text only on loopback, unless insecure
         self._received = 0  # receive stamps (compat §7.6)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
@@ -113,6 +131,8 @@ class Agent:
         self._opened_at: float | None = None  # when the current subscription's channel opened
         self.subscribed = False  # a subscription stream is open now (the agent's readiness)
         self._stats: asyncio.Task[None] | None = None
+        self._failures = _Failures(config.scheduler)
+        self._settled: asyncio.TimerHandle | None = None  # when the open stream counts as accepted
 
     @property
     def url(self) -> str:
@@ -131,6 +151,8 @@ class Agent:
     async def start(self) -> None:
         if self._loop is not None:
             raise RuntimeError("agent already started")
+        for missing in exposure(self.config):  # only with insecure: check_exposure refused it otherwise
+            log.warning("--insecure: %s", missing)
         await self._server.wait_live(self.config.server_live_timeout)
         if self._artefacts is not None:  # half-done fetches of an agent that was killed
             for leftover in await asyncio.to_thread(self._artefacts.clean_leftovers):
@@ -180,26 +202,34 @@ class Agent:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         backoff = Backoff(self.config.reconnect_backoff, self.config.reconnect_backoff_max, self._rng)
+        failing = self._failures
         while not self._stopping:
             self._opened_at = None  # set by `_opened` once the channel is connected
+            attempt = loop.time()
             try:
                 stream = self._client.subscribe(self.subscribe_request(), on_open=self._opened)
                 async for operation in stream:
                     self._dispatch(operation)
                 log.info("the scheduler ended the subscription; subscribing again")
             except ModelyardError as error:
-                log.warning("subscription to %s: %s", self.config.scheduler, error.message)
+                failing.failed(error.message, loop.time())
             except Exception:  # a bug must not end the agent's only link to the scheduler: retry
                 log.exception("subscription to %s failed unexpectedly; retrying", self.config.scheduler)
             finally:
                 self.subscribed = False
-            # Only a stream that was open for a while resets the backoff: counting from before the
-            # connect wait (up to connect_timeout) would reset it on every unreachable attempt.
+                if self._settled is not None:
+                    self._settled.cancel()
+                    self._settled = None
             if self._stopping:
                 return
+            # Only a stream that was open for a while resets the backoff: counting from before the
+            # connect wait (up to connect_timeout) would reset it on every unreachable attempt.
             if self._opened_at is not None and loop.time() - self._opened_at >= _STABLE_AFTER:
                 backoff.reset()
-            await asyncio.sleep(backoff.next_delay())  # reconnect backoff
+            delay = backoff.next_delay()
+            if self._opened_at is None:  # it never connected: the time it waited counts
+                delay -= loop.time() - attempt
+            await asyncio.sleep(max(0.0, delay))  # reconnect backoff
 
     def usage_report(self) -> agent_pb2.AgentStatsRequest:
         """What the data plane counted per registered model, for the scheduler's autoscaling."""
@@ -222,8 +252,9 @@ class Agent:
     async def _report_usage(self) -> None:
         while not self._stopping:
             await asyncio.sleep(self.config.stats_interval)  # the reporting period
-            if self._opened_at is None:
-                continue  # not subscribed: the scheduler would not know this replica
+            opened = self._opened_at
+            if opened is None or _loop_time() - opened < _STABLE_AFTER:
+                continue  # not subscribed (or refused a moment ago): the scheduler does not know it
             try:
                 await self._client.stats(self.usage_report())
             except ModelyardError as error:  # the next report replaces it; the stream reconnects
@@ -232,7 +263,10 @@ class Agent:
     def _opened(self) -> None:
         self.subscriptions += 1
         self.subscribed = True
-        self._opened_at = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self._opened_at = loop.time()
+        # A stream that stays open this long was accepted: a streak of failures is over.
+        self._settled = loop.call_later(_STABLE_AFTER, self._failures.over, self._opened_at)
 
     def _dispatch(self, operation: agent_pb2.ModelOperation) -> None:
         self._received += 1
@@ -378,6 +412,39 @@ class Agent:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+class _Failures:
+    """The subscribe loop's failures, logged when they change: a warning for the first and for each
+    that differs from the one before (while the scheduler is down, the same one repeats every
+    attempt), debug for repeats; once subscribed again, one line says after how long."""
+
+    def __init__(self, scheduler: str) -> None:
+        self._scheduler = scheduler
+        self._last: str | None = None
+        self._since: float | None = None
+        self._count = 0
+
+    def failed(self, message: str, now: float) -> None:
+        if self._since is None:
+            self._since = now
+        self._count += 1
+        if message != self._last:
+            log.warning("subscription to %s: %s", self._scheduler, message)
+            self._last = message
+        else:
+            log.debug("subscription to %s: %s (again)", self._scheduler, message)
+
+    def over(self, opened: float) -> None:
+        """The stream opened at `opened` was accepted: the streak of failures, if any, is over."""
+        if self._since is not None:
+            log.info(
+                "subscribed to %s again after %d failed attempt(s) in %.1fs",
+                self._scheduler,
+                self._count,
+                opened - self._since,
+            )
+        self._last, self._since, self._count = None, None, 0
 
 
 async def _ending(work: Coroutine[Any, Any, None], span: Span) -> None:

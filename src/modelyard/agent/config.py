@@ -3,6 +3,13 @@
 Defaults follow Seldon's agent (compat §7.8) where they mean the same: 5 load attempts, 1 unload
 attempt, a 2 s unload grace, overcommit 0 %. Capabilities default to none (Seldon: sklearn,xgboost):
 a model that names requirements should only land on a replica that says it has them.
+
+Security (docs/placement.md, "Securing agents"): `scheduler_tls` makes the connection to the
+scheduler TLS (its CA, the name to verify, the agent's client certificate for mutual TLS);
+`scheduler_token` or `scheduler_token_file` is the join token sent with every call; `tls` serves
+the data plane over TLS. Plain text only on loopback: `check_exposure` refuses an agent whose data
+plane listens on another address without TLS, or that reaches a scheduler elsewhere without TLS and
+a credential, unless `insecure`.
 """
 
 from __future__ import annotations
@@ -12,9 +19,18 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
-from modelyard.config import TelemetryConfig
+from modelyard.config import TelemetryConfig, TlsClientConfig, TlsServerConfig, on_loopback
+from modelyard.errors import ConfigError
 from modelyard.placement.manifest import parse_quantity
 
 Bytes = Annotated[int, BeforeValidator(parse_quantity), Field(ge=0)]
@@ -44,7 +60,8 @@ class FetchCredential(BaseModel):
 
 
 class AgentConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # Errors never quote what was given: it may be the join token (messages say what is expected).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 
     scheduler: str = Field(description="the scheduler's agent port, host:port")
     server_name: str = Field(min_length=1, description="the server (a group of replicas) this one belongs to")
@@ -62,7 +79,12 @@ class AgentConfig(BaseModel):
     load_backoff: float = Field(default=0.5, gt=0, description="first wait between load attempts, s")
     load_backoff_max: float = Field(default=30.0, gt=0)
     reconnect_backoff: float = Field(default=0.1, gt=0, description="first wait before resubscribing, s")
-    reconnect_backoff_max: float = Field(default=10.0, gt=0)
+    reconnect_backoff_max: float = Field(
+        default=2.0,
+        gt=0,
+        description="longest wait between subscribe attempts, s: an agent is back within about this "
+        "long of its scheduler's return (the scheduler's resync waits for it)",
+    )
     connect_timeout: float = Field(default=5.0, gt=0, description="wait for the scheduler's channel, s")
     server_live_timeout: float = Field(default=120.0, gt=0, description="wait at start for the server, s")
     request_timeout: float = Field(default=300.0, gt=0, description="one repository call (a load), s")
@@ -119,6 +141,24 @@ class AgentConfig(BaseModel):
         default_factory=TelemetryConfig,
         description="tracing, as the gateway's: a span per load or unload, a child of the scheduler's",
     )
+    # Security: TLS and credentials to the scheduler, TLS on the data plane, plain text's bounds.
+    tls: TlsServerConfig | None = Field(
+        default=None, description="serve the data plane over TLS (client certificates optional)"
+    )
+    scheduler_tls: TlsClientConfig | None = Field(
+        default=None,
+        description="connect to the scheduler over TLS: its CA, the name to verify, a client certificate",
+    )
+    scheduler_token: SecretStr | None = Field(
+        default=None, description="the join token sent to the scheduler (authorization: Bearer)"
+    )
+    scheduler_token_file: Path | None = Field(
+        default=None, description="a file holding the join token, read again when it changes"
+    )
+    insecure: bool = Field(
+        default=False,
+        description="start without TLS or credentials on addresses other than loopback (warned)",
+    )
 
     @field_validator("scheduler")
     @classmethod
@@ -136,6 +176,19 @@ class AgentConfig(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("scheduler_token")
+    @classmethod
+    def _token(cls, value: SecretStr | None) -> SecretStr | None:
+        # Its errors say what is wrong and never quote it (and the model hides inputs in errors).
+        if value is None:
+            return None
+        token = value.get_secret_value().strip()
+        if not token:
+            return None
+        if not all(0x21 <= ord(c) <= 0x7E for c in token):
+            raise ValueError("the token must be printable ASCII without spaces")
+        return SecretStr(token)
 
     @field_validator("fetch_schemes", mode="before")
     @classmethod
@@ -184,9 +237,50 @@ class AgentConfig(BaseModel):
                 raise ValueError(
                     f"{first} ({getattr(self, first):g}s) must not exceed {most} ({getattr(self, most):g}s)"
                 )
+        if self.scheduler_token is not None and self.scheduler_token_file is not None:
+            raise ValueError("give scheduler_token or scheduler_token_file, not both")
+        if self.tls is not None and self.advertise_url is not None and self.advertise_url.startswith("http:"):
+            raise ValueError("advertise_url: the data plane serves TLS, expected an https:// URL")
         if self.overcommit_percent > 0 and self.port is None:
             # Evicted models are reloaded by the requests for them, which only the data plane sees.
             raise ValueError(
                 "overcommit_percent needs the data plane (a port): evicted models reload on request"
             )
         return self
+
+
+def scheduler_host(config: AgentConfig) -> str:
+    """The host of `config.scheduler` (`host:port`, an IPv6 host in brackets)."""
+    return config.scheduler.rpartition(":")[0].strip("[]")
+
+
+def exposure(config: AgentConfig) -> list[str]:
+    """What an agent others can reach, or that reaches a scheduler elsewhere, lacks: one phrase
+    each (none on loopback, where only this machine sees the bytes)."""
+    missing = []
+    if config.port is not None and config.tls is None and not on_loopback(config.host):
+        where = config.host or "every address"
+        missing.append(f"its data plane listens on {where} without TLS (--tls-cert, --tls-key)")
+    if not on_loopback(scheduler_host(config)):
+        lacks = []
+        if config.scheduler_tls is None:
+            lacks.append("TLS (--scheduler-ca)")
+        credential = config.scheduler_token is not None or config.scheduler_token_file is not None
+        if not credential and not (config.scheduler_tls is not None and config.scheduler_tls.cert_file):
+            lacks.append("a credential (--cert and --key, --token-file or MODELYARD_AGENT_TOKEN)")
+        if lacks:
+            missing.append(f"it reaches the scheduler {config.scheduler} without {' or '.join(lacks)}")
+    return missing
+
+
+def check_exposure(config: AgentConfig) -> None:
+    """ConfigError (one problem, one line) when `exposure` finds something, unless `insecure`."""
+    missing = exposure(config)
+    if missing and not config.insecure:
+        raise ConfigError(
+            "agent",
+            [
+                f"not on loopback: {'; '.join(missing)}: anyone on the network could read or forge its "
+                "traffic; give them, use 127.0.0.1, or pass --insecure"
+            ],
+        )

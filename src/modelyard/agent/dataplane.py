@@ -1,12 +1,22 @@
 """The agent's data plane: requests reach the inference server through the agent, so it knows which
 models are in use (compat §7.7: Seldon's agent proxies for the same reason).
 
-Every path is forwarded to the server as it came (method, path, query, headers, body); answers come
-back as they are, a server-sent event stream chunk by chunk. A request that names a model the agent
-holds is counted against it while it runs (in flight: the model is not evicted), and one for an
-evicted model waits (queued) while the agent loads it again, evicting others if needed. The model is
-read from the path (`/v2/models/{name}/...`, `/v1/models/{name}:predict`) or, on the OpenAI paths
-(`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`), from the body's `model`.
+Inference paths only are forwarded (`inference_route`), and for the models the agent holds:
+
+    GET  /v2, /v2/health/live, /v2/health/ready
+    GET  /v2/models/{m}[/versions/{v}][/ready]                         OIP v2 metadata, readiness
+    POST /v2/models/{m}[/versions/{v}]/{infer,generate,generate_stream,explain}
+    GET  /v1/models/{m};  POST /v1/models/{m}:predict, :explain        KServe v1
+    POST /v1/chat/completions, /v1/completions, /v1/embeddings         OpenAI (the body's `model`)
+
+Anything else (the server's repository API, `/v2/repository/models/{m}/load` and `/unload`, which
+would let anyone who reaches the port unload models the scheduler placed; Triton's shared-memory,
+trace and logging settings; the server's own metrics) answers 404 here, in the protocol's envelope,
+and never reaches the server; so does a path segment that decodes to `.`, `..` or holds a slash, and
+a model the agent does not hold. A request forwarded goes as it came (method, path, query, headers,
+body); answers come back as they are, a server-sent event stream chunk by chunk. A request for a
+model the agent holds is counted against it while it runs (in flight: the model is not evicted), and
+one for an evicted model waits (queued) while the agent loads it again, evicting others if needed.
 
 When the server answers 404 for a model the agent holds as loaded and its
 `/v2/models/{name}/ready` does not say ready (the server restarted or lost it), the agent loads it
@@ -20,9 +30,10 @@ served, after a reload) without waking the server.
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
@@ -32,33 +43,81 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelyard.agent.metrics import AgentMetrics
 from modelyard.agent.residency import Residency
 from modelyard.agent.state import LocalState, ModelStatus
-from modelyard.errors import ModelNotResident, ModelyardError, PayloadTooLarge, UpstreamError
+from modelyard.errors import ModelNotResident, ModelyardError, NotFound, PayloadTooLarge, UpstreamError
 from modelyard.serving import envelope
 from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
 from modelyard.upstream.http1 import Http1Client, UpstreamResponse
 
 log = logging.getLogger("modelyard.agent")
 
-_OIP_MODEL = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?(/[a-z_]+)?$")
-_V1_MODEL = re.compile(r"^/v1/models/([^/:]+):[a-z]+$")
-_OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+_READ = frozenset({"GET", "HEAD"})
+_SERVER_PATHS = frozenset({("v2",), ("v2", "health", "live"), ("v2", "health", "ready")})
+_OIP_VERBS = frozenset({"infer", "generate", "generate_stream", "explain"})
+_V1_VERBS = frozenset({"predict", "explain"})
+_OPENAI_PATHS = frozenset({("v1", "chat", "completions"), ("v1", "completions"), ("v1", "embeddings")})
 _JSON = "application/json"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def model_of(path: str, body: bytes) -> str | None:
-    """The model a request is for, or None (health, index, anything else)."""
-    match = _OIP_MODEL.match(path) or _V1_MODEL.match(path)
-    if match is not None:
-        return match.group(1)
-    if path in _OPENAI_PATHS and body:
-        try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None  # the server says what is wrong with it
-        model = parsed.get("model") if isinstance(parsed, dict) else None
-        return model if isinstance(model, str) and model else None
+@dataclass(frozen=True)
+class Route:
+    """An inference request the data plane forwards: the model its path names (None: the server's
+    health or metadata, or an OpenAI path, whose model is in the body)."""
+
+    model: str | None
+    openai: bool = False
+
+
+class NotForwarded(NotFound):
+    """A path the data plane does not forward (404): not an inference path, or a model not held here."""
+
+    code = "not_forwarded"
+
+
+def inference_route(method: str, raw_path: str) -> Route | None:
+    """What `method raw_path` asks for, if it is an inference request the agent forwards; None for
+    anything else. The raw path is what the server gets, so it is judged as sent: each segment
+    decoded, and one that decodes to `.`, `..`, nothing or holds a slash makes it no route."""
+    path = raw_path.partition("?")[0]
+    if not path.startswith("/"):
+        return None
+    segments = tuple(unquote(segment) for segment in path[1:].split("/"))
+    if any(s in ("", ".", "..") or "/" in s or "\\" in s for s in segments):
+        return None
+    if method in _READ and segments in _SERVER_PATHS:
+        return Route(None)
+    if method == "POST" and segments in _OPENAI_PATHS:
+        return Route(None, openai=True)
+    if len(segments) >= 3 and segments[:2] == ("v2", "models"):
+        rest = segments[3:]
+        if rest[:1] == ("versions",):
+            if len(rest) < 2:
+                return None
+            rest = rest[2:]
+        if method in _READ and rest in ((), ("ready",)):
+            return Route(segments[2])
+        if method == "POST" and len(rest) == 1 and rest[0] in _OIP_VERBS:
+            return Route(segments[2])
+        return None
+    if len(segments) == 3 and segments[:2] == ("v1", "models"):
+        name, colon, verb = segments[2].partition(":")
+        if not colon and method in _READ:
+            return Route(name)
+        if colon and name and method == "POST" and verb in _V1_VERBS:
+            return Route(name)
     return None
+
+
+def model_in_body(body: bytes) -> str | None:
+    """An OpenAI request's `model`, or None (the server says what is wrong with the body)."""
+    if not body:
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) and model else None
 
 
 @web.middleware
@@ -132,8 +191,18 @@ class DataPlane:
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         path = request.path
+        route = inference_route(request.method, request.raw_path)
+        if route is None:  # before the body is read: nothing of it is wanted
+            self._metrics.requests.labels("", "404").inc()
+            raise NotForwarded(
+                f"{request.method} {path[:200]}: not an inference path; the agent forwards inference "
+                "requests (OIP v2, KServe v1, OpenAI) for its models only"
+            )
         body = await request.read()
-        name = model_of(path, body)
+        name = model_in_body(body) if route.openai else route.model
+        if name is not None and self._state.get(name) is None:
+            self._metrics.requests.labels("", "404").inc()
+            raise NotForwarded(f"model {name[:200]!r} is not served by this replica")
         if request.method == "GET":
             if path == "/v2/health/ready" and self._draining():
                 return self._answer(request, "", 503, {"error": "the agent is draining"})

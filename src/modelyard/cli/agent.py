@@ -1,8 +1,16 @@
-"""`modelyard agent`: run the agent beside one inference-server replica until interrupted."""
+"""`modelyard agent`: run the agent beside one inference-server replica until interrupted.
+
+Security options (docs/placement.md, "Securing agents"): --scheduler-ca (TLS to the scheduler,
+verified with it), --cert/--key (the agent's client certificate: mutual TLS), --scheduler-name, a
+join token from --token-file or MODELYARD_AGENT_TOKEN (never logged), --tls-cert/--tls-key/
+--tls-client-ca for the data plane. Plain text only on loopback unless --insecure. A problem with
+any file is one line naming it.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -11,12 +19,16 @@ from pydantic import ValidationError
 
 from modelyard.agent import Agent, AgentConfig
 from modelyard.agent.artefacts import fetch_policy
+from modelyard.agent.config import check_exposure
 from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.telemetry import OtlpEndpointOption, SampleRatioOption, telemetry_config
+from modelyard.cli.tls import TlsCertOption, TlsClientCaOption, TlsKeyOption, tls_server_config
+from modelyard.config import TlsClientConfig
 from modelyard.errors import ConfigError, ModelyardError
 from modelyard.kube.podinfo import PodInfoError, capabilities_from_labels, labels_from_file_text
 from modelyard.serving import run, serve_until_signal
 
+TOKEN_ENV = "MODELYARD_AGENT_TOKEN"
 _FLAGS = {
     "fetch_roots": "--fetch-root",
     "fetch_networks": "--fetch-network",
@@ -25,6 +37,10 @@ _FLAGS = {
     "replica_idx": "--replica",
     "memory_bytes": "--memory",
     "unload_grace": "--unload-grace",
+    "scheduler_token": TOKEN_ENV,
+    "scheduler_token_file": "--token-file",
+    "tls": "--tls-cert",
+    "scheduler_tls": "--scheduler-ca/--cert/--key",
 }
 
 
@@ -147,6 +163,46 @@ def agent(
             "(repeatable)."
         ),
     ] = None,
+    scheduler_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="Connect to the scheduler over TLS, verifying it with these CA certificates (PEM)."
+        ),
+    ] = None,
+    cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="This agent's client certificate (PEM) for mutual TLS to the scheduler (implies TLS); "
+            "its URI SAN names it: spiffe://modelyard/server/SERVER[/replica/N]. With --key; read again "
+            "when it changes."
+        ),
+    ] = None,
+    key: Annotated[Path | None, typer.Option(help="The client certificate's private key (PEM).")] = None,
+    scheduler_name: Annotated[
+        str | None,
+        typer.Option(
+            help="The name the scheduler's certificate must have, when --scheduler's host is not it "
+            "(an IP address)."
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"A file holding the join token sent to the scheduler (default: ${TOKEN_ENV}); read "
+            "again when it changes. Never logged."
+        ),
+    ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: TlsClientCaOption = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Start although the data plane listens on an address other than loopback without TLS, "
+            "or the scheduler is elsewhere and reached without TLS and a credential (warned).",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     otlp_endpoint: OtlpEndpointOption = None,
     trace_sample_ratio: SampleRatioOption = 1.0,
@@ -166,6 +222,12 @@ def agent(
     global addresses unless --allow-private-fetch or --fetch-network says otherwise, at most
     --max-artefact-bytes per model; an unload stops a fetch under way. Credentials come from
     the flags' files (https) or fsspec's environment (s3, gs), never from a model.
+
+    To a scheduler on another machine the agent connects over TLS (--scheduler-ca) with a
+    credential: its client certificate (--cert, --key) or a join token (--token-file, or the
+    environment variable MODELYARD_AGENT_TOKEN). Its data plane serves TLS with --tls-cert and
+    --tls-key, and forwards inference requests only: the server's repository and admin paths are
+    not reachable through it. Without TLS it starts on loopback only, unless --insecure.
     """
     if not drain_timeout > 0:
         typer.echo(f"error: agent options: --drain-timeout: must be above 0, got {drain_timeout:g}", err=True)
@@ -179,6 +241,9 @@ def agent(
             typer.echo(f"error: agent options: --capabilities-from: {capabilities_from}: {why}", err=True)
             raise typer.Exit(1) from None
         capabilities = ",".join([c for c in capabilities.split(",") if c.strip()] + labelled)
+    tls = tls_server_config(tls_cert, tls_key, tls_client_ca)
+    scheduler_tls = _scheduler_tls(scheduler_ca, cert, key, scheduler_name)
+    token = os.environ.get(TOKEN_ENV, "").strip() if token_file is None else ""
     try:
         config = AgentConfig(
             scheduler=scheduler,
@@ -204,8 +269,14 @@ def agent(
             fetch_networks=tuple(fetch_network or ()),
             fetch_ca_file=fetch_ca_file,
             fetch_credentials=_credentials(fetch_bearer_token, fetch_basic_auth),
+            tls=tls,
+            scheduler_tls=scheduler_tls,
+            scheduler_token=token or None,
+            scheduler_token_file=token_file,
+            insecure=insecure,
         )
         fetch_policy(config)  # the credential and CA files are there and readable
+        check_exposure(config)  # plain text only on loopback
     except ValidationError as exc:
         problems = "; ".join(
             f"{_flag(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
@@ -222,6 +293,25 @@ def agent(
         raise typer.Exit(1) from None
     except OSError as error:
         raise listen_failure(error, [Listener(host, port, "agent data plane")]) from None
+
+
+def _scheduler_tls(
+    ca: Path | None, cert: Path | None, key: Path | None, name: str | None
+) -> TlsClientConfig | None:
+    """The scheduler flags as a TlsClientConfig (None: plain text); half a pair is one line."""
+    if (cert is None) != (key is None):
+        typer.echo("error: agent options: --cert and --key go together", err=True)
+        raise typer.Exit(1)
+    if ca is None and cert is None:
+        if name is not None:
+            typer.echo(
+                "error: agent options: --scheduler-name: needs --scheduler-ca or --cert (TLS)", err=True
+            )
+            raise typer.Exit(1)
+        return None
+    return TlsClientConfig(
+        ca_file=str(ca or ""), cert_file=str(cert or ""), key_file=str(key or ""), server_name=name or ""
+    )
 
 
 def _credentials(bearer: list[str] | None, basic: list[str] | None) -> list[dict[str, str]]:
@@ -251,6 +341,7 @@ async def _run(config: AgentConfig, drain_timeout: float) -> None:
     typer.echo(
         f"agent for {config.server_name}-{config.replica_idx} ({config.inference_url}) "
         f"serving on {agent.url}, subscribing to {config.scheduler}"
+        + (" over TLS" if config.scheduler_tls is not None else "")
     )
 
     async def drain() -> None:

@@ -5,6 +5,7 @@ not end the loop."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -100,3 +101,36 @@ async def test_an_unexpected_error_is_logged_and_the_agent_subscribes_again(atte
     agent = await _run(client, calls=4)
     assert agent.subscriptions >= 1  # it went on to subscribe after the errors
     assert "failed unexpectedly" in caplog.text
+
+
+async def test_a_connect_wait_counts_towards_the_backoff(monkeypatch):
+    """While the scheduler is down each attempt waits for the channel (connect_timeout): the next
+    starts at most the backoff after the last one started, not the backoff after it gave up, so the
+    agent is back within about reconnect_backoff_max of the scheduler's return."""
+    starts: list[float] = []
+
+    class Timed(FakeClient):
+        async def subscribe(self, request, on_open=None):
+            starts.append(asyncio.get_running_loop().time())
+            async for operation in super().subscribe(request, on_open):
+                yield operation
+
+    class Fixed(Backoff):
+        def next_delay(self) -> float:
+            super().next_delay()
+            return 0.25
+
+    monkeypatch.setattr(agent_module, "Backoff", Fixed)
+    await _run(Timed(["down"], connect=0.3), calls=4)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert gaps and all(0.28 <= gap < 0.5 for gap in gaps), gaps  # 0.3 each, not 0.3 + 0.25
+
+
+async def test_a_failure_that_repeats_is_logged_once_and_the_return_once(attempts, caplog):
+    caplog.set_level("INFO", "modelyard.agent")
+    client = FakeClient(["down"] * 6 + ["up"], connect=0.0, lives=0.05)
+    await _run(client, calls=8)
+    failures = [r for r in caplog.records if "not reachable" in r.getMessage()]
+    assert [r.levelname for r in failures] == ["WARNING"]  # one warning for six failures
+    (back,) = [r.getMessage() for r in caplog.records if "again after" in r.getMessage()]
+    assert "after 6 failed attempt(s)" in back
