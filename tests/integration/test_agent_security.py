@@ -426,3 +426,51 @@ async def test_with_insecure_an_agent_others_can_reach_starts_and_warns_once(
     async with http.post(f"http://127.0.0.1:{port}/v2/models/iris/infer", json=OIP_BODY) as response:
         assert response.status == 200
     assert len([r for r in caplog.records if "--insecure" in r.getMessage()]) == 1
+
+
+async def test_a_gateway_reaches_placed_models_through_an_agent_over_mutual_tls_end_to_end(
+    schedulers: Any,
+    agents: Any,
+    sim_workers: Any,
+    gateways: Any,
+    pki: Pki,
+    agent_ca: Pki,
+    http: aiohttp.ClientSession,
+) -> None:
+    """Every hop over TLS: the gateway verifies the agent's data plane (upstream.tls) and shows its
+    own certificate, the agent shows its identity to the scheduler, which is TLS as well."""
+    served = pki.issue()
+    sched = await schedulers(tls=server_tls(served), agent_ca_file=str(agent_ca.ca_file))
+    (worker,) = await sim_workers(1, repository_api=True)
+    data_plane, gateway_cert = pki.issue(name="data-plane"), pki.issue(name="gateway-client")
+    tls = server_tls(data_plane, client_ca_file=str(pki.ca_file))
+    cert = agent_certificate(agent_ca, "sim", 0)
+    agent = await agents(sched, worker, scheduler_tls=to_scheduler(pki, cert), tls=tls)
+    assert agent.url.startswith("https://")
+    await until(lambda: connected(sched), "the agent subscribed")
+    await apply_and_wait(http, sched, pki)
+    gateway = await gateways(
+        [],
+        placement={
+            "scheduler": sched.url,
+            "tls": {"ca_file": str(pki.ca_file)},
+            "models": {"health_check": {"interval": "60s"}},
+        },
+        upstream={
+            "tls": {
+                "ca_file": str(pki.ca_file),
+                "cert_file": str(gateway_cert.cert),
+                "key_file": str(gateway_cert.key),
+            }
+        },
+    )
+
+    async def served_through_the_agent() -> bool:
+        async with http.post(f"{gateway.url}/v2/models/iris/infer", json=OIP_BODY) as response:
+            return response.status == 200
+
+    await wait_until(served_through_the_agent, attempts=1000)  # its one endpoint: the agent's https URL
+    counted = agent.metrics.registry.get_sample_value(
+        "modelyard_agent_requests_total", {"model": "iris", "code": "200"}
+    )
+    assert counted is not None and counted >= 1
