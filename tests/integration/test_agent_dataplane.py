@@ -55,7 +55,7 @@ async def test_requests_pass_through_the_agent_and_are_counted(setup, http, tmp_
         assert response.headers["Content-Type"].startswith("text/event-stream")
         events = [line async for line in response.content if line.startswith(b"data: ")]
     assert events[-1].strip() == b"data: [DONE]" and len(events) > 2
-    # A model the agent does not hold goes to the server, which answers for it.
+    # A model the agent does not hold is not forwarded: the agent answers 404 in OIP's envelope.
     status, body = await infer(http, agent.url, "nope")
     assert status == 404 and "error" in body
     assert (
