@@ -285,7 +285,6 @@ async def test_an_agent_acts_only_as_the_replica_its_certificate_names_and_a_rot
 
     # cert-manager writes the right certificate into the same files: the next attempt uses it.
     rotate(other, agent_certificate(agent_ca, "sim", 0))
-    agent._client._tls._checked = float("-inf")  # type: ignore[union-attr]  # ClientTls looks every 10 s
     await until(lambda: connected(sched), "the agent subscribed with the rotated certificate")
     assert any("TLS files for the scheduler" in r.getMessage() for r in caplog.records)
     await asyncio.sleep(1.2)  # the stream stays: the streak of refusals is over

@@ -8,9 +8,9 @@ so the agent's reconnect loop needs to catch only that and the rest of the tree.
 Security (the scheduler's side: `agent_server.py`): with `tls` the channel is TLS, the scheduler
 verified against `tls.ca_file` (default: the system's CAs) by the target's host or
 `tls.server_name`, and the agent's client certificate (`cert_file`/`key_file`) shown for mutual
-TLS; the files are checked at construction (a `TlsError` naming the file) and, when they changed
-(looked at by `ClientTls`, at most every 10 s), a new channel is made with them at the next
-subscribe, so a rotated certificate is used from the next reconnect on. A join token (`token`, or
+TLS; the files are checked at construction (a `TlsError` naming the file) and looked at again
+before each subscribe (`ClientTls.reload`): when they changed, a new channel is made with them, so
+a rotated certificate is used from the next reconnect on. A join token (`token`, or
 `token_file`: its first line, read again when the file changes) goes with every call as the
 metadata `authorization: Bearer <token>`; it is never logged nor put in an error.
 
@@ -189,7 +189,10 @@ class AgentClient:
     async def _renew(self) -> None:
         """Before a subscribe (a reconnect): a channel made with TLS files that changed since is
         closed, so the next one is made with the new certificate."""
-        if self._tls is None or self._channel is None or self._tls.context() is self._made_with:
+        if self._tls is None or self._channel is None:
+            return
+        self._tls.reload()  # the files as they are now, not as they were at most 10 s ago
+        if self._tls.context() is self._made_with:
             return
         log.info("the TLS files for the scheduler %s changed: reconnecting with them", self.target)
         channel, self._channel, self._stub = self._channel, None, None
