@@ -173,8 +173,8 @@ def agent(
         Path | None,
         typer.Option(
             help="This agent's client certificate (PEM) for mutual TLS to the scheduler (implies TLS); "
-            "its URI SAN names it: spiffe://modelyard/server/SERVER[/replica/N]. With --key; read again "
-            "when it changes."
+            "its URI SAN names it: spiffe://modelyard/server/SERVER/replica/N (or .../server/SERVER). "
+            "With --key; read again when it changes."
         ),
     ] = None,
     key: Annotated[Path | None, typer.Option(help="The client certificate's private key (PEM).")] = None,
