@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import yaml
 
+from certificates import Pki
+from kube_schemas import validate
 from modelyard.agent import AgentConfig, start_agent
 from modelyard.kube.render import render
 from modelyard.kube.values import DeployValues
@@ -30,7 +31,7 @@ def modelyard(*args: str) -> subprocess.CompletedProcess[str]:
 def valid(text: str) -> list[dict[str, Any]]:
     docs = [d for d in yaml.safe_load_all(text) if d is not None]
     for doc in docs:
-        kubernetes_validate.validate(doc, "1.30.0", strict=True)
+        validate(doc, "1.30.0")  # cert-manager's kinds against its API too
     return docs
 
 
@@ -219,9 +220,10 @@ async def test_requests_in_flight_are_exported_for_the_autoscaler(gateways, sim_
     await wait_until(done)
 
 
-async def test_mlservers_prestop_waits_for_the_agent_to_exit(sim_workers, http):
-    """The rendered preStop hook of the MLServer container, run against a real agent: it holds
-    while the agent answers (draining included), and returns once the agent has exited."""
+async def test_mlservers_prestop_waits_for_the_agent_to_exit(sim_workers, http, tmp_path):
+    """The rendered preStop hook of the MLServer container, run against a real agent whose data
+    plane serves TLS, as rendered: it holds while the agent answers (draining included), and
+    returns once the agent has exited."""
     (server,) = [
         d
         for d in render(DeployValues())
@@ -231,12 +233,15 @@ async def test_mlservers_prestop_waits_for_the_agent_to_exit(sim_workers, http):
     command = containers["mlserver"]["lifecycle"]["preStop"]["exec"]["command"]
     assert command[:2] == ["python3", "-c"]
     (worker,) = await sim_workers(1, repository_api=True)
+    served = Pki(tmp_path).issue("*.mlserver.modelyard.svc")  # as the server's Certificate names it
     agent = await start_agent(
         AgentConfig(
-            scheduler="127.0.0.1:1", server_name="s", inference_url=worker.url, memory_bytes=1000, port=0
+            scheduler="127.0.0.1:1", server_name="s", inference_url=worker.url, memory_bytes=1000, port=0,
+            tls={"cert_file": str(served.cert), "key_file": str(served.key)},
         )
-    )
-    script = command[2].replace("127.0.0.1:9999", agent.url.removeprefix("http://"))
+    )  # fmt: skip
+    assert "https://127.0.0.1:9999/agent/livez" in command[2]
+    script = command[2].replace("127.0.0.1:9999", agent.url.removeprefix("https://"))
     hook = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
     try:
         with contextlib.suppress(asyncio.TimeoutError):

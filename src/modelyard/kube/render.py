@@ -26,9 +26,24 @@ from modelyard.kube.values import DeployValues, Resources, ServerValues, quantit
 
 SCHEDULER_PORT = 9004  # REST API and the gateways' feed
 SCHEDULER_AGENT_PORT = 9005  # gRPC AgentService
+AGENT_PORT = 9999  # an agent's data plane
 REDIS_SERVICE = "modelyard-redis"
 SCHEDULER_SERVICE = "modelyard-scheduler"
+GATEWAY_SERVICE = "modelyard-gateway"
 _NAME = "modelyard"
+
+# Where each pod finds its Secrets: one projected volume holding only the keys the pod uses,
+# updated in place when a Secret changes (the roles read certificates and tokens again).
+SECRETS_DIR = "/var/run/secrets/modelyard"
+TLS_CERT = f"{SECRETS_DIR}/tls/tls.crt"  # cert-manager's key names
+TLS_KEY = f"{SECRETS_DIR}/tls/tls.key"
+CA_CERT = f"{SECRETS_DIR}/tls/ca.crt"  # the CA of the scheduler's certificate: every pod trusts it
+SCHEDULER_TOKENS = f"{SECRETS_DIR}/scheduler-tokens"  # the scheduler's REST tokens file
+AGENT_TOKENS = f"{SECRETS_DIR}/agent-tokens"  # the scheduler's agents' join tokens file
+FEED_TOKEN = f"{SECRETS_DIR}/scheduler-token"  # the gateways' read token
+AGENT_TOKEN = f"{SECRETS_DIR}/agent-token"  # an agent's join token
+CA_ISSUER = "modelyard-ca"  # the render's own CA (tls.issuer.name unset)
+AGENT_IDENTITY = "spiffe://modelyard/server/{server}"  # any replica of the server: see _server_context
 
 # Security settings every container of ours gets: non-root, nothing writable but its volumes.
 _POD_SECURITY = {
@@ -55,8 +70,13 @@ def render(values: DeployValues, source: str = "<values>") -> list[dict[str, Any
         if wanted(values):
             documents += fill_documents(_read(template), context, source=template)
     for server in values.servers:
-        server_context = dict(context, server=_server_context(server))
-        documents += fill_documents(_read("server.yaml"), server_context, source="server.yaml")
+        server_context = dict(context, server=_server_context(values, server))
+        for template, wanted_for in _SERVER_TEMPLATES:
+            if wanted_for(values, server):
+                documents += fill_documents(_read(template), server_context, source=template)
+    for template, wanted in _POLICIES:
+        if wanted(values):
+            documents += fill_documents(_read(template), context, source=template)
     return documents
 
 
@@ -78,22 +98,64 @@ def _text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _text)
 
 
+def _scheduler_tokens(values: DeployValues) -> bool:
+    return values.scheduler.enabled and values.tokens.scheduler.enabled
+
+
+def _agent_tokens(values: DeployValues) -> bool:
+    return values.scheduler.enabled and bool(values.servers) and values.tokens.agents.enabled
+
+
+def _gateway_listener_tls(values: DeployValues) -> bool:
+    return values.tls.enabled and values.tls.gateway.enabled
+
+
+def _scheduler_tls(values: DeployValues) -> bool:
+    return values.tls.enabled and values.scheduler.enabled
+
+
+def _certificates(values: DeployValues) -> list[str]:
+    """The Certificates the render asks cert-manager for (those without an existing Secret)."""
+    wanted = []
+    existing = values.tls.existing_secrets
+    if _gateway_listener_tls(values) and existing.gateway is None:
+        wanted.append("gateway")
+    if _scheduler_tls(values) and existing.scheduler is None:
+        wanted.append("scheduler")
+    if values.tls.enabled:
+        wanted += [s.name for s in values.servers if s.name not in existing.servers]
+    return wanted
+
+
 _TEMPLATES: list[tuple[str, Callable[[DeployValues], bool]]] = [
     ("namespace.yaml", lambda v: v.create_namespace),
     ("gateway-secret.yaml", lambda v: v.gateway.admin_token.value is not None),
+    ("scheduler-tokens.yaml", lambda v: _scheduler_tokens(v) and v.tokens.scheduler.read_value is not None),
+    ("agent-tokens.yaml", lambda v: _agent_tokens(v) and bool(v.tokens.agents.values)),
+    ("ca-issuer.yaml", lambda v: v.tls.issuer.name is None and bool(_certificates(v))),
+    ("scheduler-certificate.yaml", lambda v: "scheduler" in _certificates(v)),
+    ("gateway-certificate.yaml", lambda v: "gateway" in _certificates(v)),
     ("redis.yaml", lambda v: v.redis.deploy),
     ("scheduler.yaml", lambda v: v.scheduler.enabled),
     ("gateway.yaml", lambda v: True),
     ("gateway-hpa.yaml", lambda v: v.gateway.autoscaling.enabled),
+]
+# Each server's, filled once per entry of `servers:` (the server's context under `server`).
+_SERVER_TEMPLATES: list[tuple[str, Callable[[DeployValues, ServerValues], bool]]] = [
+    ("server-certificate.yaml", lambda v, server: server.name in _certificates(v)),
+    ("server.yaml", lambda v, server: True),
+]
+_POLICIES: list[tuple[str, Callable[[DeployValues], bool]]] = [
     ("redis-policy.yaml", lambda v: v.network_policies and v.redis.deploy),
     ("scheduler-policy.yaml", lambda v: v.network_policies and v.scheduler.enabled),
+    ("server-policy.yaml", lambda v: v.network_policies and bool(v.servers)),
 ]
 
 
 def template_names() -> Iterator[str]:
     """Every manifest file the render may use."""
-    yield from (name for name, _ in _TEMPLATES)
-    yield "server.yaml"
+    for templates in (_TEMPLATES, _SERVER_TEMPLATES, _POLICIES):
+        yield from (name for name, _ in templates)
 
 
 def _read(name: str) -> str:
@@ -112,8 +174,20 @@ def _gateway_config(values: DeployValues, source: str) -> tuple[dict[str, Any], 
         "listen": {"host": "0.0.0.0", "port": 8000, "workers": _workers(values), "drain_seconds": 10},
         "state": {"backend": "redis", "url": redis_url(values)},
     }
+    if _gateway_listener_tls(values):
+        base["listen"]["tls"] = {"cert_file": TLS_CERT, "key_file": TLS_KEY}
     if values.scheduler.enabled:
-        base["placement"] = {"scheduler": f"{SCHEDULER_SERVICE}:{SCHEDULER_PORT}"}
+        placement: dict[str, Any] = {"scheduler": f"{SCHEDULER_SERVICE}:{SCHEDULER_PORT}"}
+        if _scheduler_tls(values):
+            placement["scheduler"] = f"https://{SCHEDULER_SERVICE}:{SCHEDULER_PORT}"
+            placement["tls"] = {"ca_file": CA_CERT}
+        if _scheduler_tokens(values):
+            placement["token_file"] = FEED_TOKEN
+        base["placement"] = placement
+        if values.tls.enabled and values.servers:
+            # the agents' data planes (https:// in the feed); a model of your own config on an
+            # https:// server names its own tls (models[].tls) when this CA is not its
+            base["upstream"] = {"tls": {"ca_file": CA_CERT}}
     if values.telemetry.otlp_endpoint is not None:
         base["telemetry"] = {
             "otlp_endpoint": values.telemetry.otlp_endpoint,
@@ -169,8 +243,12 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
     grpc = listen.grpc_port
     token = values.gateway.admin_token
     tracing = values.telemetry
+    https = listen.tls is not None  # as the config says: gateway.config may set listen.tls itself
+    scheduler_https = _scheduler_tls(values)
     return {
         "namespace": values.namespace,
+        "tls": _tls_context(values),
+        "tokens": _tokens_context(values),
         "image": f"{values.image.repository}:{values.image.tag}",
         "pull_policy": values.image.pull_policy,
         "pod_security": _POD_SECURITY,
@@ -187,6 +265,11 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
             "config_sha256": hashlib.sha256(config_yaml.encode()).hexdigest()[:16],
             "port": listen.port,
             "port_text": str(listen.port),
+            "port_name": "https" if https else "http",
+            "service_port": 443 if https else 80,
+            "scheme": "HTTPS" if https else "HTTP",  # probes (kubelet does not verify) and scraping
+            "scrape_scheme": "https" if https else "http",
+            **_secrets_volume(_gateway_secrets(values)),
             "grpc_container_port": None
             if grpc is None
             else {"name": "grpc", "containerPort": grpc, "protocol": "TCP"},
@@ -227,16 +310,195 @@ def _context(values: DeployValues, gateway: tuple[dict[str, Any], GatewayConfig]
             "storage": values.scheduler.storage,
             "storage_class": values.scheduler.storage_class,
             "resources": _resources(values.scheduler.resources),
+            "port_name": "https" if scheduler_https else "http",
+            "scheme": "HTTPS" if scheduler_https else "HTTP",
+            "scrape_scheme": "https" if scheduler_https else "http",
+            "flags": _scheduler_flags(values),
+            **_secrets_volume(_scheduler_secrets(values)),
         },
     }
 
 
-def _server_context(server: ServerValues) -> dict[str, Any]:
+# --- TLS and tokens ----------------------------------------------------------------------------
+#
+# Every pod trusts one CA: the ca.crt of the scheduler's Secret, the CA that signed the scheduler's
+# certificate and the agents' (one issuer signs them all). The gateway's own certificate, which
+# clients verify, may come from elsewhere (an existing Secret from a public CA): nothing inside
+# the cluster verifies it.
+
+
+def gateway_secret(values: DeployValues) -> str:
+    return values.tls.existing_secrets.gateway or "modelyard-gateway-tls"
+
+
+def scheduler_secret(values: DeployValues) -> str:
+    return values.tls.existing_secrets.scheduler or "modelyard-scheduler-tls"
+
+
+def server_secret(values: DeployValues, server: str) -> str:
+    return values.tls.existing_secrets.servers.get(server) or f"{server}-agent-tls"
+
+
+def _agent_mutual_tls(values: DeployValues) -> bool:
+    """Agents show client certificates to the scheduler, unless join tokens replace them."""
+    return values.tls.enabled and not values.tokens.agents.enabled
+
+
+def _items(secret: str, paths: dict[str, str]) -> dict[str, Any]:
+    """A projected volume's source: `secret`'s keys at these paths (relative to SECRETS_DIR). A key
+    the Secret lacks keeps the pod from starting, with an event naming it: no silent fallback."""
+    items = [{"key": key, "path": path.removeprefix(SECRETS_DIR + "/")} for key, path in paths.items()]
+    return {"secret": {"name": secret, "items": items}}
+
+
+def _gateway_secrets(values: DeployValues) -> list[dict[str, Any]]:
+    sources = []
+    if _gateway_listener_tls(values):
+        sources.append(_items(gateway_secret(values), {"tls.crt": TLS_CERT, "tls.key": TLS_KEY}))
+    if _scheduler_tls(values):  # the feed's scheduler and the agents' data planes
+        sources.append(_items(scheduler_secret(values), {"ca.crt": CA_CERT}))
+    if _scheduler_tokens(values):
+        sources.append(_items(values.tokens.scheduler.secret_name, {"read": FEED_TOKEN}))
+    return sources
+
+
+def _scheduler_secrets(values: DeployValues) -> list[dict[str, Any]]:
+    sources = []
+    if _scheduler_tls(values):
+        files = {"tls.crt": TLS_CERT, "tls.key": TLS_KEY, "ca.crt": CA_CERT}
+        sources.append(_items(scheduler_secret(values), files))
+    if _scheduler_tokens(values):
+        sources.append(_items(values.tokens.scheduler.secret_name, {"tokens": SCHEDULER_TOKENS}))
+    if _agent_tokens(values):
+        sources.append(_items(values.tokens.agents.secret_name, {"tokens": AGENT_TOKENS}))
+    return sources
+
+
+def _server_secrets(values: DeployValues, server: str) -> list[dict[str, Any]]:
+    sources = []
+    if values.tls.enabled:
+        sources.append(_items(server_secret(values, server), {"tls.crt": TLS_CERT, "tls.key": TLS_KEY}))
+        sources.append(_items(scheduler_secret(values), {"ca.crt": CA_CERT}))
+    if _agent_tokens(values):
+        sources.append(_items(values.tokens.agents.secret_name, {f"server-{server}": AGENT_TOKEN}))
+    return sources
+
+
+def _secrets_volume(sources: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod's `secrets` volume and its mount, or neither (None removes them from the manifest)."""
+    if not sources:
+        return {"secrets_volume": None, "secrets_mount": None}
+    return {
+        # read by the pod's group (fsGroup) only: the containers' users are not root
+        "secrets_volume": {"name": "secrets", "projected": {"defaultMode": 0o440, "sources": sources}},
+        "secrets_mount": {"name": "secrets", "mountPath": SECRETS_DIR, "readOnly": True},
+    }
+
+
+def _flag(name: str, value: str | bool) -> str | None:
+    """`--name=value` (one list item), `--name` for True; None (left out) for False or ''."""
+    if value is True:
+        return f"--{name}"
+    return f"--{name}={value}" if value else None
+
+
+def _scheduler_flags(values: DeployValues) -> dict[str, str | None]:
+    tls = _scheduler_tls(values)
+    return {
+        "tls_cert": _flag("tls-cert", tls and TLS_CERT),
+        "tls_key": _flag("tls-key", tls and TLS_KEY),
+        "tokens_file": _flag("tokens-file", _scheduler_tokens(values) and SCHEDULER_TOKENS),
+        "agent_ca": _flag("agent-ca", _agent_mutual_tls(values) and CA_CERT),
+        "agent_tokens_file": _flag("agent-tokens-file", _agent_tokens(values) and AGENT_TOKENS),
+        "insecure": _flag("insecure", values.insecure),
+    }
+
+
+def _agent_flags(values: DeployValues) -> dict[str, str | None]:
+    tls, mutual = values.tls.enabled, _agent_mutual_tls(values)
+    return {
+        "scheduler_ca": _flag("scheduler-ca", tls and CA_CERT),
+        "cert": _flag("cert", mutual and TLS_CERT),
+        "key": _flag("key", mutual and TLS_KEY),
+        "token_file": _flag("token-file", _agent_tokens(values) and AGENT_TOKEN),
+        "tls_cert": _flag("tls-cert", tls and TLS_CERT),
+        "tls_key": _flag("tls-key", tls and TLS_KEY),
+        "insecure": _flag("insecure", values.insecure),
+    }
+
+
+def _service_names(service: str, namespace: str) -> list[str]:
+    """The names a Service is reached by, short to fully qualified."""
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
+
+
+def _tls_context(values: DeployValues) -> dict[str, Any]:
+    tls, namespace = values.tls, values.namespace
+    issuer = tls.issuer
+    local = {"names": ["localhost"], "ips": ["127.0.0.1"]} if tls.localhost else {"names": [], "ips": []}
+    return {
+        "issuer": {
+            "name": issuer.name or CA_ISSUER,
+            "kind": issuer.kind if issuer.name else "Issuer",
+            "group": issuer.group if issuer.name else "cert-manager.io",
+        },
+        "ca_issuer": CA_ISSUER,
+        "ca_common_name": f"modelyard CA ({namespace})"[:64],  # cert-manager's limit
+        "gateway_secret": gateway_secret(values),
+        "gateway_dns_names": _service_names(GATEWAY_SERVICE, namespace)
+        + local["names"]
+        + tls.gateway.dns_names,
+        "scheduler_secret": scheduler_secret(values),
+        "scheduler_dns_names": _service_names(SCHEDULER_SERVICE, namespace) + local["names"],
+        "ip_addresses": local["ips"] or None,
+    }
+
+
+def _tokens_context(values: DeployValues) -> dict[str, Any]:
+    scheduler, agents = values.tokens.scheduler, values.tokens.agents
+    read, write = scheduler.read_value, scheduler.write_value
+    return {
+        "scheduler_secret": scheduler.secret_name,
+        # the scheduler's tokens file; the gateways mount `read`, `write` is yours (modelyard model)
+        "scheduler_data": None
+        if read is None
+        else {"tokens": f"read {read}\nwrite {write}\n", "read": read, "write": write},
+        "agents_secret": agents.secret_name,
+        "agents_data": None
+        if not agents.values
+        else {
+            "tokens": "".join(f"{server} {token}\n" for server, token in agents.values.items()),
+            **{f"server-{server}": token for server, token in agents.values.items()},
+        },
+    }
+
+
+def _server_context(values: DeployValues, server: ServerValues) -> dict[str, Any]:
     selector = _selector("server") | {"app.kubernetes.io/instance": server.name}
     labels = _labels("server") | selector
     capabilities = {f"{CAPABILITY_LABEL}{c}": "true" for c in server.capabilities}
+    scheme = "https" if values.tls.enabled else "http"
+    service = f"{server.name}.{values.namespace}.svc"
     return {
         "name": server.name,
+        "scheme": scheme,
+        "probe_scheme": scheme.upper(),
+        "livez_url": f"{scheme}://127.0.0.1:{AGENT_PORT}/agent/livez",
+        "flags": _agent_flags(values),
+        **_secrets_volume(_server_secrets(values, server.name)),
+        # One certificate for every pod of the server: cert-manager's Certificate cannot name a pod's
+        # ordinal, so the identity is the server's (any replica; the scheduler still gives a
+        # connected replica's slot to no one else), and the data plane's names are the wildcard
+        # under the server's headless Service (POD.SERVER.NAMESPACE.svc).
+        "certificate": server.name + "-agent",
+        "secret": server_secret(values, server.name),
+        "dns_names": [f"*.{service}", f"*.{service}.cluster.local"],
+        "identity": AGENT_IDENTITY.format(server=server.name),
         "model_memory_text": str(server.model_memory_bytes()),
         "labels": labels,
         "selector": selector,

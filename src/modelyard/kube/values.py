@@ -27,6 +27,15 @@ _STORAGE = r"^[0-9]+(Ki|Mi|Gi|Ti|M|G|T)?$"
 # label that must stay within 63 characters.
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _SERVER_NAME = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
+# A Secret's or an Issuer's name (DNS-1123 subdomain, at most 253 characters), and a name a
+# certificate may hold.
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_HOST_NAME = rf"^(?=.{{1,253}}$)(\*\.)?{_LABEL}(\.{_LABEL})*$"  # a wildcard first label too
+# What the roles take as a token (security/tokens.py): printable ASCII, no spaces.
+_TOKEN = r"^[\x21-\x7e]{16,}$"
+# Fields holding a token: a problem with one never shows its value.
+SECRET_FIELDS = frozenset({"value", "read_value", "write_value", "values"})
 
 
 # Objects the render names itself: a server of the same name would replace their Services.
@@ -243,6 +252,129 @@ class TelemetryValues(_Strict):
             raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
 
+class IssuerRef(_Strict):
+    """The cert-manager issuer of every certificate the render asks for."""
+
+    name: str | None = Field(
+        None,
+        pattern=_DNS_SUBDOMAIN,
+        max_length=253,
+        description="an Issuer in the namespace or a ClusterIssuer; none: the render creates a "
+        "self-signed CA for the namespace (Issuers modelyard-selfsigned and modelyard-ca)",
+    )
+    kind: Literal["Issuer", "ClusterIssuer"] = "Issuer"
+    group: str = Field("cert-manager.io", min_length=1, description="the issuer's API group")
+
+
+class GatewayTls(_Strict):
+    enabled: bool = Field(
+        True,
+        description="the gateway's own port serves HTTPS (and gRPC over TLS); false when an ingress or "
+        "a load balancer in front terminates TLS and sends plain HTTP",
+    )
+    dns_names: list[str] = Field(
+        default_factory=list,
+        description="more names in its certificate, such as the host name clients use; the Service's "
+        "names are always in it",
+    )
+
+    @field_validator("dns_names")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if re.match(_HOST_NAME, name) is None:
+                raise ValueError(f"{name!r} is not a DNS name")
+        return names
+
+
+class ExistingSecrets(_Strict):
+    """Secrets you created in cert-manager's shape (tls.crt, tls.key, ca.crt): no Certificate is
+    rendered for them."""
+
+    gateway: str | None = Field(None, pattern=_DNS_SUBDOMAIN, max_length=253)
+    scheduler: str | None = Field(None, pattern=_DNS_SUBDOMAIN, max_length=253)
+    servers: dict[str, str] = Field(default_factory=dict, description="a server's name: its agents' Secret")
+
+    @field_validator("servers")
+    @classmethod
+    def _names(cls, secrets: dict[str, str]) -> dict[str, str]:
+        for server, name in secrets.items():
+            if len(name) > 253 or re.match(_DNS_SUBDOMAIN, name) is None:
+                raise ValueError(f"{server}: {name!r} is not a Secret name")
+        return secrets
+
+
+class TlsValues(_Strict):
+    enabled: bool = Field(
+        True,
+        description="TLS on every hop the render makes: the scheduler's REST and agent ports, agents "
+        "to the scheduler (mutual TLS), the agents' data planes, the gateway's feed and its requests "
+        "to the agents; false needs insecure: true",
+    )
+    issuer: IssuerRef = IssuerRef()
+    gateway: GatewayTls = GatewayTls()
+    localhost: bool = Field(
+        True,
+        description="the gateway's and the scheduler's certificates also name localhost and 127.0.0.1, "
+        "so that kubectl port-forward can be verified; false for an issuer that refuses them",
+    )
+    existing_secrets: ExistingSecrets = ExistingSecrets()
+
+
+class SchedulerTokens(_Strict):
+    """The scheduler's REST tokens, from one Secret: key `tokens` is its tokens file (lines
+    `read TOKEN` and `write TOKEN`), key `read` the read token alone, which the gateways send."""
+
+    enabled: bool = Field(
+        True, description="false needs insecure: true: anyone reaching the REST port could place models"
+    )
+    secret_name: str = Field("modelyard-scheduler-tokens", pattern=_DNS_SUBDOMAIN, max_length=253)
+    read_value: str | None = Field(
+        None,
+        pattern=_TOKEN,
+        description="with write_value: the render creates the Secret (for trying out); otherwise create it",
+    )
+    write_value: str | None = Field(None, pattern=_TOKEN)
+
+    @model_validator(mode="after")
+    def _both(self) -> SchedulerTokens:
+        if (self.read_value is None) != (self.write_value is None):
+            raise ValueError("read_value and write_value go together (or neither: you create the Secret)")
+        if self.read_value is not None and self.read_value == self.write_value:
+            raise ValueError("read_value and write_value must differ (the scheduler refuses a token twice)")
+        return self
+
+
+class AgentTokens(_Strict):
+    """Join tokens instead of the agents' client certificates: key `tokens` of the Secret is the
+    scheduler's file (lines `SERVER TOKEN`), key `server-<name>` each server's token."""
+
+    enabled: bool = Field(
+        False,
+        description="agents send a join token instead of showing a client certificate (mutual TLS)",
+    )
+    secret_name: str = Field("modelyard-agent-tokens", pattern=_DNS_SUBDOMAIN, max_length=253)
+    values: dict[str, str] = Field(
+        default_factory=dict,
+        description="a server's name: its token; the render creates the Secret (for trying out)",
+    )
+
+    @field_validator("values")
+    @classmethod
+    def _tokens(cls, values: dict[str, str]) -> dict[str, str]:
+        for server, token in values.items():
+            if not isinstance(token, str) or re.match(_TOKEN, token) is None:
+                raise ValueError(f"{server}: a token is 16 or more printable ASCII characters, no spaces")
+        if len(set(values.values())) != len(values):
+            raise ValueError("each server its own token (the scheduler refuses a token twice)")
+        return values
+
+
+class TokenValues(_Strict):
+    scheduler: SchedulerTokens = SchedulerTokens()
+    agents: AgentTokens = AgentTokens()
+
+
 class DeployValues(_Strict):
     namespace: str = Field("modelyard", pattern=_DNS_LABEL)
     create_namespace: bool = True
@@ -254,6 +386,13 @@ class DeployValues(_Strict):
     redis: RedisValues = RedisValues()
     scheduler: SchedulerValues = SchedulerValues()
     telemetry: TelemetryValues = TelemetryValues()
+    tls: TlsValues = TlsValues()
+    tokens: TokenValues = TokenValues()
+    insecure: bool = Field(
+        False,
+        description="render --insecure for the scheduler and the agents: needed, and only allowed, "
+        "when TLS or a credential is off (tls.enabled, tokens.scheduler.enabled)",
+    )
     servers: list[ServerValues] = Field(
         default_factory=lambda: [ServerValues(name="mlserver", capabilities=["sklearn", "xgboost"])],
     )
@@ -269,7 +408,42 @@ class DeployValues(_Strict):
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"server names must be unique: {', '.join(twice)}")
+        unknown = sorted(set(self.tls.existing_secrets.servers) - set(names))
+        if unknown:
+            raise ValueError(f"tls.existing_secrets.servers: no server named {', '.join(unknown)}")
+        agents = self.tokens.agents
+        if agents.enabled and agents.values and set(agents.values) != set(names):
+            raise ValueError(
+                "tokens.agents.values: one token for each server, or none (you create the Secret): "
+                f"servers {', '.join(names) or '(none)'}, tokens for {', '.join(sorted(agents.values))}"
+            )
+        plain = self.plain_text()
+        if plain and not self.insecure:
+            raise ValueError(
+                f"{'; '.join(plain)}: set insecure: true to render it anyway (the scheduler and "
+                "the agents then start with --insecure)"
+            )
+        if self.insecure and not plain:
+            raise ValueError("insecure: true, but TLS and every credential are on: leave it false")
         return self
+
+    def plain_text(self) -> list[str]:
+        """What the values turn off that the scheduler and the agents need off loopback: each a
+        field and why; empty when they start without --insecure."""
+        if not self.scheduler.enabled:
+            return []
+        found = []
+        if not self.tls.enabled:
+            found.append(
+                "tls.enabled is false: tokens, models and requests would cross the network in plain text"
+            )
+        if not self.tokens.scheduler.enabled:
+            found.append(
+                "tokens.scheduler.enabled is false: anyone reaching the scheduler could place models"
+            )
+        if self.servers and not self.tls.enabled and not self.tokens.agents.enabled:
+            found.append("agents have no credential without TLS (tls.enabled) or join tokens (tokens.agents)")
+        return found
 
 
 def load_values(paths: list[Path]) -> DeployValues:
@@ -281,4 +455,11 @@ def load_values(paths: list[Path]) -> DeployValues:
     try:
         return DeployValues.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, [describe_problem(err) for err in exc.errors()]) from None
+        raise ConfigError(source, [_problem(err) for err in exc.errors()]) from None
+
+
+def _problem(err: Any) -> str:
+    """A problem as the gateway's config says it; a token's value is never shown."""
+    if SECRET_FIELDS & {str(part) for part in err["loc"]}:
+        err = {**err, "input": {}}  # describe_problem shows no mapping it got
+    return describe_problem(err)

@@ -1,4 +1,5 @@
-"""Every rendered manifest is valid Kubernetes, hardened, and wired to the others (issue 12 items 1, 3)."""
+"""Every rendered manifest is valid Kubernetes, hardened, and wired to the others (issue 12 items 1, 3);
+TLS and tokens on every hop (issue 28 item 3): tests/unit/kube/test_kube_security.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kube_schemas import validate
 from modelyard.config import validate_config
 from modelyard.kube.render import render, template_names
 from modelyard.kube.values import load_values, quantity
@@ -50,11 +52,9 @@ def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("version", KUBERNETES)
 def test_every_manifest_is_valid_against_the_kubernetes_schemas(manifests, version):
+    """Kubernetes' kinds strictly (no unknown field), cert-manager's against its v1 API."""
     for doc in manifests:
-        try:
-            kubernetes_validate.validate(doc, version, strict=True)  # strict: no unknown field
-        except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {error.message} at {list(error.path)}")
+        validate(doc, version)
 
 
 def test_every_role_is_there(manifests):
@@ -130,8 +130,8 @@ def named_ports(doc: dict[str, Any]) -> dict[str, int]:
 
 
 def service_port(docs: list[dict[str, Any]], address: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Service and the pods behind `host:port`, as cluster DNS and kube-proxy would find them."""
-    host, port = address.rsplit(":", 1)
+    """The Service and the pods behind `[scheme://]host:port`, as cluster DNS and kube-proxy find them."""
+    host, port = address.split("://")[-1].rsplit(":", 1)
     service = find(docs, "Service", host)
     (entry,) = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
     selector = service["spec"]["selector"]
@@ -161,7 +161,7 @@ def test_the_gateway_reaches_redis_and_the_scheduler_through_services_the_render
     assert backing["metadata"]["name"] == "modelyard-redis"
     _, backing = service_port(docs, config["placement"]["scheduler"])
     assert backing["metadata"]["name"] == "modelyard-scheduler"
-    assert named_ports(backing)["http"] == 9004
+    assert named_ports(backing)["https"] == 9004  # TLS by default
     scheduler_args = containers(backing)[0]["args"]
     assert scheduler_args[scheduler_args.index("--port") + 1] == "9004"
 
@@ -180,7 +180,7 @@ def test_agents_subscribe_to_the_schedulers_agent_port_and_offer_mlservers_memor
         assert int(args[args.index("--memory") + 1]) == int(quantity(limit) * 3 / 4)
         # gateways reach the agent by its pod's name under the headless Service
         name, namespace = server["metadata"]["name"], server["metadata"]["namespace"]
-        assert args[args.index("--advertise-url") + 1] == f"http://$(POD_NAME).{name}.{namespace}.svc:9999"
+        assert args[args.index("--advertise-url") + 1] == f"https://$(POD_NAME).{name}.{namespace}.svc:9999"
         assert find(manifests, "Service", name)["spec"]["publishNotReadyAddresses"] is True
         # MLServer outlives the agent's drain, which fits in the pod's grace period
         mlserver = {c["name"]: c for c in containers(server)}["mlserver"]
@@ -211,11 +211,11 @@ def test_the_gateway_service_pod_ports_and_config_agree(manifests):
     config = validate_config(gateway_config(manifests), "configmap")
     deployment = find(manifests, "Deployment", "modelyard-gateway")
     ports = named_ports(deployment)
-    assert ports["http"] == config.listen.port
+    assert ports["https"] == config.listen.port  # TLS by default
     service = find(manifests, "Service", "modelyard-gateway")
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     by_name = {p["name"]: p for p in service["spec"]["ports"]}
-    assert by_name["http"]["targetPort"] == "http"
+    assert by_name["https"]["targetPort"] == "https" and by_name["https"]["port"] == 443
     if config.listen.grpc_port is None:
         assert "grpc" not in ports and "grpc" not in by_name
     else:
@@ -272,6 +272,7 @@ def test_the_admin_secret_is_created_only_when_a_value_is_given(tmp_path):
     secret = find(docs, "Secret", "modelyard-admin")
     assert secret["stringData"] == {"token": "0123456789abcdef"}
     kubernetes_validate.validate(secret, KUBERNETES[0], strict=True)
+    assert "0123456789abcdef" not in yaml.safe_dump(find(docs, "ConfigMap", "modelyard-gateway"))
 
 
 def test_workers_follow_the_cpu_limit_without_the_scheduler(tmp_path):
@@ -311,10 +312,10 @@ def test_every_role_traces_to_the_collector_the_values_name():
     }
     flags = ["--otlp-endpoint=http://otel-collector.observability:4318", "--trace-sample-ratio=0.1"]
     scheduler = containers(find(docs, "StatefulSet", "modelyard-scheduler"))[0]
-    assert scheduler["args"][-2:] == flags
+    assert [a for a in scheduler["args"] if a.startswith(("--otlp", "--trace"))] == flags
     for name in ("cpu-pool", "gpu-pool"):
         agent = {c["name"]: c for c in containers(find(docs, "StatefulSet", name))}["agent"]
-        assert agent["args"][-2:] == flags
+        assert [a for a in agent["args"] if a.startswith(("--otlp", "--trace"))] == flags
     # off by default: no flag, no config section
     docs = rendered("values.yaml")
     assert "telemetry" not in gateway_config(docs)
@@ -369,6 +370,22 @@ def test_network_policies_let_through_exactly_the_roles_that_talk():
     assert agents["ports"] == [{"port": 9005, "protocol": "TCP"}]
     (peer,) = agents["from"]
     assert [n for n, d in by_name.items() if selects(peer["podSelector"]["matchLabels"], d)] == ["mlserver"]
+
+    # the servers' pods: only the agents' data plane, from the gateways (and labelled scrapers);
+    # MLServer's own ports (its repository API) from nothing outside the pod
+    servers = find(docs, "NetworkPolicy", "modelyard-servers")["spec"]
+    assert [n for n, d in by_name.items() if selects(servers["podSelector"]["matchLabels"], d)] == [
+        "mlserver"
+    ]
+    (rule,) = servers["ingress"]
+    assert rule["ports"] == [{"port": 9999, "protocol": "TCP"}]
+    agent_args = {c["name"]: c for c in containers(by_name["mlserver"])}["agent"]["args"]
+    assert agent_args[agent_args.index("--port") + 1] == "9999"
+    gateways, labelled = rule["from"]
+    assert [n for n, d in by_name.items() if selects(gateways["podSelector"]["matchLabels"], d)] == [
+        "modelyard-gateway"
+    ]
+    assert labelled["podSelector"]["matchLabels"] == {"modelyard.io/server-client": "true"}
 
 
 def test_network_policies_can_be_left_out(tmp_path):

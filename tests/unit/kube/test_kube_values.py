@@ -103,6 +103,34 @@ def problems(tmp_path: Path, text: str) -> list[str]:
             "gateway: {config: {listen: {workers: 4}}}",
             "gateway.config.listen.workers: placement.scheduler (placed models) works with one worker only",
         ),
+        # TLS and tokens (issue 28): plain text only when the values say insecure: true
+        ("tls: {enabled: false}", "(top level): tls.enabled is false: tokens, models and requests"),
+        (
+            "tokens: {scheduler: {enabled: false}}",
+            "(top level): tokens.scheduler.enabled is false: anyone reaching the scheduler could place",
+        ),
+        ("insecure: true", "(top level): insecure: true, but TLS and every credential are on"),
+        ("tls: {issuer: {kind: Cluster}}", "tls.issuer.kind: expected one of 'Issuer' or 'ClusterIssuer'"),
+        ("tls: {issuer: {name: My_CA}}", "tls.issuer.name: String should match pattern"),
+        ("tls: {gateway: {dns_names: ['bad name']}}", "tls.gateway.dns_names: 'bad name' is not a DNS name"),
+        (
+            "tls: {existing_secrets: {servers: {nope: x}}}",
+            "(top level): tls.existing_secrets.servers: no server",
+        ),
+        ("tls: {existing_secrets: {gateway: Bad}}", "tls.existing_secrets.gateway: String should match"),
+        (
+            "tokens: {scheduler: {read_value: 0123456789abcdefXY}}",
+            "tokens.scheduler: read_value and write_value go together",
+        ),
+        (
+            "tokens: {scheduler: {read_value: 0123456789abcdefXY, write_value: 0123456789abcdefXY}}",
+            "tokens.scheduler: read_value and write_value must differ",
+        ),
+        (
+            "tokens: {agents: {enabled: true, values: {other: j-0123456789abcdef01}}}",
+            "(top level): tokens.agents.values: one token for each server",
+        ),
+        ("tokens: {scheduler: {secret_name: Tokens}}", "tokens.scheduler.secret_name: String should match"),
     ],
 )
 def test_a_mistake_names_the_file_and_the_field_path(tmp_path, text, expected):
@@ -124,3 +152,19 @@ def test_resources_take_kubernetes_names_and_plain_numbers(tmp_path):
         "nvidia.com/gpu": "1",
     }
     assert server.model_memory_bytes() == 3 * 1024**3 // 4  # 3/4 of the limit by default
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tokens: {scheduler: {read_value: 'has space 0123456789', write_value: w-0123456789abcdef}}",
+         "tokens.scheduler.read_value: String should match pattern"),
+        ("tokens: {agents: {enabled: true, values: {mlserver: 'short one'}}}",
+         "tokens.agents.values: mlserver: a token is 16 or more printable ASCII characters"),
+        ("gateway: {admin_token: {value: 'short one'}}", "gateway.admin_token.value: String should have"),
+    ],
+)  # fmt: skip
+def test_a_bad_token_is_named_by_its_field_never_shown(tmp_path, text, expected):
+    found = problems(tmp_path, text)
+    assert any(p.startswith(expected) for p in found), found
+    assert not [p for p in found if "has space" in p or "short one" in p], found
