@@ -338,6 +338,8 @@ class SchedulerTokens(_Strict):
 
     @model_validator(mode="after")
     def _both(self) -> SchedulerTokens:
+        if not self.enabled and self.read_value is not None:
+            raise ValueError("read_value and write_value are given but enabled is false")
         if (self.read_value is None) != (self.write_value is None):
             raise ValueError("read_value and write_value go together (or neither: you create the Secret)")
         if self.read_value is not None and self.read_value == self.write_value:
@@ -358,6 +360,12 @@ class AgentTokens(_Strict):
         default_factory=dict,
         description="a server's name: its token; the render creates the Secret (for trying out)",
     )
+
+    @model_validator(mode="after")
+    def _used(self) -> AgentTokens:
+        if self.values and not self.enabled:
+            raise ValueError("values are given but enabled is false (agents show certificates instead)")
+        return self
 
     @field_validator("values")
     @classmethod

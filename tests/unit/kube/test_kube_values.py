@@ -131,6 +131,15 @@ def problems(tmp_path: Path, text: str) -> list[str]:
             "(top level): tokens.agents.values: one token for each server",
         ),
         ("tokens: {scheduler: {secret_name: Tokens}}", "tokens.scheduler.secret_name: String should match"),
+        (
+            "tokens: {agents: {values: {mlserver: j-0123456789abcdef01}}}",
+            "tokens.agents: values are given but enabled is false",
+        ),
+        (
+            "tokens: {scheduler: {enabled: false, read_value: r-0123456789abcdef,"
+            " write_value: w-0123456789abcdef}}\ninsecure: true",
+            "tokens.scheduler: read_value and write_value are given but enabled is false",
+        ),
     ],
 )
 def test_a_mistake_names_the_file_and_the_field_path(tmp_path, text, expected):
