@@ -5,9 +5,13 @@ cluster: without a check, `http://169.254.169.254/...` reads the cloud's instanc
 credentials), and `http://127.0.0.1:<port>/...` reaches whatever listens on the agent's host.
 So by default a download connects only to global unicast addresses; refused are loopback,
 private (RFC 1918, IPv6 unique local `fc00::/7`), link-local, shared (`100.64.0.0/10`),
-unspecified, multicast and reserved addresses, an IPv4 address written inside an IPv6 one
-(`::ffff:127.0.0.1`, 6to4, NAT64, Teredo) judged as that IPv4 address, and the cloud metadata
-endpoints (`CLOUD_METADATA`, among them Azure's, which is a global address).
+unspecified, multicast and reserved addresses (SRv6 `5f00::/16` and documentation `3fff::/20`
+too, which older Pythons count as global), an IPv4 address written inside an IPv6 one judged as
+that IPv4 address (`_carried`: IPv4-mapped `::ffff:127.0.0.1`, IPv4-compatible `::127.0.0.1`,
+IPv4-translated `::ffff:0:127.0.0.1`, 6to4, Teredo, NAT64's `64:ff9b::/96` and the local-use
+`64:ff9b:1::/48`, whose IPv4 address may sit at any of RFC 6052's places for a /48 to /96 prefix,
+so every place is judged and all must pass), and the cloud metadata endpoints (`CLOUD_METADATA`,
+among them Azure's, which is a global address).
 
 `allow_private` allows the non-global addresses (an artefact store inside the cluster) but still
 not the metadata endpoints; `networks` allows exactly the addresses in them, metadata included.
@@ -49,24 +53,43 @@ CLOUD_METADATA: tuple[Network, ...] = tuple(
     )
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215, a translator of the site's own
+# IANA special-purpose ranges not globally reachable that Python 3.11's tables call global.
+_NOT_GLOBAL: tuple[Network, ...] = (
+    ipaddress.ip_network("5f00::/16"),  # SRv6 SIDs, RFC 9602
+    ipaddress.ip_network("3fff::/20"),  # documentation, RFC 9637
+)
 
 
 class AddressRefused(ModelyardError):
     """A download that would connect to an address the agent does not allow."""
 
 
-def _as_ipv4(address: Address) -> Address:
-    """The IPv4 address an IPv6 one carries (mapped, 6to4, NAT64, Teredo), else the address."""
-    if isinstance(address, IPv6Address):
-        if address.ipv4_mapped is not None:
-            return address.ipv4_mapped
-        if address.sixtofour is not None:
-            return address.sixtofour
-        if address.teredo is not None:
-            return address.teredo[1]
-        if address in _NAT64:
-            return IPv4Address(int(address) & 0xFFFFFFFF)
-    return address
+def _carried(address: Address) -> tuple[Address, ...]:
+    """The IPv4 addresses an IPv6 one carries, where the packets would go (mapped, compatible,
+    translated, 6to4, Teredo, NAT64); (address,) when it carries none. Local-use NAT64 gives one
+    per place its prefix length (/96, /64, /56, /48; RFC 6052 skips bits 64-71) could put it, the
+    usual /96 first (so a refusal names that one)."""
+    if not isinstance(address, IPv6Address):
+        return (address,)
+    value = int(address)
+    if address.ipv4_mapped is not None:  # ::ffff:a.b.c.d
+        return (address.ipv4_mapped,)
+    if value >> 32 == 0xFFFF0000:  # ::ffff:0:a.b.c.d, IPv4-translated (RFC 2765)
+        return (IPv4Address(value & 0xFFFFFFFF),)
+    if value >> 32 == 0 and value > 1:  # ::a.b.c.d, IPv4-compatible (not :: or ::1, IPv6's own)
+        return (IPv4Address(value),)
+    if address.sixtofour is not None:
+        return (address.sixtofour,)
+    if address.teredo is not None:
+        return (address.teredo[1],)
+    if address in _NAT64:
+        return (IPv4Address(value & 0xFFFFFFFF),)
+    if address in _LOCAL_NAT64:
+        b = address.packed
+        places = (b[12:16], b[9:13], b[7:8] + b[9:12], b[6:8] + b[9:11])  # /96, /64, /56, /48
+        return tuple(IPv4Address(place) for place in places)
+    return (address,)
 
 
 def _kind(address: Address) -> str:
@@ -100,14 +123,18 @@ class AddressPolicy:
             address = ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 zone is not the address
         except ValueError:
             return f"{host}, not an IP address"
-        inner = _as_ipv4(address)  # where the packets go, for an IPv4 address inside an IPv6 one
-        if any(a in n for n in self.networks for a in (address, inner)):
+        inner = _carried(address)  # where the packets go, for an IPv4 address inside an IPv6 one
+        if any(address in n for n in self.networks) or all(any(a in n for n in self.networks) for a in inner):
             return None
-        if any(a in n for n in CLOUD_METADATA for a in (address, inner)):
+        if any(a in n for n in CLOUD_METADATA for a in (address, *inner)):
             return f"{host}, a cloud metadata address"
-        if inner.is_global or self.allow_private:
+        if self.allow_private:
             return None
-        return f"{host}, a {_kind(inner)} address"
+        for a in inner:
+            if not a.is_global or any(a in n for n in _NOT_GLOBAL):
+                kind = _kind(a)
+                return f"{host}, {'an' if kind[0] in 'aeiou' else 'a'} {kind} address"
+        return None
 
 
 REMEDY = "allowed only with --allow-private-fetch or a network in --fetch-network"
