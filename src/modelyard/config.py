@@ -514,7 +514,9 @@ class LimitsConfig(_Strict):
 
 
 class AdminConfig(_Strict):
-    token: str | None = Field(None, description="when set, /admin/* and /strategy need this bearer token")
+    token: str | None = Field(
+        None, min_length=1, description="when set, /admin/* and /strategy need this bearer token"
+    )
     protect_graph_views: bool = Field(
         False,
         description="with a token, GET /v1/graphs and /v1/graphs/{name} need it too "
@@ -538,15 +540,27 @@ def on_loopback(host: str) -> bool:
         return False
 
 
+MIN_EXPOSED_TOKEN = 16  # a token others may guess at must not be short
+
+
 def check_admin_exposure(config: GatewayConfig, source: str) -> None:
     """A gateway others can reach must not leave its admin API (routes, strategies, graphs) open:
     ConfigError unless `admin.token` is set. Checked when serving, not in validation: a pod's token
     comes from the environment it starts in (`modelyard deploy render` wires it from a Secret)."""
-    if config.admin.token is None and not on_loopback(config.listen.host):
+    if on_loopback(config.listen.host):
+        return
+    where = config.listen.host or "(every address)"
+    if config.admin.token is None:
         problem = (
-            f"listen.host: {config.listen.host or '(every address)'} is reachable from other machines and "
-            "admin.token is not set, so anyone could change routes, strategies and graphs: set admin.token "
-            "(MODELYARD_ADMIN__TOKEN), or listen on 127.0.0.1"
+            f"listen.host: {where} is reachable from other machines and admin.token is not set, so anyone "
+            "could change routes, strategies and graphs: set admin.token (MODELYARD_ADMIN__TOKEN), or "
+            "listen on 127.0.0.1"
+        )
+        raise ConfigError(source, [problem])
+    if len(config.admin.token) < MIN_EXPOSED_TOKEN:  # (the length only: a token is never shown)
+        problem = (
+            f"admin.token: at least {MIN_EXPOSED_TOKEN} characters on an address others reach "
+            f"(listen.host {where}); e.g. openssl rand -hex 24"
         )
         raise ConfigError(source, [problem])
 

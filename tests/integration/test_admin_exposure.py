@@ -65,3 +65,19 @@ async def test_with_a_token_it_serves(tmp_path):
 def test_print_config_serves_nothing_and_is_not_refused(tmp_path):
     printed = serve("-c", str(config(tmp_path, "0.0.0.0")), "--print-config")
     assert printed.returncode == 0 and "host: 0.0.0.0" in printed.stdout
+
+
+@pytest.mark.parametrize(
+    ("token", "says"),
+    [
+        ("", "error: environment: MODELYARD_ADMIN__TOKEN: String should have at least 1 character"),
+        ("short-token", "admin.token: at least 16 characters on an address others reach"),
+    ],
+)
+def test_an_empty_or_short_token_does_not_open_an_address_others_reach(tmp_path, token, says):
+    """An empty bearer matched an empty token: the admin API was anyone's, exposure check passed."""
+    refused = serve(
+        "-c", str(config(tmp_path, "0.0.0.0")), "--workers", "1", env={"MODELYARD_ADMIN__TOKEN": token}
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert says in refused.stderr
