@@ -400,3 +400,33 @@ def test_graph_serve_refuses_a_bad_certificate_in_one_line(pki, tmp_path):
         result = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=60)
         assert result.returncode == 1, result.stdout + result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr
+
+
+async def test_with_client_certificates_no_session_resumes_and_tls_1_2_is_refused(
+    gateways, sim_workers, pki, tmp_path
+):
+    """A resumed handshake skips the certificate check: after the client CA is rotated away a
+    client would keep its access. So with client certificates checked, no session tickets are
+    issued, and TLS 1.2 (which also resumes from the server's session cache) is refused."""
+    clients = Pki(tmp_path, "clients")
+    gateway = await start(gateways, sim_workers, tls_config(pki.issue(), client_ca_file=str(clients.ca_file)))
+    context = pki.client_context(clients.issue("client-a"))
+
+    def handshake(session: ssl.SSLSession | None) -> tuple[bool, ssl.SSLSession | None]:
+        import socket
+
+        with (
+            socket.create_connection(("127.0.0.1", gateway.server.port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1", session=session) as tls,
+        ):
+            tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert tls.recv(12).startswith(b"HTTP/1.1 200")
+            return tls.session_reused, tls.session
+
+    reused, session = await asyncio.to_thread(handshake, None)
+    assert not reused
+    reused, _ = await asyncio.to_thread(handshake, session)
+    assert not reused
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    with pytest.raises(ssl.SSLError):
+        await asyncio.to_thread(handshake, None)

@@ -123,6 +123,12 @@ def server_context(
     if material.ca is not None:
         context.load_verify_locations(cadata=material.ca.decode("ascii", "replace"))
         context.verify_mode = ssl.CERT_REQUIRED if config.client_cert == "required" else ssl.CERT_OPTIONAL
+        # A resumed session skips the certificate check: after the client CA is rotated away, a
+        # client would keep its access. TLS 1.3 resumes only from tickets, which are not issued;
+        # TLS 1.2 also resumes from the server's session cache, which Python cannot turn off.
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.options |= ssl.OP_NO_TICKET
+        context.num_tickets = 0
     if alpn:
         context.set_alpn_protocols(list(alpn))
     if _server_material(config, now) != material:  # rotated while it was loaded: not one pair
