@@ -19,9 +19,13 @@ import pytest
 
 from agent_identities import agent_certificate, issue_uri
 from certificates import Issued, Pki
+from modelyard.config import TlsClientConfig
 from modelyard.errors import ConfigError
+from modelyard.protocols.feed import Snapshot
 from modelyard.rpc.agent_v1 import agent_pb2, agent_pb2_grpc
 from modelyard.scheduler import RunningScheduler, SchedulerConfig, start_scheduler
+from modelyard.security.tls import ClientTls
+from modelyard.upstream.feed import FeedClient
 from support import wait_until
 
 READ_TOKEN = "r-9f2c6d0a7b1e4c3f8a5d"
@@ -282,7 +286,12 @@ async def test_rest_writes_need_a_write_credential(
     assert READ_TOKEN not in logged and WRITE_TOKEN not in logged
 
 
-async def test_rest_over_tls_takes_a_client_certificate_as_write(
+def role_certificate(pki: Pki, *roles: str, name: str) -> Issued:
+    """A REST client's certificate naming `roles` (URI SANs spiffe://modelyard/role/<role>)."""
+    return issue_uri(pki, *(f"spiffe://modelyard/role/{role}" for role in roles), name=name)
+
+
+async def test_rest_over_tls_takes_a_client_certificate_by_the_role_it_names(
     scheduler: Any, pki: Pki, tmp_path: Path, files: dict[str, str], http: aiohttp.ClientSession
 ) -> None:
     clients = Pki(tmp_path, "client-ca")
@@ -291,8 +300,8 @@ async def test_rest_over_tls_takes_a_client_certificate_as_write(
     )
     assert sched.url.startswith("https://")
     url = f"{sched.url}/v1/models/iris"
-    with_cert = pki.client_context(clients.issue("operator@example.com"))
-    assert (await rest(http, "PUT", url, json=IRIS, ssl=with_cert))[0] == 200
+    writer = pki.client_context(role_certificate(clients, "write", name="operator"))
+    assert (await rest(http, "PUT", url, json=IRIS, ssl=writer))[0] == 200
     anonymous = pki.client_context()
     status, headers, _ = await rest(http, "DELETE", url, json=IRIS, ssl=anonymous)
     assert status == 401 and headers["WWW-Authenticate"] == REALM
@@ -304,6 +313,76 @@ async def test_rest_over_tls_takes_a_client_certificate_as_write(
     with pytest.raises(aiohttp.ClientError):
         await rest(http, "DELETE", url.replace("https:", "http:"))
     assert await model_state(sched) != "absent"
+
+
+async def test_an_agents_certificate_is_no_rest_credential_even_when_one_ca_signs_both(
+    scheduler: Any, pki: Pki, tmp_path: Path, files: dict[str, str], http: aiohttp.ClientSession
+) -> None:
+    """The review's D2: every certificate the REST client CA signed had the role write, so with one
+    CA for agents and REST clients (one cert-manager issuer) an agent's certificate applied and
+    deleted models. A certificate's role now comes only from its URI SAN spiffe://modelyard/role/..."""
+    one = Pki(tmp_path, "cluster-ca")
+    sched = await scheduler(
+        tls=tls(pki.issue(), client_ca_file=str(one.ca_file)),
+        tokens_file=files["tokens"],
+        agent_ca_file=str(one.ca_file),
+    )
+    models = f"{sched.url}/v1/models"
+    url = f"{models}/iris"
+    writer = pki.client_context(role_certificate(one, "write", name="ci-job"))
+    assert (await rest(http, "PUT", url, json=IRIS, ssl=writer))[0] == 200
+
+    # The attack: an agent's certificate (one replica's, a whole server's) writes. Refused, and a
+    # write token sent beside it does not help: an agent's certificate is never a REST caller's.
+    for cert in (agent_certificate(one, "sim", 0), agent_certificate(one, "sim")):
+        agent = pki.client_context(cert)
+        for method, path, token in (
+            ("PUT", f"{models}/evil", None),
+            ("DELETE", url, None),
+            ("GET", models, None),
+            ("DELETE", url, WRITE_TOKEN),
+        ):
+            status, _, body = await rest(http, method, path, token, json=IRIS, ssl=agent)
+            assert status == 403, (cert.cert.name, method, path, body)
+            assert body["error"]["type"] == "permission_error"
+            assert "spiffe://modelyard/server/sim" in body["error"]["message"]
+    assert sorted(sched.state.models) == ["iris"] and await model_state(sched) != "absent"
+    assert not sched.state.models["iris"].deleted
+
+    # A certificate that names no role (trustme's, an e-mail address; a URI of another kind or
+    # domain) gives none: without a token 403, with one the token's role.
+    for cert in (
+        one.issue("operator@example.com"),
+        issue_uri(one, "spiffe://modelyard/role/admin", "spiffe://other/role/write", name="no-role"),
+    ):
+        roleless = pki.client_context(cert)
+        status, _, body = await rest(http, "DELETE", url, ssl=roleless)
+        assert status == 403 and "spiffe://modelyard/role/write" in body["error"]["message"], body
+        assert (await rest(http, "GET", models, READ_TOKEN, ssl=roleless))[0] == 200
+        assert (await rest(http, "DELETE", url, READ_TOKEN, ssl=roleless))[0] == 403
+    # role/read reads (the feed too) and may not write; role/write does both.
+    reader = pki.client_context(role_certificate(one, "read", name="dashboard"))
+    assert (await rest(http, "GET", models, ssl=reader))[0] == 200
+    status, _, body = await rest(http, "DELETE", url, ssl=reader)
+    assert status == 403 and body["error"]["code"] == "insufficient_role"
+    # The gateway's feed client, showing a role/read certificate instead of its read token.
+    cert = role_certificate(one, "read", name="gateway")
+    feed = FeedClient(
+        sched.url,
+        connect_timeout=2.0,
+        ping_timeout=10.0,
+        tls=ClientTls(
+            TlsClientConfig(ca_file=str(pki.ca_file), cert_file=str(cert.cert), key_file=str(cert.key))
+        ),
+    )
+    events = feed.events()
+    try:
+        first = await anext(events)
+        assert isinstance(first, Snapshot) and [m.name for m in first.models] == ["iris"]
+    finally:
+        await events.aclose()
+        await feed.close()
+    assert (await rest(http, "DELETE", url, ssl=writer))[0] == 200
 
 
 # --- agents: who may connect, as whom -------------------------------------------------------

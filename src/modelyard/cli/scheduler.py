@@ -67,8 +67,9 @@ def scheduler(
         Path | None,
         typer.Option(
             "--tls-client-ca",
-            help="REST clients showing a certificate signed by these CAs (PEM) get the role write "
-            "(required of every client unless --tokens-file).",
+            help="REST clients may show a certificate signed by these CAs (PEM); its URI SAN "
+            "spiffe://modelyard/role/read or spiffe://modelyard/role/write gives its role, an agent's "
+            "(spiffe://modelyard/server/...) is refused (required of every client unless --tokens-file).",
         ),
     ] = None,
     agent_ca: Annotated[

@@ -2,11 +2,18 @@
 and the check that a scheduler others can reach is not left open (`check_exposure`).
 
 REST: a bearer token from `tokens_file` (role read or write; write may do everything read may) or
-a client certificate verified against `tls.client_ca_file` (role write). GET and HEAD need read
-(model and server lists, a model's status, the gateway feed, /metrics); every other method needs
-write (apply, delete). /healthz and /readyz stay open (Kubernetes probes). No credential, or a token
-no line holds: 401 with `WWW-Authenticate: Bearer realm="modelyard-scheduler"`; a role too small:
-403. Without any REST credential configured, the API is open (loopback, or `insecure`).
+a client certificate verified against `tls.client_ca_file`, whose role is the one its URI SAN names:
+`spiffe://modelyard/role/read` or `spiffe://modelyard/role/write` (both: write). Being signed by
+the CA gives no role: one CA often signs agents' certificates too (one cert-manager issuer), and an
+agent must never apply or delete models. A certificate naming an agent
+(`spiffe://modelyard/server/...`) is refused (403), a bearer token beside it notwithstanding; one
+naming no role gives none (the request's bearer token, if any, decides; without one, 403). So the
+REST client CA and the agent CA may be the same file: the identity in a certificate, not its
+issuer, says what it may do. GET and HEAD need read (model and server lists, a model's status, the
+gateway feed, /metrics); every other method needs write (apply, delete). /healthz and /readyz stay
+open (Kubernetes probes). No credential, or a token no line holds: 401 with
+`WWW-Authenticate: Bearer realm="modelyard-scheduler"`; a role too small: 403. Without any REST
+credential configured, the API is open (loopback, or `insecure`).
 """
 
 from __future__ import annotations
@@ -22,10 +29,13 @@ from modelyard.scheduler.config import SchedulerConfig
 from modelyard.security.tokens import (
     READ,
     WRITE,
+    AgentIdentity,
     TokenFile,
     any_key,
     bearer_token,
+    role_from_uri,
     role_key,
+    role_uri,
 )
 
 log = logging.getLogger("modelyard.scheduler")
@@ -52,11 +62,18 @@ class RestAccess:
         return role
 
     def _role(self, request: web.Request) -> str:
-        transport = request.transport
-        if self.certificates and transport is not None and transport.get_extra_info("peercert"):
-            return WRITE  # a certificate verified against tls.client_ca_file
         header = request.headers.get("Authorization")
         token = bearer_token(header)
+        shown = self._certificate(request)
+        if shown is not None:
+            role = certificate_role(shown)
+            if role is not None:
+                return role
+            if token is None:
+                raise Forbidden(
+                    f"the client certificate names no role: a URI SAN {role_uri(READ)} or "
+                    f"{role_uri(WRITE)}" + (", or a bearer token" if self.tokens is not None else "")
+                )
         if token is None:
             how = []
             if self.tokens is not None:
@@ -74,6 +91,34 @@ class RestAccess:
                 "the bearer token is not one the scheduler knows", headers={"WWW-Authenticate": REALM}
             )
         return role
+
+    def _certificate(self, request: web.Request) -> dict[str, object] | None:
+        """The client certificate verified against tls.client_ca_file (Python's getpeercert form)."""
+        transport = request.transport
+        if not self.certificates or transport is None:
+            return None
+        shown = transport.get_extra_info("peercert")
+        return shown if isinstance(shown, dict) and shown else None
+
+
+def certificate_role(certificate: dict[str, object]) -> str | None:
+    """The role a REST client's verified certificate names in its URI SANs (write over read), None
+    when it names none; Forbidden when it names an agent."""
+    names = certificate.get("subjectAltName")
+    uris = [
+        value
+        for kind, value in (names if isinstance(names, tuple) else ())
+        if kind == "URI" and isinstance(value, str)
+    ]
+    agents = [uri for uri in uris if AgentIdentity.from_uri(uri) is not None]
+    if agents:
+        raise Forbidden(
+            f"the client certificate names an agent ({agents[0]}): an agent's certificate is no "
+            f"credential for the scheduler's API; a client's names its role ({role_uri(READ)} or "
+            f"{role_uri(WRITE)})"
+        )
+    roles = {role for uri in uris if (role := role_from_uri(uri)) is not None}
+    return WRITE if WRITE in roles else READ if READ in roles else None
 
 
 def rest_access(config: SchedulerConfig) -> RestAccess | None:

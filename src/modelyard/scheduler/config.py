@@ -2,7 +2,8 @@
 
 Security (docs/placement.md, "Securing the scheduler"): `tls` serves the REST API and the agent port
 over TLS; `tokens_file` (bearer tokens with the roles read and write) and `tls.client_ca_file`
-(client certificates, role write) guard the REST API; `agent_ca_file` (mutual TLS, identities in the
+(client certificates, with the role their URI SAN `spiffe://modelyard/role/read|write` names) guard
+the REST API; `agent_ca_file` (mutual TLS, identities in the
 certificates' URI SANs) and `agent_tokens_file` (a join token per server) guard the agent port. A
 scheduler on an address other than loopback refuses to start without TLS and both kinds of
 credentials unless `insecure` (`check_exposure`, at start).
@@ -69,7 +70,8 @@ class SchedulerConfig(BaseModel):
     tls: TlsServerConfig | None = Field(
         None,
         description="serve the REST API and the agent port over TLS with these files; client_ca_file: "
-        "REST clients showing a certificate it signed get the role write; null = plain text",
+        "REST clients may show a certificate it signed, whose URI SAN spiffe://modelyard/role/read or "
+        "spiffe://modelyard/role/write gives its role (an agent's certificate is refused); null = plain text",
     )
     agent_ca_file: str = Field(
         "", description="agents must show a client certificate signed by these CAs (mutual TLS; needs tls)"

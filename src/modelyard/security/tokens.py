@@ -11,7 +11,8 @@ good table when the new one cannot be used.
 
 Agents prove who they are with a client certificate whose URI SAN is
 `spiffe://modelyard/server/<server>[/replica/<replica>]` (`AgentIdentity.from_uri`), or with a
-join token for their server.
+join token for their server. A client of the scheduler's REST API shows its role in a URI SAN
+`spiffe://modelyard/role/read` or `spiffe://modelyard/role/write` (`role_from_uri`).
 """
 
 from __future__ import annotations
@@ -211,9 +212,21 @@ def read_token(path: str) -> str:
     raise TokenFileError(path, "holds no token")
 
 
-# --- agent identities -------------------------------------------------------------------------
+# --- identities in certificates ---------------------------------------------------------------
 
 TRUST_DOMAIN = "modelyard"
+_ROLE_URIS = {f"spiffe://{TRUST_DOMAIN}/role/{role}": role for role in ROLES}
+
+
+def role_uri(role: str) -> str:
+    """The URI SAN that gives a REST client's certificate `role`."""
+    return f"spiffe://{TRUST_DOMAIN}/role/{role}"
+
+
+def role_from_uri(uri: str) -> str | None:
+    """The role a REST client's certificate URI SAN names (exactly `spiffe://modelyard/role/read` or
+    `.../role/write`), or None."""
+    return _ROLE_URIS.get(uri)
 
 
 @dataclass(frozen=True)
