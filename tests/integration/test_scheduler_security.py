@@ -572,6 +572,89 @@ async def test_spoofed_events_drains_and_lag_reports_are_refused(
     )
 
 
+@pytest.mark.parametrize("credential", ["join token", "server-wide certificate"])
+async def test_a_sibling_holding_the_same_servers_credential_cannot_act_for_a_connected_replica(
+    credential: str,
+    scheduler: Any,
+    pki: Pki,
+    agent_ca: Pki,
+    files: dict[str, str],
+    http: aiohttp.ClientSession,
+    agents: list[Agent],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The review's D12: with one credential for every replica of a server (a join token, or a
+    certificate naming spiffe://modelyard/server/sim: what a pod template can carry), another pod of
+    the server sent UNLOADED for sim-0 from its own connection (iris went ModelProgressing, its
+    endpoints empty, while sim-0's agent still served it) and drained sim-0. Calls for a replica are
+    taken only over the connection whose Subscribe holds its slot."""
+    caplog.set_level(logging.WARNING, "modelyard.rpc")
+    settings: dict[str, Any] = {"tls": tls(pki.issue()), "tokens_file": files["tokens"]}
+    if credential == "join token":
+        settings["agent_tokens_file"] = files["agent_tokens"]
+
+        def pod() -> Agent:
+            return Agent(sched, pki, token=JOIN_TOKEN)
+    else:
+        settings["agent_ca_file"] = str(agent_ca.ca_file)
+        server_wide = agent_certificate(agent_ca, "sim")
+
+        def pod() -> Agent:
+            return Agent(sched, pki, server_wide)
+
+    sched = await scheduler(**settings, scale_up_lag=1.0, scale_up_window=0.0, scaling_interval=0.05)
+    real = pod()
+    agents.append(real)
+    await real.subscribe("sim", 0)
+    await placed(http, sched, pki.client_context())
+    sibling = pod()  # another pod of server sim, connected in its own slot
+    agents.append(sibling)
+    await sibling.subscribe("sim", 1, "http://127.0.0.1:18081")
+    loner = pod()  # the same credential, no subscription at all
+    agents.append(loner)
+
+    for attacker in (sibling, loner):
+        for _ in range(3):
+            error = await refused(
+                attacker.event("iris", agent_pb2.ModelEvent.UNLOADED, server="sim", replica=0)
+            )
+            assert error.code() == Code.PERMISSION_DENIED, error.details()
+            assert "sim-0" in (error.details() or "") and "connection" in (error.details() or "")
+        drain = agent_pb2.AgentDrainRequest(server_name="sim", replica_idx=0)
+        error = await refused(attacker.stub.AgentDrain(drain, metadata=attacker.metadata, timeout=5))
+        assert error.code() == Code.PERMISSION_DENIED
+        lag = agent_pb2.AgentStatsRequest(
+            server_name="sim",
+            replica_idx=0,
+            models=[agent_pb2.ModelStats(name="iris", version=1, in_flight=500, queued=500)],
+        )
+        error = await refused(attacker.stub.AgentStats(lag, metadata=attacker.metadata, timeout=5))
+        assert error.code() == Code.PERMISSION_DENIED
+    # A replica no agent holds: nothing to act on, and no state touched.
+    error = await refused(loner.event("iris", agent_pb2.ModelEvent.UNLOADED, server="sim", replica=5))
+    assert error.code() == Code.NOT_FOUND
+
+    await asyncio.sleep(0.3)  # six scaling decisions: a spoofed lag report would have scaled iris
+    model = sched.state.models["iris"]
+    assert await model_state(sched) == "ModelAvailable" and list(model.latest.replicas) == [0]
+    assert endpoints(sched) == [REAL_URL]
+    assert not sched.state.servers["sim"].replicas[0].draining
+    # Logged once per peer and call, never per attempt.
+    lines = [r.getMessage() for r in caplog.records if "refused AgentEvent" in r.getMessage()]
+    assert len(lines) == 1 and "sim-0" in lines[0], lines
+    # Each agent still speaks for its own replica over its own connection.
+    for agent, replica in ((real, 0), (sibling, 1)):
+        stats = agent_pb2.AgentStatsRequest(server_name="sim", replica_idx=replica)
+        await agent.stub.AgentStats(stats, metadata=agent.metadata, timeout=5)
+    await real.event("iris", agent_pb2.ModelEvent.LOADED)  # a repeat: a no-op, but accepted
+    if credential != "join token":
+        # A certificate naming that very replica is its own: taken from any connection.
+        exact = Agent(sched, pki, agent_certificate(agent_ca, "sim", 0))
+        agents.append(exact)
+        stats = agent_pb2.AgentStatsRequest(server_name="sim", replica_idx=0)
+        await exact.stub.AgentStats(stats, timeout=5)
+
+
 async def test_a_certificate_without_an_agent_identity_is_refused(
     scheduler: Any, pki: Pki, agent_ca: Pki, files: dict[str, str], agents: list[Agent]
 ) -> None:

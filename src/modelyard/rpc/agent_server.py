@@ -14,6 +14,15 @@ certificate (verified against the agent CA during the handshake: every URI SAN
 server). No identity: UNAUTHENTICATED. A Subscribe, event, drain or stats report for a server and
 replica none of its identities names: PERMISSION_DENIED. Each refusal is logged once per peer
 address and claim (a bounded memory), never with the token.
+
+An event, drain or stats report acts on a replica that is running: it is taken only over the
+connection whose Subscribe holds the replica's slot (the agent sends them on its subscription's
+channel; `AgentHandler.holder`), or from a certificate naming that very replica
+(`.../server/<server>/replica/<n>`). A credential every replica of a server shares (a join token, a
+server-wide certificate) would otherwise let one pod unload, drain or scale its siblings. Held over
+another connection: PERMISSION_DENIED (logged once per peer); held by none: NOT_FOUND, as the state
+answers for a replica that is not subscribed (an agent retries a drain on it while it re-subscribes).
+This holds without credentials too (loopback): one connection, one replica.
 """
 
 from __future__ import annotations
@@ -61,6 +70,11 @@ class AgentHandler(Protocol):
 
     async def stats(self, request: agent_pb2.AgentStatsRequest) -> None: ...
 
+    def holder(self, server: str, replica: int) -> str | None:
+        """The peer (gRPC's peer address, as `subscribe` was given it) of the connection whose
+        Subscribe holds this replica's slot; None when none does."""
+        ...
+
 
 def status_code(error: ModelyardError) -> grpc.StatusCode:
     """The gRPC status for a modelyard error raised by the handler."""
@@ -95,11 +109,12 @@ class _Admission:
         self._credentials = credentials
         self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 
-    async def admit(self, context: Context, server: str, replica: int, what: str) -> None:
-        """Return when the caller may act as `server`-`replica`; abort the call otherwise."""
+    async def admit(self, context: Context, server: str, replica: int, what: str) -> list[AgentIdentity]:
+        """The caller's identities once it may act as `server`-`replica` (none: the port takes
+        anyone); abort the call otherwise."""
         credentials = self._credentials
         if credentials is None:
-            return
+            return []
         identities, problem = self._identities(credentials, context)
         if not identities:
             self._log_once(context, what, "", f"no credential: {problem}")
@@ -107,6 +122,36 @@ class _Admission:
         if not any(identity.allows(server, replica) for identity in identities):
             names = ", ".join(str(i) for i in identities)
             line = f"{what} for server replica {server}-{replica}: the credential names {names} only"
+            self._log_once(context, what, f"{server}-{replica}", line)
+            await self._abort(context, grpc.StatusCode.PERMISSION_DENIED, line)
+        return identities
+
+    async def holds(
+        self,
+        context: Context,
+        server: str,
+        replica: int,
+        what: str,
+        identities: list[AgentIdentity],
+        holder: str | None,
+    ) -> None:
+        """Return when the caller speaks for the running replica: over the connection that holds
+        its slot (`holder`), or with a certificate naming that very replica; abort otherwise."""
+        if any(i.server == server and i.replica == replica for i in identities):
+            return  # only a certificate names one replica: that replica's own
+        if holder is None:
+            await self._abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"{what}: server replica {server}-{replica} is not subscribed (its calls come over its "
+                "agent's subscription's connection)",
+            )
+        if holder != (context.peer() or ""):
+            line = (
+                f"{what} for server replica {server}-{replica}: its slot is held by another connection; "
+                "only that connection (the agent's subscription) or a certificate naming this replica "
+                "may act for it"
+            )
             self._log_once(context, what, f"{server}-{replica}", line)
             await self._abort(context, grpc.StatusCode.PERMISSION_DENIED, line)
 
@@ -165,6 +210,12 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
         self._handler = handler
         self._admission = admission
 
+    async def _own(self, context: Context, server: str, replica: int, what: str) -> None:
+        """Admit a call that acts on a running replica: its credential, then its connection."""
+        identities = await self._admission.admit(context, server, replica, what)
+        holder = self._handler.holder(server, replica)
+        await self._admission.holds(context, server, replica, what, identities, holder)
+
     async def Subscribe(
         self, request: agent_pb2.SubscribeRequest, context: aio.ServicerContext[object, object]
     ) -> AsyncIterator[agent_pb2.ModelOperation]:
@@ -184,7 +235,7 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
     async def AgentEvent(
         self, request: agent_pb2.ModelEvent, context: aio.ServicerContext[object, object]
     ) -> agent_pb2.ModelEventResponse:
-        await self._admission.admit(context, request.server_name, request.replica_idx, "AgentEvent")
+        await self._own(context, request.server_name, request.replica_idx, "AgentEvent")
         try:
             await self._handler.event(request)
         except ModelyardError as error:
@@ -194,7 +245,7 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
     async def AgentDrain(
         self, request: agent_pb2.AgentDrainRequest, context: aio.ServicerContext[object, object]
     ) -> agent_pb2.AgentDrainResponse:
-        await self._admission.admit(context, request.server_name, request.replica_idx, "AgentDrain")
+        await self._own(context, request.server_name, request.replica_idx, "AgentDrain")
         try:
             success = await self._handler.drain(request)
         except ModelyardError as error:
@@ -204,7 +255,7 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
     async def AgentStats(
         self, request: agent_pb2.AgentStatsRequest, context: aio.ServicerContext[object, object]
     ) -> agent_pb2.AgentStatsResponse:
-        await self._admission.admit(context, request.server_name, request.replica_idx, "AgentStats")
+        await self._own(context, request.server_name, request.replica_idx, "AgentStats")
         try:
             await self._handler.stats(request)
         except ModelyardError as error:

@@ -8,7 +8,9 @@ the same connection (the agent starting its stream again) ends the first and wai
 first's disconnect processing has finished before it registers (Seldon's per-key mutex), so the two
 never interleave. An agent that vanished without closing its connection is noticed by the agent
 port's keepalive (`SchedulerConfig.agent_keepalive`), which ends its stream and frees the slot.
-A replica claiming more memory than `max_replica_memory` is refused (INVALID_ARGUMENT).
+A replica claiming more memory than `max_replica_memory` is refused (INVALID_ARGUMENT). The
+connection that holds a slot is the only one whose events, drains and usage reports for that replica
+the agent port takes (`holder`; see rpc/agent_server.py).
 """
 
 from __future__ import annotations
@@ -190,6 +192,12 @@ class Agents:
         finally:
             if self._holders.get(key) is claim:
                 del self._holders[key]
+
+    def holder(self, server: str, replica: int) -> str | None:
+        """The peer whose Subscribe holds (or is about to take) the replica's slot; None when none:
+        the agent server takes its events, drains and reports only over that connection."""
+        held = self._holders.get((server, replica))
+        return held[0] if held is not None else None
 
     def _first_refusal(self, key: tuple[str, int], peer: str) -> bool:
         """Whether a refused claim from this peer's host on this replica is the first (logged once)."""
