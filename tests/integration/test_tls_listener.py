@@ -430,3 +430,32 @@ async def test_with_client_certificates_no_session_resumes_and_tls_1_2_is_refuse
     context.maximum_version = ssl.TLSVersion.TLSv1_2
     with pytest.raises(ssl.SSLError):
         await asyncio.to_thread(handshake, None)
+
+
+async def test_connections_that_never_shake_hands_are_bounded_and_time_out(gateways, sim_workers, pki):
+    """A connection counts against max_connections from accept, handshake included (asyncio
+    holds about 300 KiB of buffers for each): past the bound a new one is closed at once, and a
+    silent one is let go at the header timeout, its place free again."""
+    gateway = await start(
+        gateways, sim_workers, tls_config(pki.issue()), max_connections=3, header_timeout=0.5
+    )
+    port = gateway.server.port
+    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(10)]
+    try:
+        closed = await asyncio.gather(*(asyncio.wait_for(reader.read(), 10) for reader, _ in silent[3:]))
+        assert closed == [b""] * 7  # dropped at accept: no handshake spent on them
+        assert gateway.server.stats.refused_connections >= 7
+        # The three held ones are let go at the handshake timeout; then a client gets in.
+        await asyncio.gather(*(asyncio.wait_for(reader.read(), 10) for reader, _ in silent[:3]))
+        context = pki.client_context()
+
+        async def served() -> bool:
+            try:
+                return await chat(gateway.url, context) == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(served)
+    finally:
+        for _, writer in silent:
+            writer.close()

@@ -4,8 +4,11 @@ timeout, keep-alive, open connections), a drain, and a bounded shutdown."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from collections.abc import Callable
+from typing import cast
 
 from aiohttp import web
 
@@ -18,6 +21,9 @@ from modelyard.serving.h1 import H1Connection, H1Request, H1Settings, Router
 
 log = logging.getLogger("modelyard.serving")
 
+# TLS handshakes under way at once, per listener (each holds about 300 KiB of asyncio's buffers):
+# a flood of connections that never finish one is bounded to about 80 MiB, and refused beyond it.
+MAX_HANDSHAKES = 256
 # aiohttp's defaults for the request parser, kept for every server but the graph router.
 MAX_LINE_SIZE = 8190
 MAX_FIELD_SIZE = 8190
@@ -84,6 +90,11 @@ class HttpServer:
         self._lean: set[H1Connection] = set()
         self.busy_poll: BusyPoll | None = None  # once started, with listen.busy_poll and a lean router
         self.tls = ServerTls(listen.tls) if listen.tls is not None else None
+        # The TLS connections whose handshake is under way. asyncio tells their protocol nothing of
+        # a handshake that fails or times out, but drops it, so a weak set keeps the count true.
+        self._handshaking: weakref.WeakSet[_AfterHandshake] = weakref.WeakSet()
+        self._handshake_timeout = listen.header_timeout or 60.0
+        self._collected = float("-inf")
         self._tls_watch: asyncio.Task[None] | None = None
 
     @property
@@ -134,7 +145,7 @@ class HttpServer:
                 busy=self.busy_poll,
             )
         # A handshake gets as long as a request head would.
-        handshake = (self.listen.header_timeout or 60.0) if self.tls is not None else None
+        handshake = self._handshake_timeout if self.tls is not None else None
         try:
             self._listener = await asyncio.get_running_loop().create_server(
                 self._accept_tls if self.tls is not None else self._accept,
@@ -163,7 +174,36 @@ class HttpServer:
         return self.url
 
     def _accept_tls(self) -> asyncio.Protocol:
-        return _AfterHandshake(self._accept)
+        """A TLS connection at accept: it holds a place among the handshakes (each costs asyncio
+        about 300 KiB of buffers) and counts against max_connections while it shakes hands; past
+        either bound it is closed at once, before any handshake is spent on it."""
+        limit = self.listen.max_connections
+        now = asyncio.get_running_loop().time()
+
+        def full() -> bool:
+            handshaking = len(self._handshaking)
+            return handshaking >= MAX_HANDSHAKES or bool(
+                limit and self.stats.open_connections + handshaking >= limit
+            )
+
+        if full():
+            # uvloop frees a failed handshake's protocol at once; asyncio's own loop leaves it in a
+            # reference cycle (the failure's traceback) until the collector runs: run it (its
+            # older generation at most once a second). And a handshake past its timeout has ended,
+            # whether seen to or not.
+            gc.collect(0)  # the youngest generation: where a handshake that just failed is
+            if full() and now - self._collected >= 1.0:
+                self._collected = now
+                gc.collect(1)
+            deadline = now - self._handshake_timeout - 1.0
+            for stale in [h for h in self._handshaking if h.accepted < deadline]:
+                self._handshaking.discard(stale)
+            if full():
+                self.stats.refused_connections += 1
+                return _Dropped()
+        waiting = _AfterHandshake(self._accept, now, self._handshaking.discard)
+        self._handshaking.add(waiting)  # (weak: gone with the connection, whatever ended it)
+        return waiting
 
     def _accept(self) -> asyncio.Protocol:
         loop = asyncio.get_running_loop()
@@ -272,15 +312,30 @@ class HttpServer:
             connection.close()
 
 
+class _Dropped(asyncio.Protocol):
+    """A connection over the listener's bounds at accept: closed before anything is read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).abort()  # uvloop's is not an asyncio.Transport
+
+
 class _AfterHandshake(asyncio.Protocol):
     """What a TLS connection's protocol is until its handshake is done (asyncio calls
     `connection_made` only then): it makes the connection's own protocol, as a plain connection's
     is made at accept, and hands the connection to it."""
 
-    def __init__(self, accept: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self,
+        accept: Callable[[], asyncio.Protocol],
+        accepted: float,
+        shaken: Callable[[_AfterHandshake], None],
+    ) -> None:
         self._accept = accept
+        self._shaken = shaken
+        self.accepted = accepted  # the loop's time at accept
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._shaken(self)  # no longer a handshake: the connection's own protocol counts it now
         protocol = self._accept()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
