@@ -4,11 +4,13 @@ timeout, keep-alive, open connections), a drain, and a bounded shutdown."""
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import gc
 import logging
+import ssl
 import weakref
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -20,6 +22,11 @@ from modelyard.serving.drain import closing_while_draining, install_drain
 from modelyard.serving.h1 import H1Connection, H1Request, H1Settings, Router
 
 log = logging.getLogger("modelyard.serving")
+
+try:
+    import uvloop.loop as _UVLOOP
+except ImportError:  # (uvloop is not made for Windows)
+    _UVLOOP = None  # type: ignore[assignment]
 
 # TLS handshakes under way at once, per listener (each holds about 300 KiB of asyncio's buffers):
 # a flood of connections that never finish one is bounded to about 80 MiB, and refused beyond it.
@@ -41,10 +48,10 @@ class HttpServer:
     so that each one gets the header deadline and the connection limit applies at accept time.
 
     With `listen.tls`, it serves HTTPS: certificate files checked at construction (a `TlsError`
-    naming the file), reloaded while it runs when they change (`security/tls.py`). A connection's
-    protocol is made once its handshake is done (`_AfterHandshake`), so the connection limit and
-    accounting see only connections that finished one: a failed or abandoned handshake leaves
-    nothing behind (asyncio tells no protocol of it), and takes at most the header timeout.
+    naming the file), reloaded while it runs when they change (`security/tls.py`). The TLS layer
+    is put on each accepted connection here (`tls_protocol`), so that connections count against
+    the limit from accept and a connection over it is closed before any handshake; the
+    connection's own protocol is made once its handshake is done (`_AfterHandshake`).
 
     With a `lean` router, connections start as the lean HTTP/1.1 connection (h1.py), which answers
     the routes the router knows and hands the connection to aiohttp's handler at the first request
@@ -144,8 +151,6 @@ class HttpServer:
                 abandoned=self._lean_abandoned,
                 busy=self.busy_poll,
             )
-        # A handshake gets as long as a request head would.
-        handshake = self._handshake_timeout if self.tls is not None else None
         try:
             self._listener = await asyncio.get_running_loop().create_server(
                 self._accept_tls if self.tls is not None else self._accept,
@@ -153,8 +158,6 @@ class HttpServer:
                 self.listen.port,
                 backlog=self._backlog,
                 reuse_port=self._reuse_port or None,
-                ssl=self.tls.context if self.tls is not None else None,
-                ssl_handshake_timeout=handshake,
             )
         except BaseException:
             self._runner = None
@@ -173,10 +176,11 @@ class HttpServer:
         )
         return self.url
 
-    def _accept_tls(self) -> asyncio.Protocol:
+    def _accept_tls(self) -> asyncio.BaseProtocol:
         """A TLS connection at accept: it holds a place among the handshakes (each costs asyncio
         about 300 KiB of buffers) and counts against max_connections while it shakes hands; past
         either bound it is closed at once, before any handshake is spent on it."""
+        assert self.tls is not None
         limit = self.listen.max_connections
         now = asyncio.get_running_loop().time()
 
@@ -203,7 +207,7 @@ class HttpServer:
                 return _Dropped()
         waiting = _AfterHandshake(self._accept, now, self._handshaking.discard)
         self._handshaking.add(waiting)  # (weak: gone with the connection, whatever ended it)
-        return waiting
+        return tls_protocol(waiting, self.tls.context, self._handshake_timeout)
 
     def _accept(self) -> asyncio.Protocol:
         loop = asyncio.get_running_loop()
@@ -310,6 +314,23 @@ class HttpServer:
                 await asyncio.wait(pending, timeout=1.0)  # cancelled: they end at their next await
         for connection in list(self._lean):
             connection.close()
+
+
+def tls_protocol(
+    app: asyncio.Protocol, context: ssl.SSLContext, handshake_timeout: float
+) -> asyncio.BaseProtocol:
+    """The TLS layer of one accepted TCP connection, over `app`: the running loop's own (uvloop's,
+    or asyncio's), as `create_server(ssl=...)` would make it. Made here instead, so that a
+    connection over the listener's bounds is closed before a handshake (and its buffers) is spent
+    on it: a protocol given to `create_server(ssl=...)` hears of nothing before the handshake ends."""
+    loop = asyncio.get_running_loop()
+    layer: type[Any] = asyncio.sslproto.SSLProtocol
+    if _UVLOOP is not None and isinstance(loop, _UVLOOP.Loop):
+        layer = _UVLOOP.SSLProtocol
+    return cast(
+        asyncio.BaseProtocol,
+        layer(loop, app, context, None, server_side=True, ssl_handshake_timeout=handshake_timeout),
+    )
 
 
 class _Dropped(asyncio.Protocol):
