@@ -124,6 +124,8 @@ class Operations:
                 raise
             except Exception as error:  # whatever went wrong, the scheduler hears of it
                 failed = self._state.forget(name)
+                if replaced is not None:  # held while it is found out whether it still serves: the
+                    self._state.restore(replaced)  # data plane forwards only for models held
                 self._residency.freed()
                 # Stopped by an UNLOAD: the scheduler expects that UNLOAD's answer (UNLOADED, sent
                 # by it once this returns), not a LOAD_FAILED for a replica it is unloading.
@@ -139,6 +141,8 @@ class Operations:
                             model, Event.LOAD_FAILED, f"{why}; version {replaced.version} serves on", 0
                         )
                     return
+                if replaced is not None and self._state.get(name) is replaced:
+                    self._state.forget(name)  # it does not serve on
                 ours = (failed is not None and failed.fetched) or (replaced is not None and replaced.fetched)
                 await self._clean_up_failed(model, replaced is not None, ours, previous)
                 if not stopped:
