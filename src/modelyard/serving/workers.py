@@ -118,29 +118,48 @@ class ParentLink:
         beat()
 
 
+# How long a (re)started worker may take to serve: an interpreter's imports and a gateway's build
+# take seconds; a worker still not serving after this hangs, and would never be watched otherwise.
+STARTUP_TIMEOUT = 60.0
+
+
 class HeartbeatWatch:
     """The parent's judgement of its workers' heartbeats, with time an argument (no clock of its
     own, DESIGN.md habit 1): a worker that serves and whose counter has not moved for `timeout`
-    seconds of the parent's looking is stalled. Time the parent itself did not look (it was
-    stopped or starved for more than half the timeout) counts against nobody."""
+    seconds of the parent's looking is stalled, and so is one started `startup_timeout` ago that
+    has not begun serving. Time the parent itself did not look (it was stopped or starved for more
+    than half the timeout) counts against nobody."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, startup_timeout: float = STARTUP_TIMEOUT) -> None:
         self.timeout = timeout
+        self.startup_timeout = startup_timeout
         self._seen: dict[int, tuple[int, float]] = {}  # worker index -> (its counter, since when)
+        self._starting: dict[int, float] = {}  # worker index -> when it was started, until it serves
         self._looked: float | None = None
+
+    def started(self, index: int, now: float) -> None:
+        """Worker `index` was started at `now`: it must begin serving within `startup_timeout`."""
+        self._starting[index] = now
 
     def serving(self, index: int, beat: int, now: float) -> None:
         """Worker `index` began serving (again) with its counter at `beat`: watched from `now`."""
+        self._starting.pop(index, None)
         self._seen[index] = (beat, now)
 
     def gone(self, index: int) -> None:
         self._seen.pop(index, None)
+        self._starting.pop(index, None)
 
     def stalled(self, beats: Sequence[int], now: float) -> list[int]:
         """The workers whose counter in `beats` has not moved for `timeout` seconds at `now`."""
         late = self._looked is not None and now - self._looked > self.timeout / 2
         self._looked = now
         found = []
+        for index, since in list(self._starting.items()):
+            if late:
+                self._starting[index] = now
+            elif now - since >= self.startup_timeout:
+                found.append(index)
         for index, (seen, since) in list(self._seen.items()):
             beat = beats[index]
             if beat != seen or late:
@@ -200,6 +219,8 @@ def supervise(
         )
         process.start()
         send.close()
+        if watch is not None:
+            watch.started(index, time.monotonic())
         workers[index] = process
         sentinels[process.sentinel] = index
         pipes[receive] = index
@@ -237,10 +258,16 @@ def supervise(
             process = workers.get(index)
             if index in killed or process is None or process.pid is None:
                 continue
-            log.error(
-                "worker %d (pid %d) sent no heartbeat for %.1f s (stopped, or its event loop blocked): "
-                "killing it and starting it again", index, process.pid, heartbeat_timeout,
-            )  # fmt: skip
+            if index in pipes.values():  # it never said it serves
+                log.error(
+                    "worker %d (pid %d) did not begin serving within %.0f s: killing it",
+                    index, process.pid, watch.startup_timeout,
+                )  # fmt: skip
+            else:
+                log.error(
+                    "worker %d (pid %d) sent no heartbeat for %.1f s (stopped, or its event loop blocked): "
+                    "killing it and starting it again", index, process.pid, heartbeat_timeout,
+                )  # fmt: skip
             killed.add(index)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGKILL)  # its sentinel follows: restarted as if it exited
@@ -295,7 +322,9 @@ def supervise(
                     failed = failed or process.exitcode != 0
                     continue
                 now = time.monotonic()
-                restarts = [t for t in restarts if now - t < _RESTART_WINDOW] + [now]
+                # Killed for its heartbeat: it was replaced as promised, not crashing; a worker that
+                # keeps stalling is replaced each time rather than taking the whole group down.
+                restarts = [t for t in restarts if now - t < _RESTART_WINDOW] + ([] if was_killed else [now])
                 if index not in urls:
                     failure = f"worker {index} exited with {process.exitcode} before it served"
                     failed = True

@@ -108,3 +108,28 @@ async def test_the_heartbeat_is_a_timer_of_the_loop_that_stops_when_the_loop_doe
 async def test_without_a_slot_there_is_no_heartbeat() -> None:
     _receive, send = multiprocessing.Pipe(duplex=False)
     ParentLink(send, None, 0, interval=0.0).start_heartbeat()  # the parent does not watch: nothing
+
+
+def test_a_started_worker_that_does_not_begin_serving_is_stalled_after_the_startup_timeout() -> None:
+    """A restarted worker hanging before it serves was never watched: it held its place forever."""
+    watch = HeartbeatWatch(TIMEOUT, startup_timeout=30.0)
+    beats = [0, 0]
+    watch.started(0, now=0.0)
+    watch.started(1, now=0.0)
+    found = looks(watch, beats, 0.0, 29.5)
+    assert not any(found.values())
+    watch.serving(1, 0, now=29.5)  # worker 1 made it in time; worker 0 did not
+    beats[1] += 1
+    assert watch.stalled(beats, 30.0) == [0]
+    watch.gone(0)
+    assert watch.stalled(beats, 30.5) == []
+
+
+def test_time_the_parent_did_not_look_counts_against_no_starting_worker() -> None:
+    watch = HeartbeatWatch(TIMEOUT, startup_timeout=30.0)
+    watch.started(0, now=0.0)
+    assert watch.stalled([0], 1.0) == []
+    assert watch.stalled([0], 40.0) == []  # the parent was stopped for 39 s: not the worker's fault
+    found = looks(watch, [0], 40.5, 69.5)  # looking as often as it does again
+    assert not any(found.values())
+    assert watch.stalled([0], 70.0) == [0]
