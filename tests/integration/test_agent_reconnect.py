@@ -121,3 +121,108 @@ async def test_every_agent_is_back_within_seconds_of_a_scheduler_restart_and_no_
             await second.stop()
         with contextlib.suppress(Exception):
             await first.stop()
+
+
+class SilentProxy:
+    """A TCP proxy standing for the network between an agent and its scheduler's address: new
+    connections go to `target`; `silence()` black-holes those open now (nothing passes either way,
+    nothing is closed), as a node that vanished or a partition does."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self._era = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def silence(self) -> None:
+        self._era += 1
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        era = self._era
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pump(source, sink, era))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, era: int) -> None:
+        try:
+            while data := await source.read(65536):
+                if era != self._era:
+                    await asyncio.Event().wait()  # silent: holds the connection, passes nothing
+                sink.write(data)
+                await sink.drain()
+            if era != self._era:
+                await asyncio.Event().wait()  # nor does it pass on a close
+        except OSError:
+            pass
+        sink.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def test_an_agent_notices_a_scheduler_that_went_silent_and_subscribes_to_its_successor(
+    sim_workers: Any, tmp_path: Path
+) -> None:
+    """The review's D13: the scheduler's host vanished without a FIN or RST and a new scheduler took
+    its address. With no keepalive on its channel the agent went on believing it was subscribed, and
+    the new scheduler's resync dropped its replica. Its channel pings the scheduler every 10 s now
+    and gives up on one that does not answer within 10 s more: it is back well inside the resync."""
+    db = str(tmp_path / "s.db")
+    first = await start_scheduler(SchedulerConfig(port=0, agent_port=0, db=db, retry_interval=60))
+    proxy = SilentProxy(first.agent_port)
+    await proxy.start()
+    (worker,) = await sim_workers(1, repository_api=True)
+    agent: Agent | None = None
+    second: RunningScheduler | None = None
+    try:
+        agent = await start_agent(
+            AgentConfig(  # the agent's defaults: what a deployed agent runs with
+                scheduler=f"127.0.0.1:{proxy.port}",
+                server_name="sim",
+                replica_idx=0,
+                inference_url=worker.url,
+                memory_bytes=1000,
+            )
+        )
+
+        async def subscribed() -> bool:
+            server = first.state.servers.get("sim")
+            return server is not None and 0 in server.replicas and server.replicas[0].connected
+
+        await wait_until(subscribed, attempts=500)
+        proxy.silence()  # the old connection goes silent and stays open
+        await first.stop()
+        second = await start_scheduler(SchedulerConfig(port=0, agent_port=0, db=db, retry_interval=60))
+        proxy.target = second.agent_port  # the scheduler's address now reaches the new one
+        silent = time.monotonic()
+        assert not second.state.ready  # waiting for sim-0 (the default resync: 60 s)
+
+        async def back() -> bool:
+            server = second.state.servers.get("sim") if second is not None else None
+            return server is not None and 0 in server.replicas and server.replicas[0].connected
+
+        # Noticed within 10-20 s (a ping every 10 s, 10 s for its answer), then back at once.
+        await wait_until(back, attempts=300, interval=0.1)
+        took = time.monotonic() - silent
+        assert took < 25.0 and second.state.ready, took
+        assert agent.subscribed
+        print(f"agent back on the new scheduler {took:.1f} s after the old one went silent")
+    finally:
+        if agent is not None:
+            await agent.stop()
+        if second is not None:
+            await second.stop()
+        await proxy.stop()
+        with contextlib.suppress(Exception):
+            await first.stop()

@@ -48,6 +48,7 @@ from modelyard.agent.state import LocalState
 from modelyard.config import ListenConfig
 from modelyard.errors import Conflict, ModelyardError, NotFound, SchedulerUnavailable
 from modelyard.rpc import AgentClient, agent_pb2
+from modelyard.rpc.agent_client import KEEPALIVE
 from modelyard.serving import HttpServer
 from modelyard.telemetry import TRACEPARENT, Attributes, Span, build_tracer
 from modelyard.upstream.repository import RepositoryClient
@@ -81,6 +82,7 @@ class Agent:
         self._client = AgentClient(  # the TLS and token files checked now (one line naming the file)
             config.scheduler,
             connect_timeout=config.connect_timeout,
+            keepalive=KEEPALIVE,  # a scheduler that went silent is noticed within about 20 s
             tls=config.scheduler_tls,
             token=token.get_secret_value() if token is not None else None,
             token_file=str(config.scheduler_token_file) if config.scheduler_token_file else None,

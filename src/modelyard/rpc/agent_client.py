@@ -14,6 +14,15 @@ a rotated certificate is used from the next reconnect on. A join token (`token`,
 `token_file`: its first line, read again when the file changes) goes with every call as the
 metadata `authorization: Bearer <token>`; it is never logged nor put in an error.
 
+Keepalive: the channel pings the scheduler every `keepalive` seconds (10 s), with or without a call
+open, and gives up on a connection whose ping is not answered within as long again: a scheduler
+whose host vanished without closing the connection (a node failure, a partition, a conntrack entry
+to a dead pod's address) is noticed within about 20 s, the subscription breaks
+(`SchedulerUnavailable`) and the agent subscribes again on a new connection, well inside a new
+scheduler's 60 s resync. Without it, the agent waited on the dead stream for ever while the new
+scheduler dropped its replica. The scheduler's agent port permits a ping every 5 s
+(`rpc/agent_server.py`); gRPC's default (one in 5 minutes) would answer these with GOAWAY.
+
 Reconnecting: gRPC's own reconnect backoff (1 s growing to 120 s by default) would leave an agent
 waiting for up to two minutes after its scheduler came back; here it starts at 0.1 s and is capped
 at `reconnect_backoff_max` (2 s; gRPC adds 20 % jitter), so a channel waiting to be ready connects
@@ -62,6 +71,7 @@ _UNAVAILABLE = frozenset(
 # UNIMPLEMENTED and does nothing.
 _PROBE = "/modelyard.agent.v1.AgentService/Reachable"
 Stat = tuple[int, int, int, int] | None
+KEEPALIVE = 10.0  # seconds between pings, and the longest wait for an answer (see the module)
 
 
 def _translate(error: aio.AioRpcError, what: str) -> ModelyardError:
@@ -121,10 +131,10 @@ class AgentClient:
     and reconnects by itself (backoff 0.1 s growing to `reconnect_backoff_max`); `close()` ends it
     and any stream on it. It has a connection of its own (not shared with other channels of the
     process to the same scheduler, as gRPC would by default): the scheduler tells agents apart by
-    their connections. `keepalive` (seconds; None = off) sends HTTP/2 pings on an idle stream so a
-    vanished scheduler host is noticed; it is off by default because grpc servers refuse pings more
-    frequent than their `min_recv_ping_interval_without_data` (5 min by default) with GOAWAY.
-    `token` (or `token_file`) is the join token sent with every call; see the module for both.
+    their connections. `keepalive` (seconds; None = off) sends HTTP/2 pings so a vanished scheduler
+    host is noticed (see the module); a server other than modelyard's scheduler may refuse pings
+    this frequent (gRPC's default allows one in 5 minutes). `token` (or `token_file`) is the join
+    token sent with every call; see the module for both.
     """
 
     def __init__(
@@ -132,7 +142,7 @@ class AgentClient:
         target: str,
         *,
         connect_timeout: float = 5.0,
-        keepalive: float | None = None,
+        keepalive: float | None = KEEPALIVE,
         tls: TlsClientConfig | None = None,
         token: str | None = None,
         token_file: str | None = None,
@@ -167,7 +177,15 @@ class AgentClient:
         ]
         if self._keepalive:
             ms = int(self._keepalive * 1000)
-            options += [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms)]
+            options += [
+                ("grpc.keepalive_time_ms", ms),
+                ("grpc.keepalive_timeout_ms", ms),
+                ("grpc.http2.ping_timeout_ms", ms),  # else gRPC waits 60 s for the answer, whatever the above
+                # A subscription sends nothing after its request, and an idle channel still holds the
+                # connection its next call will use: ping both (gRPC stops after 2 pings without data).
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
+            ]
         return options
 
     def _connect(self) -> agent_pb2_grpc.AgentServiceAsyncStub:
