@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 import zipfile
 
 import pytest
 
-from modelyard.agent.archives import ArchiveError
+from modelyard.agent.archives import ArchiveError, unpack
 from modelyard.agent.artefacts import Artefacts, FetchPolicy
 
 
@@ -91,14 +92,133 @@ async def test_members_that_would_land_outside_the_model_are_refused(tmp_path, m
     assert not (tmp_path / "escape").exists()
 
 
-async def test_links_inside_the_model_are_kept(tmp_path):
-    archive = _tar(
-        tmp_path / "m.tar", ("a/weights", b"w"), ("a/link", "->", "weights"), ("b", "=>", "a/weights")
-    )
-    placed = await Artefacts(
-        tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path)
-    ).fetch("iris", str(archive))
-    assert (placed.path / "a" / "link").read_bytes() == b"w" and (placed.path / "b").read_bytes() == b"w"
+def _escape_by_long_paths(path, outside):
+    """A tar that wrote outside the model on Python 3.11.7 (tarfile's "data" filter gives up on
+    paths past PATH_MAX, CVE-2025-4517) though every link in it passed the lexical check: 16
+    nested 247-character directories with a one-letter link to each, a link `../` x 16 at the
+    bottom (lexically inside), and a link through it that climbs out to `outside`."""
+    long_name = "d" * 247
+    steps = "abcdefghijklmnop"
+    with tarfile.open(path, "w") as tar:
+
+        def add(name, kind, link="", data=None):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, link
+            if data is None:
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+        here = ""
+        for letter in steps:
+            add(os.path.join(here, long_name), tarfile.DIRTYPE)
+            add(os.path.join(here, letter), tarfile.SYMTYPE, long_name)
+            here = os.path.join(here, long_name)
+        bottom = os.path.join(*steps, "l" * 254)
+        add(bottom, tarfile.SYMTYPE, "../" * len(steps))
+        add("escape", tarfile.SYMTYPE, bottom + "/" + "../" * 15 + str(outside).lstrip("/"))
+        add("escape/pwned.txt", tarfile.REGTYPE, data=b"written by a model archive\n")
+        add("model-settings.json", tarfile.REGTYPE, data=b'{"name": "x"}')
+    return path
+
+
+async def test_an_archive_escaping_through_over_long_link_paths_is_refused(tmp_path):
+    # Before: fetched "successfully", and OUTSIDE/pwned.txt was written (the review's d1).
+    outside = tmp_path / "OUTSIDE"
+    outside.mkdir()
+    archive = _escape_by_long_paths(tmp_path / "evil.tar", outside)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 30, timeout=30, policy=_sources_in(tmp_path))
+    with pytest.raises(ArchiveError, match="is a link; links in archives are refused"):
+        await artefacts.fetch("evil", str(archive))
+    assert os.listdir(outside) == []
+    assert os.listdir(tmp_path / "repo") == []
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        # a chain whose link texts each stay inside: B is the model, so B/.. is its parent
+        [("B", "->", "."), ("A", "->", "B/.."), ("A/x", b"x")],
+        [("a/weights", b"w"), ("a/link", "->", "weights")],
+        [("a/weights", b"w"), ("b", "=>", "a/weights")],
+    ],
+)
+async def test_links_are_refused_even_when_they_point_inside(tmp_path, members):
+    archive = _tar(tmp_path / "m.tar", *members)
+    with pytest.raises(ArchiveError, match="is a link; links in archives are refused"):
+        await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path)).fetch(
+            "iris", str(archive)
+        )
+    assert os.listdir(tmp_path / "repo") == []
+    assert sorted(os.listdir(tmp_path)) == ["m.tar", "repo"]
+
+
+async def test_a_zip_member_that_is_a_link_is_refused(tmp_path):
+    # Before: zipfile wrote it as a file holding the link's text, and the fetch succeeded.
+    zipped = tmp_path / "link.zip"
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("model-settings.json", b"{}")
+        link = zipfile.ZipInfo("weights")
+        link.create_system = 3  # Unix
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16
+        z.writestr(link, "/etc/passwd")
+    with pytest.raises(ArchiveError, match="'weights' is a link"):
+        await Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path)).fetch(
+            "iris", str(zipped)
+        )
+    assert os.listdir(tmp_path / "repo") == []
+
+
+@pytest.mark.parametrize("kind", [tarfile.FIFOTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE])
+def test_special_members_are_refused(tmp_path, kind):
+    info = tarfile.TarInfo("dev")
+    info.type = kind
+    with tarfile.open(tmp_path / "m.tar", "w") as tar:
+        tar.addfile(info)
+    (tmp_path / "into").mkdir()
+    with pytest.raises(ArchiveError, match="'dev' is not a regular file or directory"):
+        unpack(tmp_path / "m.tar", tmp_path / "into", max_bytes=1 << 20)
+    assert os.listdir(tmp_path / "into") == []
+
+
+def test_nothing_is_written_through_a_link_someone_put_in_the_directory(tmp_path):
+    # Another process that can write in the repository plants links in the staging directory:
+    # a directory link fails the archive, a file link is replaced, never written through.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    into = tmp_path / "into"
+    into.mkdir()
+    (into / "sub").symlink_to(outside)
+    (into / "weights").symlink_to(outside / "weights")
+    archive = _tar(tmp_path / "m.tar", ("weights", b"w"), ("sub/x", b"x"))
+    with pytest.raises(ArchiveError, match="cannot write 'sub'"):
+        unpack(archive, into, max_bytes=1 << 20)
+    assert os.listdir(outside) == []
+    assert not (into / "weights").is_symlink() and (into / "weights").read_bytes() == b"w"
+
+
+def test_odd_names_are_normalised_or_refused(tmp_path):
+    into = tmp_path / "into"
+    into.mkdir()
+    unpack(_tar(tmp_path / "ok.tar", ("./a//b/./c", b"c"), ("d\\e", b"e")), into, max_bytes=1 << 20)
+    assert (into / "a" / "b" / "c").read_bytes() == b"c" and (into / "d" / "e").read_bytes() == b"e"
+    for name in ("a/../../x", "..\\x", "/abs"):
+        with pytest.raises(ArchiveError, match="unsafe path"):
+            unpack(_tar(tmp_path / "bad.tar", (name, b"x")), into, max_bytes=1 << 20)
+
+
+def test_permissions_are_kept_as_the_data_filter_keeps_them(tmp_path):
+    path = tmp_path / "m.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, mode in (("run.sh", 0o4777), ("weights", 0o666), ("secret", 0o400)):
+            info = tarfile.TarInfo(name)
+            info.mode, info.size = mode, 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    (tmp_path / "into").mkdir()
+    unpack(path, tmp_path / "into", max_bytes=1 << 20)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "into").iterdir()}
+    assert modes == {"run.sh": 0o755, "weights": 0o644, "secret": 0o600}
 
 
 async def test_a_zip_member_climbing_out_is_refused(tmp_path):
