@@ -10,10 +10,14 @@ metadata addresses were fetched from."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import ipaddress
 import logging
 import os
 import socket
+import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -26,11 +30,13 @@ from modelyard.agent import artefacts as artefacts_module
 from modelyard.agent.config import DEFAULT_MAX_ARTEFACT_BYTES
 from modelyard.rpc.agent_v1 import agent_pb2
 from modelyard.scheduler import SchedulerConfig, start_scheduler
+from modelyard.upstream.addresses import AddressPolicy
 from support import free_ports, wait_for_model, wait_until
 
 LOAD = agent_pb2.ModelOperation.LOAD_MODEL
 UNLOAD = agent_pb2.ModelOperation.UNLOAD_MODEL
 LOOPBACK = ("127.0.0.0/8",)
+LOOPBACK_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"),)
 
 
 @pytest.fixture
@@ -192,6 +198,166 @@ def test_the_default_size_limit_is_finite_and_documented():
     assert config.max_artefact_bytes == DEFAULT_MAX_ARTEFACT_BYTES
     assert not config.allow_private_fetch and config.fetch_roots == () and config.fetch_networks == ()
     assert config.fetch_schemes == ("file", "http", "https", "s3", "gs")
+
+
+# --- a local source swapped while it is fetched, hard links ----------------------------------------
+
+# Swaps two paths atomically (renameat2 RENAME_EXCHANGE) as fast as it can, until killed or for
+# 60 s: the directory a fetch was checked on and a link to a directory outside every root.
+_FLIPPER = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = os.fsencode(sys.argv[1]), os.fsencode(sys.argv[2])
+print("flipping", flush=True)
+until = time.monotonic() + 60
+while time.monotonic() < until:
+    if libc.renameat2(-100, a, -100, b, 2) != 0:
+        sys.exit(f"renameat2: {os.strerror(ctypes.get_errno())}")
+"""
+
+
+@pytest.mark.parametrize("swapped", ["the source", "a directory in it"])
+async def test_a_source_swapped_for_a_link_during_the_fetch_never_copies_what_the_link_names(
+    tmp_path, swapped
+):
+    # Before (the review's d8): within about 60 fetches, one copied the secret directory into
+    # the model (the check saw the real directory, the copy followed the link by path), and
+    # several raised a raw OSError instead of a refusal.
+    repo = tmp_path / "repo"
+    shared = repo / "shared"
+    secret = tmp_path / "agent-secrets"  # outside every root
+    secret.mkdir()
+    (secret / "join-token").write_text("j-SECRET\n")
+    source = shared / "x"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.bin").write_bytes(b"weights")
+    (source / "sub" / "part.bin").write_bytes(b"part")
+    flipped = source if swapped == "the source" else source / "sub"
+    alt = flipped.with_name(flipped.name + ".alt")
+    alt.symlink_to(secret)
+    artefacts = artefacts_module.Artefacts(repo, max_bytes=1 << 20, timeout=10)
+    flipper = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FLIPPER, str(flipped), str(alt), stdout=asyncio.subprocess.PIPE
+    )
+    outcomes: dict[str, int] = {}
+    try:
+        assert flipper.stdout is not None and await flipper.stdout.readline() == b"flipping\n"
+        until = time.monotonic() + 10
+        for _ in range(150):
+            if time.monotonic() > until or flipper.returncode is not None:
+                break
+            try:
+                placed = await artefacts.fetch("victim", str(source))
+            except artefacts_module.ArtefactError:
+                outcomes["refused"] = outcomes.get("refused", 0) + 1
+                continue
+            copied = {p.name for p in placed.path.rglob("*")}
+            assert "join-token" not in copied, f"the secret was copied: {sorted(copied)}"
+            outcomes["copied"] = outcomes.get("copied", 0) + 1
+            artefacts.remove("victim")
+    finally:
+        if flipper.returncode is None:
+            flipper.kill()
+        await flipper.wait()
+    assert flipper.returncode == -9, "the flipper stopped early: renameat2 unsupported here?"
+    assert sum(outcomes.values()) >= 20, outcomes  # it really raced
+    assert sorted(p.name for p in repo.iterdir()) == ["shared"]
+
+
+async def test_a_path_the_file_system_cannot_check_is_a_refusal_not_an_os_error(tmp_path):
+    # Before: the OSError (here ENAMETOOLONG; in the race above, EINVAL) escaped the fetch raw.
+    (tmp_path / "repo").mkdir()
+    artefacts = artefacts_module.Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10)
+    too_long = tmp_path / "repo" / ("x" * 300)
+    with pytest.raises(artefacts_module.ArtefactError, match=r"cannot be checked: File name too long"):
+        await artefacts.fetch("m", str(too_long))
+
+
+async def test_only_a_source_inside_the_repository_is_hard_linked(tmp_path):
+    # Before: a file from a --fetch-root on the same file system was hard-linked too, so a model
+    # that writes its own files wrote into the shared source every other model is fetched from.
+    repo = tmp_path / "repo"
+    shared = model_source(tmp_path, "shared")
+    own = model_source(repo / ".sources", "own")
+    artefacts = artefacts_module.Artefacts(
+        repo,
+        max_bytes=1 << 20,
+        timeout=10,
+        policy=artefacts_module.FetchPolicy(roots=(tmp_path / "sources",)),
+    )
+    placed = await artefacts.fetch("m", str(shared))
+    fetched = placed.path / "weights.bin"
+    assert fetched.stat().st_ino != (shared / "weights.bin").stat().st_ino
+    with fetched.open("r+b") as model_writes:
+        model_writes.write(b"poisoned")
+    assert (shared / "weights.bin").read_bytes() == b"\0" * 64
+    linked = await artefacts.fetch("o", str(own))  # the repository is the server's already
+    assert (linked.path / "weights.bin").stat().st_ino == (own / "weights.bin").stat().st_ino
+
+
+# --- an archive's unpacking stops with its fetch -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory) -> Path:
+    """A .tar.gz of 20,000 files of 1 KiB: a few hundred KiB that take seconds to unpack."""
+    path = tmp_path_factory.mktemp("archives") / "many.tar.gz"
+    data = b"\1" * 1024
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        for i in range(20_000):
+            info = tarfile.TarInfo(f"d{i // 1000}/f{i}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("source", ["local", "http"])
+async def test_cancelling_a_fetch_stops_the_unpacking_of_its_archive_within_a_second(
+    tmp_path, monkeypatch, serve, many_files, source
+):
+    # Before (the review's d14): the fetch returned, but its thread went on unpacking the whole
+    # archive (535 -> 702 MiB written in the second after an unload), seconds here.
+    ended: list[float] = []
+    real_unpack = artefacts_module.unpack
+
+    def unpack(*args, **kwargs):
+        try:
+            return real_unpack(*args, **kwargs)
+        finally:
+            ended.append(time.monotonic())
+
+    monkeypatch.setattr(artefacts_module, "unpack", unpack)
+    repo = tmp_path / "repo"
+    if source == "local":
+        uri = str(many_files)
+        policy = artefacts_module.FetchPolicy(roots=(many_files.parent,))
+    else:
+        server = await serve()
+        server.payloads["/many.tar.gz"] = many_files.read_bytes()
+        uri = f"{server.url}/many.tar.gz"
+        policy = artefacts_module.FetchPolicy(addresses=AddressPolicy(networks=LOOPBACK_NETWORKS))
+    artefacts = artefacts_module.Artefacts(repo, max_bytes=1 << 30, timeout=60, policy=policy)
+    task = asyncio.create_task(artefacts.fetch("many", uri))
+
+    async def unpacking() -> bool:
+        return any(repo.glob(".many.staging-*/d0/f*"))
+
+    await wait_until(unpacking, attempts=500)
+    cancelled = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    async def unpack_returned() -> bool:
+        return bool(ended)
+
+    await wait_until(unpack_returned, attempts=200, interval=0.05)  # up to 10 s, to measure it
+    assert ended[0] - cancelled < 1.0, f"unpacked on for {ended[0] - cancelled:.1f}s after the cancel"
+
+    async def cleaned() -> bool:
+        return list(repo.iterdir()) == []
+
+    await wait_until(cleaned, attempts=100)
 
 
 # --- schemes and URLs ------------------------------------------------------------------------------

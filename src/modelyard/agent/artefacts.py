@@ -1,7 +1,7 @@
 """Model artefacts in the inference server's repository directory: `<repository>/<name>/`.
 
-`storageUri` may be a local path or `file://` (a directory is hard-linked where the file system
-allows, else copied; a file is copied), `http(s)://` (downloaded by upstream/), or an fsspec
+`storageUri` may be a local path or `file://` (copied; hard-linked instead when the source is
+inside the repository and the file system allows), `http(s)://` (downloaded by upstream/), or an fsspec
 protocol such as `s3://` and `gs://` (when fsspec is installed). A downloaded or local
 `.tar.gz`/`.tgz`/`.tar`/`.zip` is unpacked. Every fetch is staged beside its destination and swapped
 in, so the server never loads half a model.
@@ -14,11 +14,21 @@ config), never the model's:
 - local paths: only inside the repository or a root the agent names (`fetch_roots`), judged
   after `..` and every symbolic link are resolved, a link inside a copied directory included;
   never under /proc, /sys or /dev, whatever the roots; only regular files and directories are
-  copied or linked (a device, FIFO or socket is refused before it is opened);
+  copied or linked (a device, FIFO or socket is refused before it is opened). What was judged is
+  then opened by descriptors, never by path again (`_LocalCopy`): from the root that holds it,
+  one directory at a time, each relative to the one before and none through a link
+  (`O_NOFOLLOW`), and the tree under it walked the same way; so a directory swapped for a link
+  after the check (by anyone who can write in the repository or a root) fails the fetch instead
+  of redirecting it, and nothing outside the roots is ever read;
+- hard links: only a source inside the repository is hard-linked (the repository is the
+  server's to write already); a file from a `fetch_roots` directory is always copied, or a model
+  that writes its own files would write through the link into the shared source;
 - size: the model's files together at most `max_bytes`, counted as they are copied or arrive
   (a file that grows while it is copied is caught too), and an archive's unpacked size too;
+- archives: unpacked member by member, links and special files refused (`archives.py`);
 - time: `timeout` seconds in all; and a fetch stops when it is cancelled (an unload of the
-  model): its worker thread checks between chunks, and its partial files are deleted;
+  model): its worker thread checks between chunks, an archive's unpacking between members and
+  chunks too, and its partial files are deleted;
 - remote addresses, credentials, error texts: see `upstream/download.py`.
 Every error names the storageUri without its userinfo, query or fragment (`redact`).
 
@@ -36,6 +46,7 @@ a new version replaces the old files; `model-settings.json`'s `name` is set to t
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -44,7 +55,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -75,6 +86,10 @@ T = TypeVar("T")
 DEFAULT_SCHEMES = frozenset({"file", "http", "https", "s3", "gs"})
 # Pseudo file systems: never a model, whatever the roots say (/proc/self/environ is a "regular" file).
 _NEVER = (Path("/proc"), Path("/sys"), Path("/dev"))
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Never blocks on a FIFO, never takes a terminal, never follows a link (ELOOP): checked by fstat.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SPECIAL = {
     stat.S_IFCHR: "character device",
     stat.S_IFBLK: "block device",
@@ -145,11 +160,9 @@ class Artefacts:
         shown = redact(storage_uri)
         local = self._local_path(storage_uri, shown)
         if local is not None:
-            local = await asyncio.to_thread(self._allowed_local, local, shown)
-            if _within(local, dest):
+            local, in_place = await asyncio.to_thread(self._allowed_local, local, shown, dest)
+            if in_place:
                 return Placed(dest, owned=False)
-            if _within(self.repository, local):
-                raise ArtefactError(f"storageUri {shown} holds the repository {self.repository}")
         self._refuse_foreign(dest)
         await asyncio.to_thread(self.repository.mkdir, parents=True, exist_ok=True)
         staging = self.repository / f".{name}.staging-{uuid.uuid4().hex[:8]}"
@@ -205,9 +218,24 @@ class Artefacts:
         configured roots."""
         return [self.repository.resolve(), *(root.resolve() for root in self.policy.roots)]
 
-    def _allowed_local(self, path: Path, shown: str) -> Path:
+    def _allowed_local(self, path: Path, shown: str, dest: Path) -> tuple[Path, bool]:
         """`path` resolved (`..` and links), once it is known to exist inside an allowed root and
-        to be a regular file or a directory; ArtefactError otherwise."""
+        to be a regular file or a directory, and whether it is `dest` or inside it (served in
+        place); ArtefactError otherwise, for a path holding the repository, and for an error of
+        the file system (the path changed while it was checked, a name too long)."""
+        try:
+            resolved = self._checked_local(path, shown)
+            if _within(resolved, dest):
+                return resolved, True
+            if _within(self.repository, resolved):
+                raise ArtefactError(f"storageUri {shown} holds the repository {self.repository}")
+        except OSError as error:
+            raise ArtefactError(
+                f"storageUri {shown}: cannot be checked: {error.strerror or error} (did it change meanwhile?)"
+            ) from None
+        return resolved, False
+
+    def _checked_local(self, path: Path, shown: str) -> Path:
         if not path.exists():
             if path.is_symlink():
                 raise ArtefactError(f"storageUri {shown}: a link to nothing")
@@ -233,6 +261,7 @@ class Artefacts:
         def clean() -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
+        until = time.monotonic() + self.timeout
         if local is not None:
             copy = _LocalCopy(self.roots(), self.policy.roots, self.max_bytes, self.timeout, shown)
             await in_thread(lambda stop: copy.place(local, staging, stop), cleanup=clean)
@@ -251,7 +280,14 @@ class Artefacts:
             )
             if basename.endswith(ARCHIVES):
                 await in_thread(
-                    lambda stop: unpack(file, staging, max_bytes=self.max_bytes, remove=True), cleanup=clean
+                    lambda stop: unpack(
+                        file,
+                        staging,
+                        max_bytes=self.max_bytes,
+                        remove=True,
+                        check=_checker(stop, until, self.timeout, shown),
+                    ),
+                    cleanup=clean,
                 )
         else:
             await fetch_with_fsspec(uri, staging, deadline=self.timeout, max_bytes=self.max_bytes)
@@ -351,10 +387,47 @@ def _refuse_outside(resolved: Path, roots: list[Path], shown: str, configured: t
         )
 
 
+def _checker(stop: threading.Event, until: float, timeout: float, shown: str) -> Callable[[], None]:
+    """What a fetch's worker thread calls between chunks: raises once it is told to stop or its
+    deadline (monotonic `until`) has passed."""
+
+    def check() -> None:
+        if stop.is_set():
+            raise FetchStopped(f"fetch of {shown} stopped")
+        if time.monotonic() > until:
+            raise ArtefactError(f"fetch of {shown} took longer than {timeout:g}s")
+
+    return check
+
+
+@dataclass
+class _Opened:
+    """A source file or directory open for reading (`fd`, what fstat said of it); `link_from`
+    is (the directory's descriptor, its name there) when it may be hard-linked (it is inside the
+    repository), else None. `close` closes both."""
+
+    fd: int
+    info: os.stat_result
+    in_repository: bool
+    link_from: tuple[int, str] | None = None
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self.link_from is not None:
+            os.close(self.link_from[0])
+
+
 class _LocalCopy:
     """One local source copied (or hard-linked) into a staging directory, in a worker thread:
     only regular files and directories, every link resolved and checked against the roots, at
-    most `max_bytes` in all and `MAX_MEMBERS` entries, stopping when told or at the deadline."""
+    most `max_bytes` in all and `MAX_MEMBERS` entries, stopping when told or at the deadline.
+
+    Everything is opened by descriptor: the source from the root that holds it, one component
+    at a time with O_NOFOLLOW (`_open`), its entries relative to their directory's descriptor,
+    and the copies likewise under the staging directory's. A link in the source is followed only
+    as the path it resolves to, checked against the roots and opened the same way from its root.
+    So what is read lies under a root, whatever is renamed or swapped for a link meanwhile: a
+    swap makes an open fail (ELOOP, ENOTDIR) and the fetch is refused."""
 
     def __init__(
         self, roots: list[Path], configured: tuple[Path, ...], max_bytes: int, timeout: float, shown: str
@@ -370,14 +443,23 @@ class _LocalCopy:
         self._stop = threading.Event()
 
     def place(self, source: Path, staging: Path, stop: threading.Event) -> None:
+        """Copy `source` (resolved and checked by `_allowed_local`) into `staging` (made here)."""
         self._stop = stop
-        if source.is_dir():
-            self._copy_dir(source, staging, source, set())
-            return
-        staging.mkdir()
-        self._copy_file(source, staging / source.name, source.name)
+        opened = self._open(source, str(source))
+        try:
+            staging.mkdir()
+            target = os.open(staging, _DIR)
+            try:
+                if stat.S_ISDIR(opened.info.st_mode):
+                    self._copy_dir(opened, target, source, "", set())
+                    return
+                self._copy_file(opened, target, source.name, source.name)
+            finally:
+                os.close(target)
+        finally:
+            opened.close()
         if source.name.endswith(ARCHIVES):
-            unpack(staging / source.name, staging, max_bytes=self._max_bytes, remove=True)
+            unpack(staging / source.name, staging, max_bytes=self._max_bytes, remove=True, check=self._check)
 
     def _check(self) -> None:
         if self._stop.is_set():
@@ -398,75 +480,160 @@ class _LocalCopy:
             f"storageUri {self._shown}: {where} is a {kind}; only regular files and directories are fetched"
         )
 
-    def _copy_dir(self, source: Path, target: Path, top: Path, seen: set[tuple[int, int]]) -> None:
-        info = os.stat(source)
-        if (info.st_dev, info.st_ino) in seen:
-            raise ArtefactError(f"storageUri {self._shown}: {source} links back into itself")
-        seen = seen | {(info.st_dev, info.st_ino)}
-        target.mkdir()
-        entries = []
-        with os.scandir(source) as scan:
+    def _cannot(self, where: str, error: OSError) -> ArtefactError:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT, errno.EINVAL):
+            return ArtefactError(
+                f"storageUri {self._shown}: {where} changed while it was fetched (a link, a file or "
+                "nothing where a directory or file was); refused"
+            )
+        return ArtefactError(f"storageUri {self._shown}: {where}: {error.strerror or error}")
+
+    def _open(self, resolved: Path, where: str) -> _Opened:
+        """`resolved` (every link resolved, checked to be inside a root) opened from the root
+        that holds it, each step relative to the last with O_NOFOLLOW: ArtefactError if a step is
+        a link or missing now, or the end is not a regular file or directory."""
+        _refuse_outside(resolved, self._roots, f"{self._shown} ({where})", self._configured)
+        index, root = next(
+            (i, r) for i, r in enumerate(self._roots) if r == resolved or r in resolved.parents
+        )
+        parts = resolved.relative_to(root).parts
+        try:
+            parent = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the agent's own setting
+        except OSError as error:
+            raise self._cannot(where, error) from None
+        try:
+            if not parts:  # the root itself
+                info = os.fstat(parent)
+                fd, parent = parent, -1
+                return _Opened(fd, info, in_repository=index == 0)
+            for part in parts[:-1]:
+                inner = os.open(part, _DIR, dir_fd=parent)
+                os.close(parent)
+                parent = inner
+            last, parent = parent, -1  # taken over by _open_entry: closed, or kept in link_from
+            return self._open_entry(last, parts[-1], where, in_repository=index == 0)
+        except OSError as error:
+            raise self._cannot(where, error) from None
+        finally:
+            if parent >= 0:
+                os.close(parent)
+
+    def _open_entry(self, directory: int, name: str, where: str, *, in_repository: bool) -> _Opened:
+        """`name` in `directory` (a descriptor, taken over: closed, or kept in `link_from`),
+        opened without following a link; a special file is refused before it is opened, and
+        again on what was opened (it may have been swapped in between)."""
+        try:
+            mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                self._refuse_special(where, mode)
+            fd = os.open(name, _READ, dir_fd=directory)
+        except BaseException:
+            os.close(directory)
+            raise
+        info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+            os.close(fd)
+            os.close(directory)
+            self._refuse_special(where, info.st_mode)
+        if in_repository and stat.S_ISREG(info.st_mode):
+            return _Opened(fd, info, in_repository, link_from=(directory, name))
+        os.close(directory)
+        return _Opened(fd, info, in_repository)
+
+    def _child(self, directory: _Opened, path: Path, where: str) -> _Opened:
+        """The entry `path.name` of `directory` (whose path, as walked, is `path.parent`)."""
+        try:
+            mode = os.stat(path.name, dir_fd=directory.fd, follow_symlinks=False).st_mode
+        except OSError as error:
+            raise self._cannot(where, error) from None
+        if stat.S_ISLNK(mode):
+            try:
+                if not os.path.exists(path):
+                    raise ArtefactError(f"storageUri {self._shown}: {where} is a link to nothing")
+                resolved = Path(os.path.realpath(path))
+            except OSError as error:  # EINVAL: no longer a link when it was read
+                raise self._cannot(where, error) from None
+            return self._open(resolved, where)
+        try:
+            return self._open_entry(
+                os.dup(directory.fd), path.name, where, in_repository=directory.in_repository
+            )
+        except OSError as error:
+            raise self._cannot(where, error) from None
+
+    def _copy_dir(
+        self, directory: _Opened, target: int, path: Path, where: str, seen: set[tuple[int, int]]
+    ) -> None:
+        """The entries of `directory` (walked as `path`; `where` is its place in the model, with
+        a trailing `/`, or "" at the top) into the staging directory `target` (a descriptor)."""
+        key = (directory.info.st_dev, directory.info.st_ino)
+        if key in seen:
+            raise ArtefactError(f"storageUri {self._shown}: {path} links back into itself")
+        seen = seen | {key}
+        names = []
+        with os.scandir(directory.fd) as scan:
             for entry in scan:
                 self._entries += 1
                 if self._entries > MAX_MEMBERS:
                     raise ArtefactError(f"storageUri {self._shown}: more than {MAX_MEMBERS} entries")
-                entries.append(entry)
-        for entry in sorted(entries, key=lambda e: e.name):
+                names.append(entry.name)
+        for name in sorted(names):
             self._check()
-            path = Path(entry.path)
-            where = str(path.relative_to(top)) if path.is_relative_to(top) else str(path)
-            mode = os.lstat(path).st_mode
-            if stat.S_ISLNK(mode):
-                if not path.exists():
-                    raise ArtefactError(f"storageUri {self._shown}: {where} is a link to nothing")
-                path = path.resolve()
-                _refuse_outside(path, self._roots, f"{self._shown} ({where})", self._configured)
-                mode = os.stat(path).st_mode
-            if stat.S_ISDIR(mode):
-                self._copy_dir(path, target / entry.name, top, seen)
-            elif stat.S_ISREG(mode):
-                self._copy_file(path, target / entry.name, where)
-            else:
-                self._refuse_special(where, mode)
+            child = self._child(directory, path / name, where + name)
+            try:
+                if stat.S_ISDIR(child.info.st_mode):
+                    inner = _make_dir(target, name)
+                    try:
+                        self._copy_dir(child, inner, path / name, f"{where}{name}/", seen)
+                    finally:
+                        os.close(inner)
+                else:
+                    self._copy_file(child, target, name, where + name)
+            finally:
+                child.close()
 
-    def _copy_file(self, source: Path, target: Path, where: str) -> None:
-        """Hard-link `source` (instant, no space) when it and the target share a file system, else
-        copy it chunk by chunk. Opened without following a link and without blocking, and checked
-        on what was opened, so a file swapped for a link or a FIFO after the checks is refused.
+    def _copy_file(self, source: _Opened, target: int, name: str, where: str) -> None:
+        """Hard-link `source` at `name` in `target` when it may be (`link_from`) and shares its
+        file system, else copy it chunk by chunk into a file made there (O_EXCL, O_NOFOLLOW).
         Files we rewrite later (model-settings.json) are replaced, never written through a link."""
         self._check()
+        info = source.info
+        if self._used + info.st_size > self._max_bytes:
+            self._count(info.st_size)  # over: refused before anything is copied
+        if source.link_from is not None and _linked(source.link_from, target, name, info):
+            self._count(info.st_size)
+            return
         try:
-            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            out = os.open(name, _NEW_FILE, 0o666, dir_fd=target)
         except OSError as error:
-            raise ArtefactError(f"storageUri {self._shown}: {where}: {error.strerror or error}") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                self._refuse_special(where, info.st_mode)
-            if self._used + info.st_size > self._max_bytes:
-                self._count(info.st_size)  # over: refused before anything is copied
-            if _linked(source, target, info):
-                self._count(info.st_size)
-                return
-            with target.open("wb") as out:
-                while chunk := os.read(fd, CHUNK):
-                    self._check()
-                    self._count(len(chunk))  # counted as read: a file that grows is caught too
-                    out.write(chunk)
-        finally:
-            os.close(fd)
+            raise ArtefactError(f"cannot write {where} of {self._shown}: {error.strerror or error}") from None
+        with open(out, "wb") as written:
+            while chunk := os.read(source.fd, CHUNK):
+                self._check()
+                self._count(len(chunk))  # counted as read: a file that grows is caught too
+                written.write(chunk)
 
 
-def _linked(source: Path, target: Path, opened: os.stat_result) -> bool:
-    """Hard-link `source` at `target` if it is still the file opened (same inode, not a link)."""
+def _make_dir(parent: int, name: str) -> int:
+    """A new directory `name` in `parent`, opened (never through a link)."""
+    os.mkdir(name, 0o777, dir_fd=parent)
+    return os.open(name, _DIR, dir_fd=parent)
+
+
+def _linked(source: tuple[int, str], target: int, name: str, opened: os.stat_result) -> bool:
+    """Hard-link `source` (a directory's descriptor and a name in it) at `name` in `target` if
+    it is still the file opened (same inode, not a link)."""
+    directory, source_name = source
     try:
-        os.link(source, target, follow_symlinks=False)
+        os.link(source_name, name, src_dir_fd=directory, dst_dir_fd=target, follow_symlinks=False)
     except OSError:
         return False  # another file system, or a file of someone else's (protected_hardlinks)
-    made = os.lstat(target)
+    made = os.stat(name, dir_fd=target, follow_symlinks=False)
     if stat.S_ISREG(made.st_mode) and (made.st_dev, made.st_ino) == (opened.st_dev, opened.st_ino):
         return True
-    target.unlink()
+    os.unlink(name, dir_fd=target)
     return False
 
 
