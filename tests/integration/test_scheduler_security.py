@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -674,6 +676,61 @@ async def test_a_certificate_without_an_agent_identity_is_refused(
     agents.append(agent)
     await agent.subscribe("sim", 7)
     assert sched.state.servers["sim"].replicas[7].connected
+
+
+SILENT_CONNECTIONS = 3000
+
+
+def still_open(held: list[socket.socket]) -> list[socket.socket]:
+    """The sockets the far end has not closed (non-blocking: nothing to read yet)."""
+    left = []
+    for sock in held:
+        try:
+            while sock.recv(4096):
+                pass  # what the server says first (a plain port's HTTP/2 settings), if anything
+        except BlockingIOError:
+            left.append(sock)
+        except OSError:
+            pass  # reset: closed
+    return left
+
+
+async def test_silent_connections_to_the_agent_port_are_dropped_after_the_handshake_timeout(
+    scheduler: Any, pki: Pki, agent_ca: Pki, files: dict[str, str]
+) -> None:
+    """The review's D10: a connection that never starts its TLS handshake was held for gRPC's
+    default 120 s, so anyone reaching the agent port could hold thousands of them. Now 10 s."""
+    sched = await scheduler(**secured(pki, agent_ca, files))
+
+    def connect() -> list[socket.socket]:
+        made = []
+        for _ in range(SILENT_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", sched.agent_port), timeout=5)
+            sock.setblocking(False)
+            made.append(sock)
+        return made
+
+    held = await asyncio.to_thread(connect)
+    opened = time.monotonic()
+    try:
+        await asyncio.sleep(2.0)
+        assert len(still_open(held)) == SILENT_CONNECTIONS  # not before the timeout
+        left = held
+        while left and time.monotonic() - opened < 20.0:
+            await asyncio.sleep(0.5)
+            left = still_open(left)
+        took = time.monotonic() - opened
+        assert not left, f"{len(left)} of {SILENT_CONNECTIONS} still open after {took:.1f}s"
+        assert 9.0 < took < 16.0, took
+        # The port still serves an agent that speaks.
+        agent = Agent(sched, pki, agent_certificate(agent_ca, "sim", 0))
+        try:
+            await agent.subscribe("sim", 0)
+        finally:
+            await agent.close()
+    finally:
+        for sock in held:
+            sock.close()
 
 
 # --- plain text only on loopback -------------------------------------------------------------

@@ -100,6 +100,7 @@ class AgentCredentials:
 
 Context = aio.ServicerContext[Any, Any]
 _REFUSALS_REMEMBERED = 1024  # (peer, claim) pairs whose refusal was logged
+HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has for its TLS and HTTP/2 handshakes
 
 
 class _Admission:
@@ -270,7 +271,8 @@ class AgentServer:
     they change); its `client_ca_file`, if any, is the agent CA and every agent must show a
     certificate it signed. `credentials` say who may call (see the module). `keepalive` (seconds)
     pings each connection that has a call open: one that does not answer within as long again is
-    closed, so the stream of an agent that vanished ends and its replica's slot is free."""
+    closed, so the stream of an agent that vanished ends and its replica's slot is free. A connection
+    that has not finished its handshake within `handshake_timeout` seconds (10) is closed."""
 
     def __init__(
         self,
@@ -281,6 +283,7 @@ class AgentServer:
         tls: TlsServerConfig | None = None,
         credentials: AgentCredentials | None = None,
         keepalive: float | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         self.host = host
         self.port = port
@@ -290,6 +293,7 @@ class AgentServer:
         self._tls_watch: asyncio.Task[None] | None = None
         self._admission = _Admission(credentials)
         self._keepalive = keepalive
+        self._handshake_timeout = handshake_timeout
 
     @property
     def address(self) -> str:
@@ -304,6 +308,9 @@ class AgentServer:
             # one ping in 5 minutes with GOAWAY).
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # A connection that has not finished its (TLS and HTTP/2) handshake by then is closed:
+            # gRPC's default, 120 s, let anyone who reaches the port hold thousands of silent ones.
+            ("grpc.server_handshake_timeout_ms", int(self._handshake_timeout * 1000)),
         ]
         if self._keepalive:
             ms = int(self._keepalive * 1000)
