@@ -678,6 +678,52 @@ async def test_a_certificate_without_an_agent_identity_is_refused(
     assert sched.state.servers["sim"].replicas[7].connected
 
 
+async def test_open_feeds_and_subscriptions_end_once_their_token_is_removed(
+    scheduler: Any, pki: Pki, files: dict[str, str], http: aiohttp.ClientSession, agents: list[Agent]
+) -> None:
+    """A token removed from its file (a leaked one, rotated away) stopped new calls but left the
+    feeds and agent subscriptions it had opened running for as long as their connections lasted."""
+    sched = await scheduler(
+        tls=tls(pki.issue()),
+        tokens_file=files["tokens"],
+        agent_tokens_file=files["agent_tokens"],
+        credential_recheck=0.2,
+        feed_ping_interval=0.2,
+    )
+    client = pki.client_context()
+    agent = Agent(sched, pki, token=JOIN_TOKEN)
+    agents.append(agent)
+    await agent.subscribe("sim", 0)
+    async with http.get(f"{sched.url}/v1/feed", headers=bearer(READ_TOKEN), ssl=client) as feed:
+        assert feed.status == 200
+        assert orjson.loads(await feed.content.readline())["type"] == "snapshot"
+        # Both tokens rotated away: the files now hold other tokens only.
+        Path(files["tokens"]).write_text(f"write {WRITE_TOKEN}\nread r-rotated-0123456789abcdef\n")
+        Path(files["agent_tokens"]).write_text("sim j-rotated-0123456789abcdef\n")
+        async with asyncio.timeout(5):  # about one recheck (0.2 s) and one ping after it
+            while (line := await feed.content.readline()) != b"":
+                assert orjson.loads(line)["type"] in ("ping", "model"), line
+
+    async def ended() -> bool:
+        return agent.ended is not None
+
+    await wait_until(ended, attempts=500)
+    assert agent.ended is not None and agent.ended.code() == Code.UNAUTHENTICATED
+    assert "token" in (agent.ended.details() or "")
+
+    async def gone() -> bool:
+        server = sched.state.servers.get("sim")
+        return server is None or 0 not in server.replicas
+
+    await wait_until(gone, attempts=500)
+    # The old tokens open nothing new either; the write token still works.
+    again = Agent(sched, pki, token=JOIN_TOKEN)
+    agents.append(again)
+    assert (await refused(again.subscribe("sim", 0))).code() == Code.UNAUTHENTICATED
+    assert (await rest(http, "GET", f"{sched.url}/v1/feed", READ_TOKEN, ssl=client))[0] == 401
+    assert (await rest(http, "GET", f"{sched.url}/v1/models", WRITE_TOKEN, ssl=client))[0] == 200
+
+
 SILENT_CONNECTIONS = 3000
 
 

@@ -23,6 +23,11 @@ server-wide certificate) would otherwise let one pod unload, drain or scale its 
 another connection: PERMISSION_DENIED (logged once per peer); held by none: NOT_FOUND, as the state
 answers for a replica that is not subscribed (an agent retries a drain on it while it re-subscribes).
 This holds without credentials too (loopback): one connection, one replica.
+
+A subscription admitted by a join token lasts only as long as the token: every `recheck` seconds
+(10) the caller's credentials are looked at again (the tokens file is read again when it changed),
+and a stream none of them allows any more ends with UNAUTHENTICATED (logged), its replica
+disconnected. A certificate's identity is its connection's: it does not change.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ class AgentCredentials:
 Context = aio.ServicerContext[Any, Any]
 _REFUSALS_REMEMBERED = 1024  # (peer, claim) pairs whose refusal was logged
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has for its TLS and HTTP/2 handshakes
+RECHECK = 10.0  # seconds between looks at an open subscription's join token
+_END = object()  # the handler's operations ended
 
 
 class _Admission:
@@ -156,6 +163,18 @@ class _Admission:
             self._log_once(context, what, f"{server}-{replica}", line)
             await self._abort(context, grpc.StatusCode.PERMISSION_DENIED, line)
 
+    @property
+    def watches_tokens(self) -> bool:
+        """Whether a join token may admit a call (and may be taken away while it is open)."""
+        return self._credentials is not None and self._credentials.tokens is not None
+
+    def revoked(self, context: Context, server: str, replica: int) -> bool:
+        """Whether the caller's credentials, looked at again now, no longer allow `server`-`replica`."""
+        if self._credentials is None:
+            return False
+        identities, _ = self._identities(self._credentials, context)
+        return not any(identity.allows(server, replica) for identity in identities)
+
     @staticmethod
     def _identities(credentials: AgentCredentials, context: Context) -> tuple[list[AgentIdentity], str]:
         """The caller's identities, and why there are none."""
@@ -199,6 +218,10 @@ class _Admission:
         raise AssertionError("unreachable: abort raises")
 
 
+async def _next(operations: AsyncIterator[agent_pb2.ModelOperation]) -> object:
+    return await anext(operations, _END)
+
+
 def _peer_host(peer: str) -> str:
     """gRPC's `ipv4:10.0.0.7:40312` (or `ipv6:[::1]:5000`) without its port."""
     address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
@@ -207,9 +230,10 @@ def _peer_host(peer: str) -> str:
 
 
 class _Servicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, handler: AgentHandler, admission: _Admission) -> None:
+    def __init__(self, handler: AgentHandler, admission: _Admission, recheck: float = RECHECK) -> None:
         self._handler = handler
         self._admission = admission
+        self._recheck = recheck
 
     async def _own(self, context: Context, server: str, replica: int, what: str) -> None:
         """Admit a call that acts on a running replica: its credential, then its connection."""
@@ -220,18 +244,48 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
     async def Subscribe(
         self, request: agent_pb2.SubscribeRequest, context: aio.ServicerContext[object, object]
     ) -> AsyncIterator[agent_pb2.ModelOperation]:
-        await self._admission.admit(context, request.server_name, request.replica_idx, "Subscribe")
+        server, replica = request.server_name, request.replica_idx
+        await self._admission.admit(context, server, replica, "Subscribe")
         operations = self._handler.subscribe(request, context.peer() or "")
+        pending: asyncio.Task[object] | None = None  # the handler's next operation, awaited
         try:
-            async for operation in operations:
-                yield operation
+            if not self._admission.watches_tokens:
+                async for operation in operations:
+                    yield operation
+            else:  # each operation awaited beside the token's recheck
+                while True:
+                    pending = asyncio.ensure_future(_next(operations))
+                    await self._while_admitted(pending, context, server, replica)
+                    item, pending = pending.result(), None
+                    if not isinstance(item, agent_pb2.ModelOperation):
+                        break  # _END
+                    yield item
         except ModelyardError as error:
             await context.abort(status_code(error), error.message)
         finally:
+            if pending is not None:  # the handler's disconnect processing runs as it is cancelled
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
             # Run the handler's disconnect processing now, not whenever the generator is collected.
             aclose = getattr(operations, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _while_admitted(
+        self, pending: asyncio.Task[object], context: Context, server: str, replica: int
+    ) -> None:
+        """Wait for `pending`; every `recheck` seconds until it is done, end the call (UNAUTHENTICATED)
+        if the caller's credentials no longer allow it: its join token was removed."""
+        while not (await asyncio.wait({pending}, timeout=self._recheck))[0]:
+            if self._admission.revoked(context, server, replica):
+                line = (
+                    f"Subscribe for server replica {server}-{replica}: its join token is no longer one "
+                    "the scheduler knows (removed from the agent tokens file)"
+                )
+                log.warning(
+                    "agent port: ended a subscription from %s: %s", _peer_host(context.peer() or ""), line
+                )
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, line)
 
     async def AgentEvent(
         self, request: agent_pb2.ModelEvent, context: aio.ServicerContext[object, object]
@@ -272,7 +326,8 @@ class AgentServer:
     certificate it signed. `credentials` say who may call (see the module). `keepalive` (seconds)
     pings each connection that has a call open: one that does not answer within as long again is
     closed, so the stream of an agent that vanished ends and its replica's slot is free. A connection
-    that has not finished its handshake within `handshake_timeout` seconds (10) is closed."""
+    that has not finished its handshake within `handshake_timeout` seconds (10) is closed. An open
+    subscription's join token is looked at again every `recheck` seconds (see the module)."""
 
     def __init__(
         self,
@@ -284,6 +339,7 @@ class AgentServer:
         credentials: AgentCredentials | None = None,
         keepalive: float | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        recheck: float = RECHECK,
     ) -> None:
         self.host = host
         self.port = port
@@ -294,6 +350,7 @@ class AgentServer:
         self._admission = _Admission(credentials)
         self._keepalive = keepalive
         self._handshake_timeout = handshake_timeout
+        self._recheck = recheck
 
     @property
     def address(self) -> str:
@@ -302,7 +359,7 @@ class AgentServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("AgentServer already started")
-        servicer = _Servicer(self._handler, self._admission)
+        servicer = _Servicer(self._handler, self._admission, self._recheck)
         options: list[tuple[str, Any]] = [
             # Agents may ping their stream as often as every 5 s (grpc's default refuses more than
             # one ping in 5 minutes with GOAWAY).

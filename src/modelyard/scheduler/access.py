@@ -123,7 +123,11 @@ def certificate_role(certificate: dict[str, object]) -> str | None:
 
 def rest_access(config: SchedulerConfig) -> RestAccess | None:
     """The REST API's admission, or None when it is open; reads the tokens file (TokenFileError)."""
-    tokens = TokenFile(config.tokens_file, role_key) if config.tokens_file else None
+    tokens = (
+        TokenFile(config.tokens_file, role_key, reload_interval=config.credential_recheck)
+        if config.tokens_file
+        else None
+    )
     certificates = config.tls is not None and bool(config.tls.client_ca_file)
     if tokens is None and not certificates:
         return None
@@ -132,7 +136,11 @@ def rest_access(config: SchedulerConfig) -> RestAccess | None:
 
 def agent_credentials(config: SchedulerConfig) -> AgentCredentials | None:
     """What the agent port accepts, or None when anyone may call; reads the agent tokens file."""
-    tokens = TokenFile(config.agent_tokens_file, any_key) if config.agent_tokens_file else None
+    tokens = (
+        TokenFile(config.agent_tokens_file, any_key, reload_interval=config.credential_recheck)
+        if config.agent_tokens_file
+        else None
+    )
     if tokens is None and not config.agent_ca_file:
         return None
     return AgentCredentials(certificates=bool(config.agent_ca_file), tokens=tokens)

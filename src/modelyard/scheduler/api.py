@@ -185,8 +185,14 @@ async def get_servers(request: web.Request) -> web.Response:
 
 async def feed(request: web.Request) -> web.StreamResponse:
     """A snapshot line, then each change; a ping every few seconds. Ends when the reader is dropped
-    for lagging (it reconnects for a fresh snapshot) or the scheduler stops."""
+    for lagging (it reconnects for a fresh snapshot), the scheduler stops, or the credential it was
+    admitted with is gone (checked again every `credential_recheck` seconds: a token removed from
+    the tokens file ends the feeds it opened; the reader's reconnect is then refused)."""
     service = request.app[SERVICE]
+    access = request.app[ACCESS]
+    loop = asyncio.get_running_loop()
+    recheck = service.config.credential_recheck
+    next_check = loop.time() + recheck
     queue = service.feed.subscribe()  # in the same step as the snapshot: no change falls between
     snapshot = {"type": "snapshot", "models": service.state.feed_snapshot()}
     response = web.StreamResponse(
@@ -203,6 +209,13 @@ async def feed(request: web.Request) -> web.StreamResponse:
                 line = {"type": "ping"}
             if line is None:
                 break
+            if access is not None and loop.time() >= next_check:
+                next_check = loop.time() + recheck
+                try:
+                    access.check(request)
+                except ModelyardError as error:
+                    log.info("ended a feed to %s: %s", request.remote or "a reader", error.message)
+                    break
             await response.write(orjson.dumps(line) + b"\n")
     finally:
         service.feed.unsubscribe(queue)

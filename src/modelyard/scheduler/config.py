@@ -85,6 +85,12 @@ class SchedulerConfig(BaseModel):
     insecure: bool = Field(
         False, description="start on an address other than loopback without TLS or credentials (warned)"
     )
+    credential_recheck: float = Field(
+        10.0,
+        gt=0,
+        description="seconds between looks at the token files (a changed file is read again) and "
+        "between checks of the tokens of open feeds and agent subscriptions: one whose token is gone ends",
+    )
     max_replica_memory: Bytes = Field(
         0, description="refuse an agent that claims more memory than this for its replica; 0 = no limit"
     )

@@ -181,6 +181,7 @@ async def start_scheduler(
             tls=agent_tls,
             credentials=credentials,
             keepalive=config.agent_keepalive,
+            recheck=config.credential_recheck,
         )
     except BaseException:
         service.store.close()
