@@ -678,6 +678,10 @@ async def test_a_certificate_without_an_agent_identity_is_refused(
     assert sched.state.servers["sim"].replicas[7].connected
 
 
+def rewrite(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
 async def test_open_feeds_and_subscriptions_end_once_their_token_is_removed(
     scheduler: Any, pki: Pki, files: dict[str, str], http: aiohttp.ClientSession, agents: list[Agent]
 ) -> None:
@@ -698,8 +702,8 @@ async def test_open_feeds_and_subscriptions_end_once_their_token_is_removed(
         assert feed.status == 200
         assert orjson.loads(await feed.content.readline())["type"] == "snapshot"
         # Both tokens rotated away: the files now hold other tokens only.
-        Path(files["tokens"]).write_text(f"write {WRITE_TOKEN}\nread r-rotated-0123456789abcdef\n")
-        Path(files["agent_tokens"]).write_text("sim j-rotated-0123456789abcdef\n")
+        rewrite(files["tokens"], f"write {WRITE_TOKEN}\nread r-rotated-0123456789abcdef\n")
+        rewrite(files["agent_tokens"], "sim j-rotated-0123456789abcdef\n")
         async with asyncio.timeout(5):  # about one recheck (0.2 s) and one ping after it
             while (line := await feed.content.readline()) != b"":
                 assert orjson.loads(line)["type"] in ("ping", "model"), line
