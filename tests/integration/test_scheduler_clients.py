@@ -20,6 +20,7 @@ from modelyard.cli.main import app
 from modelyard.errors import ConfigError
 from modelyard.gateway import GATEWAY
 from modelyard.scheduler import SchedulerConfig, start_scheduler
+from modelyard.upstream.feed import FeedClient
 
 __all__ = ["files", "pki", "scheduler"]  # fixtures shared with the attacks' tests
 
@@ -157,3 +158,43 @@ async def test_the_gateways_feed_needs_the_token_and_verifies_tls(
 
     with pytest.raises(ConfigError, match="cannot read the token file"):
         await gateways([], placement={**placement, "token_file": str(tmp_path / "missing")})
+
+
+def test_no_command_sends_a_token_over_plain_http_to_another_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token sent over plain http to another machine can be read on the way: refused in one line,
+    before anything is sent (nothing listens at 192.0.2.1, a documentation address)."""
+    for variable in ("MODELYARD_SCHEDULER", "MODELYARD_SCHEDULER_TOKEN", "MODELYARD_SCHEDULER_TOKEN_FILE"):
+        monkeypatch.delenv(variable, raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{WRITE_TOKEN}\n")
+    runner = CliRunner()
+    for scheduler_address in ("192.0.2.1:9004", "http://scheduler.example:9004"):
+        for credential in (["--token", WRITE_TOKEN], ["--token-file", str(token_file)]):
+            result = runner.invoke(app, ["model", "list", "--scheduler", scheduler_address, *credential])
+            assert result.exit_code == 1, result.output
+            (line,) = result.stderr.splitlines()
+            assert "plain http" in line and "https" in line and WRITE_TOKEN not in line, line
+    # Loopback stays plain (the demo, a port-forward); without a token nothing is refused here.
+    with threaded_scheduler() as sched:
+        loopback = sched.url.replace("127.0.0.1", "localhost")
+        for address in (sched.url, loopback):
+            result = runner.invoke(app, ["model", "list", "--scheduler", address, "--token", WRITE_TOKEN])
+            assert result.exit_code == 0, result.stderr
+
+
+def test_the_feed_client_sends_no_token_over_plain_http_to_another_host(tmp_path: Path) -> None:
+    token_file = tmp_path / "feed-token"
+    token_file.write_text(f"{READ_TOKEN}\n")
+    timeouts = {"connect_timeout": 1.0, "ping_timeout": 1.0}
+    with pytest.raises(ConfigError, match="plain http") as caught:
+        FeedClient("http://modelyard-scheduler:9004", token_file=str(token_file), **timeouts)
+    assert READ_TOKEN not in str(caught.value)
+    FeedClient(
+        "http://modelyard-scheduler:9004", token_file=str(token_file), allow_plain_token=True, **timeouts
+    )
+    FeedClient("https://modelyard-scheduler:9004", token_file=str(token_file), **timeouts)
+    FeedClient("http://127.0.0.1:9004", token_file=str(token_file), **timeouts)
+    FeedClient("http://[::1]:9004", token_file=str(token_file), **timeouts)
+    FeedClient("http://modelyard-scheduler:9004", **timeouts)  # no token: nothing to read on the way

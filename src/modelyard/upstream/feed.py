@@ -8,7 +8,9 @@ forever.
 
 With `token_file`, each connection sends `Authorization: Bearer <token>` read from it then (a
 rotated Secret is picked up on the next connection); an https scheduler is verified with `tls`.
-A refusal (401, 403) is SchedulerUnavailable with the scheduler's message, never the token.
+A refusal (401, 403) is SchedulerUnavailable with the scheduler's message, never the token. A token
+for a plain http scheduler on a host other than loopback is refused at construction (ConfigError:
+anyone on the way could read it), unless `allow_plain_token`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ from modelyard.errors import SchedulerUnavailable
 from modelyard.protocols.feed import FeedEvent, FeedLineInvalid, parse_feed_line
 from modelyard.security.tls import ClientTls
 from modelyard.security.tokens import TokenFileError, read_token
-from modelyard.upstream.scheduler_client import auth_headers, describe_client_error, tls_options
+from modelyard.upstream.scheduler_client import (
+    auth_headers,
+    check_token_transport,
+    describe_client_error,
+    tls_options,
+)
 
 log = logging.getLogger("modelyard.upstream.feed")
 
@@ -45,7 +52,10 @@ class FeedClient:
         ping_timeout: float,
         token_file: str = "",
         tls: ClientTls | None = None,
+        allow_plain_token: bool = False,
     ) -> None:
+        if token_file and not allow_plain_token:
+            check_token_transport(base_url)  # before the file: no token read for nothing
         self.url = base_url.rstrip("/") + FEED_PATH
         self._connect_timeout = connect_timeout
         self._ping_timeout = ping_timeout

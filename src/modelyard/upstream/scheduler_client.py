@@ -7,7 +7,10 @@ not the API's JSON, is SchedulerUnavailable naming its address.
 
 `token` is sent as `Authorization: Bearer <token>` (never logged nor put in an error); an https
 scheduler is verified with `tls` (ClientTls: its CA file, a client certificate), or the system's CAs.
-401 is Unauthorized, 403 Forbidden, with the scheduler's message.
+401 is Unauthorized, 403 Forbidden, with the scheduler's message. A token is not sent over plain
+http to a host other than loopback, where anyone on the way could read it and then act with it
+(`plain_token_refusal`): the client refuses at construction (ConfigError), unless told
+`allow_plain_token` (a network its owner accepts as plain text).
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ import os
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import orjson
 
+from modelyard.config import on_loopback
 from modelyard.errors import (
     BadRequest,
+    ConfigError,
     Conflict,
     Forbidden,
     ModelBeingDeleted,
@@ -65,7 +70,10 @@ class SchedulerClient:
         timeout: float = 10.0,
         token: str | None = None,
         tls: ClientTls | None = None,
+        allow_plain_token: bool = False,
     ) -> None:
+        if token and not allow_plain_token:
+            check_token_transport(base_url)
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -147,6 +155,25 @@ def error_from_envelope(status: int, answer: Mapping[str, Any], where: str) -> M
     if isinstance(error, ModelSpecInvalid):
         error.source, error.problems = where, [message]
     return error
+
+
+def plain_token_refusal(url: str) -> str | None:
+    """Why a bearer token must not be sent to `url` (plain http to a host other than loopback), or
+    None when it may (https, or this machine)."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or on_loopback(parts.hostname or ""):
+        return None
+    return (
+        f"a token over plain http to {parts.hostname}, a host other than loopback, could be read on the "
+        "way: use https (the scheduler's --tls-cert), or reach it on 127.0.0.1 (kubectl port-forward)"
+    )
+
+
+def check_token_transport(url: str) -> None:
+    """ConfigError (naming the URL, never the token) when a token must not be sent to `url`."""
+    problem = plain_token_refusal(url)
+    if problem is not None:
+        raise ConfigError(url.rstrip("/"), [problem])
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
