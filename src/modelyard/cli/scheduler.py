@@ -100,7 +100,10 @@ def scheduler(
     ] = False,
     max_replica_memory: Annotated[
         str | None,
-        typer.Option(help="Refuse an agent claiming more memory than this for its replica (e.g. 512Gi)."),
+        typer.Option(
+            help="Refuse an agent claiming more memory than this for its replica (e.g. 512Gi); "
+            "default: no limit (set it to your largest replica's memory)."
+        ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     otlp_endpoint: OtlpEndpointOption = None,

@@ -92,7 +92,9 @@ class SchedulerConfig(BaseModel):
         "between checks of the tokens of open feeds and agent subscriptions: one whose token is gone ends",
     )
     max_replica_memory: Bytes = Field(
-        0, description="refuse an agent that claims more memory than this for its replica; 0 = no limit"
+        0,
+        description="refuse an agent that claims more memory than this for its replica; 0 = no limit (the "
+        "default: no bound fits every fleet; set it to your largest replica's memory)",
     )
     agent_keepalive: float = Field(
         10.0,
