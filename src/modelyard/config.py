@@ -635,6 +635,11 @@ class PlacementConfig(_Strict):
         description="an https scheduler is verified with these (a CA file, a client certificate for "
         "mutual TLS); null = against the system's CAs",
     )
+    allow_plain_token: bool = Field(
+        False,
+        description="send token_file's token over plain http to a scheduler that is not on loopback "
+        "(refused otherwise: it could be read on the way); for a network you accept as plain text",
+    )
 
     @field_validator("scheduler")
     @classmethod

@@ -211,6 +211,7 @@ class FeedFollower:
             ping_timeout=config.ping_timeout,
             token_file=config.token_file or "",
             tls=ClientTls(config.tls or TlsClientConfig()) if config.scheduler.startswith("https:") else None,
+            allow_plain_token=config.allow_plain_token,
         )
         self._task: asyncio.Task[None] | None = None
         self._first_snapshot = asyncio.Event()

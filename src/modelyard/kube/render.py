@@ -183,6 +183,8 @@ def _gateway_config(values: DeployValues, source: str) -> tuple[dict[str, Any], 
             placement["tls"] = {"ca_file": CA_CERT}
         if _scheduler_tokens(values):
             placement["token_file"] = FEED_TOKEN
+            if not _scheduler_tls(values):  # `insecure: true` asked for plain text inside the cluster
+                placement["allow_plain_token"] = True
         base["placement"] = placement
         if values.tls.enabled and values.servers:
             # the agents' data planes (https:// in the feed); a model of your own config on an

@@ -13,10 +13,12 @@ import pytest
 import yaml
 
 from kube_schemas import validate
+from modelyard.config import scheduler_url, validate_config
 from modelyard.errors import ConfigError
 from modelyard.kube.render import dump, render
 from modelyard.kube.values import load_values
 from modelyard.security.tokens import any_key, parse_token_lines, role_key
+from modelyard.upstream.feed import FeedClient
 
 DEPLOY = Path(__file__).parents[3] / "deploy"
 VALUES = {"defaults": ("values.yaml",), "production": ("values-production.yaml",)}
@@ -364,6 +366,18 @@ def test_plain_text_is_rendered_only_when_the_values_say_insecure(tmp_path):
     config = gateway_config(docs)
     assert config["placement"]["scheduler"] == "modelyard-scheduler:9004" and "upstream" not in config
     assert {p["scheme"] for p in probes(find(docs, "StatefulSet", "mlserver"), "agent")} == {"HTTP"}
+    # The read token still goes to the scheduler, over plain http as asked: the gateway's feed
+    # client, which refuses that by default, is told it may (else the gateway would not start).
+    assert config["placement"]["allow_plain_token"] is True
+    token = tmp_path / "feed-token"
+    token.write_text("a-read-token-of-sixteen\n")
+    placement = validate_config(
+        {**config, "placement": {**config["placement"], "token_file": str(token)}}, "t"
+    )
+    FeedClient(
+        scheduler_url(placement.placement.scheduler), connect_timeout=1, ping_timeout=1,
+        token_file=str(token), allow_plain_token=placement.placement.allow_plain_token,
+    )  # fmt: skip
 
 
 def test_without_the_scheduler_the_gateway_has_only_its_own_certificate(tmp_path):
