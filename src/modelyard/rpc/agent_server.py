@@ -252,10 +252,12 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
             if not self._admission.watches_tokens:
                 async for operation in operations:
                     yield operation
-            else:  # each operation awaited beside the token's recheck
+            else:  # each operation awaited beside the token's recheck, on one clock for the call
+                loop = asyncio.get_running_loop()
+                due = [loop.time() + self._recheck]  # the next recheck, whatever arrives meanwhile
                 while True:
                     pending = asyncio.ensure_future(_next(operations))
-                    await self._while_admitted(pending, context, server, replica)
+                    await self._while_admitted(pending, context, server, replica, due)
                     item, pending = pending.result(), None
                     if not isinstance(item, agent_pb2.ModelOperation):
                         break  # _END
@@ -272,20 +274,26 @@ class _Servicer(agent_pb2_grpc.AgentServiceServicer):
                 await aclose()
 
     async def _while_admitted(
-        self, pending: asyncio.Task[object], context: Context, server: str, replica: int
+        self, pending: asyncio.Task[object], context: Context, server: str, replica: int, due: list[float]
     ) -> None:
-        """Wait for `pending`; every `recheck` seconds until it is done, end the call (UNAUTHENTICATED)
-        if the caller's credentials no longer allow it: its join token was removed."""
-        while not (await asyncio.wait({pending}, timeout=self._recheck))[0]:
-            if self._admission.revoked(context, server, replica):
-                line = (
-                    f"Subscribe for server replica {server}-{replica}: its join token is no longer one "
-                    "the scheduler knows (removed from the agent tokens file)"
-                )
-                log.warning(
-                    "agent port: ended a subscription from %s: %s", _peer_host(context.peer() or ""), line
-                )
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, line)
+        """Wait for `pending`; at each recheck (`due[0]`, moved on by `recheck` seconds each time)
+        until it is done, end the call (UNAUTHENTICATED) if the caller's credentials no longer allow
+        it: its join token was removed. The deadline is the call's, not this wait's: operations
+        arriving more often than `recheck` must not put the check off for ever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if loop.time() >= due[0]:
+                due[0] = loop.time() + self._recheck
+                if self._admission.revoked(context, server, replica):
+                    line = (
+                        f"Subscribe for server replica {server}-{replica}: its join token is no longer "
+                        "one the scheduler knows (removed from the agent tokens file)"
+                    )
+                    peer = _peer_host(context.peer() or "")
+                    log.warning("agent port: ended a subscription from %s: %s", peer, line)
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, line)
+            if (await asyncio.wait({pending}, timeout=due[0] - loop.time()))[0]:
+                return
 
     async def AgentEvent(
         self, request: agent_pb2.ModelEvent, context: aio.ServicerContext[object, object]
