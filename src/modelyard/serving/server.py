@@ -29,8 +29,10 @@ except ImportError:  # (uvloop is not made for Windows)
     _UVLOOP = None  # type: ignore[assignment]
 
 # TLS handshakes under way at once, per listener (each holds about 300 KiB of asyncio's buffers):
-# a flood of connections that never finish one is bounded to about 80 MiB, and refused beyond it.
-MAX_HANDSHAKES = 256
+# as many as the listen backlog, which is the most clients a burst brings at once (a gateway that
+# restarts, a load balancer that fails over: 256 reset most of a burst of 1,000); a flood of
+# connections that never finish one is bounded to about 300 MiB, and refused beyond it.
+MAX_HANDSHAKES = 1024
 # aiohttp's defaults for the request parser, kept for every server but the graph router.
 MAX_LINE_SIZE = 8190
 MAX_FIELD_SIZE = 8190
