@@ -15,7 +15,7 @@ filter was bypassed with over-long paths, CVE-2025-4517, and is absent before Py
 - its unpacked size is bounded by `max_bytes` (the same bound as a download), counted as it is
   written: a member whose declared size would pass the bound is refused before it is written,
   and the bytes actually read are counted too (a decompression bomb cannot fill the disk);
-  `MAX_MEMBERS` bounds the entries;
+  `MAX_MEMBERS` bounds the entries and `MAX_DEPTH` how deep a path may be;
 - `check` (the fetch's stop signal and deadline) is called before each member and each chunk,
   so an unload stops the writing within a chunk (1 MiB).
 
@@ -41,6 +41,10 @@ from modelyard.errors import ModelyardError
 
 ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
 MAX_MEMBERS = 100_000  # a bound on entries too: a million empty files is a bomb of another kind
+# Directories deep, at most: a model is a few levels (a Hugging Face snapshot, a Triton version
+# directory); thousands of levels would unpack, then break every recursive walk of it (removal
+# raises RecursionError, and a leftover the agent cannot clear stops it starting).
+MAX_DEPTH = 64
 CHUNK = 1 << 20
 _MODEL_ROOT_FILES = ("model-settings.json", "config.pbtxt")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -156,6 +160,10 @@ class _Writer:
         parts = tuple(part for part in text.split("/") if part not in ("", "."))
         if text.startswith("/") or ".." in parts or "\0" in text:
             raise ArchiveError(f"{self._archive}: unsafe path {name!r} in the archive")
+        if len(parts) > MAX_DEPTH:
+            raise ArchiveError(
+                f"{self._archive}: {name[:80]!r}... is more than {MAX_DEPTH} directories deep"
+            )
         return parts
 
     def link(self, name: str) -> ArchiveError:

@@ -61,7 +61,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from modelyard.agent.archives import ARCHIVES, MAX_MEMBERS, unpack
+from modelyard.agent.archives import ARCHIVES, MAX_DEPTH, MAX_MEMBERS, unpack
 from modelyard.agent.config import AgentConfig
 from modelyard.config import TlsClientConfig
 from modelyard.errors import ConfigError, ModelyardError
@@ -568,6 +568,10 @@ class _LocalCopy:
     ) -> None:
         """The entries of `directory` (walked as `path`; `where` is its place in the model, with
         a trailing `/`, or "" at the top) into the staging directory `target` (a descriptor)."""
+        if where.count("/") >= MAX_DEPTH:
+            raise ArtefactError(
+                f"storageUri {self._shown}: {where[:80]}... is more than {MAX_DEPTH} directories deep"
+            )
         key = (directory.info.st_dev, directory.info.st_ino)
         if key in seen:
             raise ArtefactError(f"storageUri {self._shown}: {path} links back into itself")

@@ -11,7 +11,7 @@ import zipfile
 import pytest
 
 from modelyard.agent.archives import ArchiveError, unpack
-from modelyard.agent.artefacts import Artefacts, FetchPolicy
+from modelyard.agent.artefacts import ArtefactError, Artefacts, FetchPolicy
 
 
 class _Zeros(io.RawIOBase):
@@ -132,6 +132,43 @@ async def test_an_archive_escaping_through_over_long_link_paths_is_refused(tmp_p
     with pytest.raises(ArchiveError, match="is a link; links in archives are refused"):
         await artefacts.fetch("evil", str(archive))
     assert os.listdir(outside) == []
+    assert os.listdir(tmp_path / "repo") == []
+
+
+async def test_an_archive_thousands_of_directories_deep_is_refused_and_the_agent_still_starts(tmp_path):
+    # Before: 3,000 levels unpacked, then removing the staging raised RecursionError, and the
+    # leftover stopped the next agent in clean_leftovers().
+    deep = "/".join(["d"] * 3000) + "/weights.bin"
+    archive = _tar(tmp_path / "deep.tar", ("model-settings.json", b"{}"), (deep, b"w"))
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=30, policy=_sources_in(tmp_path))
+    with pytest.raises(ArchiveError, match="more than 64 directories deep"):
+        await artefacts.fetch("deep", str(archive))
+    assert os.listdir(tmp_path / "repo") == []
+    Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=30, policy=_sources_in(tmp_path)).clean_leftovers()
+
+    # 64 parts is a model a user may have (a file 63 directories down): it unpacks.
+    fine = "/".join(["d"] * 63) + "/weights.bin"
+    archive = _tar(tmp_path / "fine.tar", ("model-settings.json", b"{}"), (fine, b"w"))
+    placed = await artefacts.fetch("fine", str(archive))
+    assert (placed.path / fine).read_bytes() == b"w"
+
+
+async def test_a_source_directory_thousands_deep_is_refused(tmp_path):
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "model-settings.json").write_text("{}")
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        for _ in range(200):  # made by descriptor: the path would pass PATH_MAX
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=30, policy=_sources_in(tmp_path))
+    with pytest.raises(ArtefactError, match="more than 64 directories deep"):
+        await artefacts.fetch("deep", str(source))
     assert os.listdir(tmp_path / "repo") == []
 
 
