@@ -282,7 +282,6 @@ def supervise(
                 until_look = max(0.0, next_look - time.monotonic())
                 timeout = until_look if timeout is None else min(timeout, until_look)
             ready_now = wait(waiting, timeout)
-            look_at_heartbeats()
             if deadline is not None and time.monotonic() >= deadline:
                 log.error("workers still running %.0f s after the stop; killing them", stop_timeout)
                 signal_all(signal.SIGKILL)
@@ -338,6 +337,9 @@ def supervise(
                 if not was_killed:  # a killed one was logged with the reason
                     log.warning("worker %d exited with %s; starting it again", index, process.exitcode)
                 start(index)
+            # After what this wake-up brought: a worker whose URL came with it serves, however close
+            # to the startup timeout it came.
+            look_at_heartbeats()
     finally:
         signal_all()
         for process in workers.values():
