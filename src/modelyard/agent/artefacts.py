@@ -159,6 +159,7 @@ class Artefacts:
         dest = self.path(name)
         shown = redact(storage_uri)
         local = self._local_path(storage_uri, shown)
+        given = local.name if local is not None else ""  # a link's own name, not its target's
         if local is not None:
             local, in_place = await asyncio.to_thread(self._allowed_local, local, shown, dest)
             if in_place:
@@ -167,7 +168,7 @@ class Artefacts:
         await asyncio.to_thread(self.repository.mkdir, parents=True, exist_ok=True)
         staging = self.repository / f".{name}.staging-{uuid.uuid4().hex[:8]}"
         try:
-            await self._fetch_into(storage_uri, shown, staging, local)
+            await self._fetch_into(storage_uri, shown, staging, local, given)
             finish = asyncio.to_thread(self._finish, staging, dest, name, shown, keep_previous)
             previous = await _completed(finish)
         except ArtefactTooLarge as error:
@@ -257,14 +258,16 @@ class Artefacts:
                 "set storageUri to it to serve it in place)"
             )
 
-    async def _fetch_into(self, uri: str, shown: str, staging: Path, local: Path | None) -> None:
+    async def _fetch_into(
+        self, uri: str, shown: str, staging: Path, local: Path | None, given: str = ""
+    ) -> None:
         def clean() -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
         until = time.monotonic() + self.timeout
         if local is not None:
             copy = _LocalCopy(self.roots(), self.policy.roots, self.max_bytes, self.timeout, shown)
-            await in_thread(lambda stop: copy.place(local, staging, stop), cleanup=clean)
+            await in_thread(lambda stop: copy.place(local, staging, stop, given), cleanup=clean)
         elif urlsplit(uri).scheme.lower() in ("http", "https"):
             await asyncio.to_thread(staging.mkdir)
             basename = PurePosixPath(unquote(urlsplit(uri).path)).name or "model"
@@ -442,9 +445,12 @@ class _LocalCopy:
         self._entries = 0
         self._stop = threading.Event()
 
-    def place(self, source: Path, staging: Path, stop: threading.Event) -> None:
-        """Copy `source` (resolved and checked by `_allowed_local`) into `staging` (made here)."""
+    def place(self, source: Path, staging: Path, stop: threading.Event, given: str = "") -> None:
+        """Copy `source` (resolved and checked by `_allowed_local`) into `staging` (made here). A
+        single file is named `given`, the name in the storageUri: a link's target is often named
+        by its hash (a Hugging Face cache's blobs), and the model needs the name it was given."""
         self._stop = stop
+        name = given or source.name
         opened = self._open(source, str(source))
         try:
             staging.mkdir()
@@ -453,13 +459,13 @@ class _LocalCopy:
                 if stat.S_ISDIR(opened.info.st_mode):
                     self._copy_dir(opened, target, source, "", set())
                     return
-                self._copy_file(opened, target, source.name, source.name)
+                self._copy_file(opened, target, name, name)
             finally:
                 os.close(target)
         finally:
             opened.close()
-        if source.name.endswith(ARCHIVES):
-            unpack(staging / source.name, staging, max_bytes=self._max_bytes, remove=True, check=self._check)
+        if name.endswith(ARCHIVES):
+            unpack(staging / name, staging, max_bytes=self._max_bytes, remove=True, check=self._check)
 
     def _check(self) -> None:
         if self._stop.is_set():

@@ -39,6 +39,26 @@ async def test_a_local_dir_lands_under_the_model_name_with_its_settings_renamed(
     assert sorted(os.listdir(dest)) == [".modelyard-agent", "model-settings.json", "model.joblib"]
 
 
+async def test_a_single_file_behind_a_link_keeps_the_name_the_storage_uri_gives_it(tmp_path):
+    # A Hugging Face cache's snapshot: names are links to blobs named by their hash. Before, the
+    # copy was named by the hash, and a linked archive was not unpacked.
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "9f86d081").write_bytes(b"onnx weights")
+    (tmp_path / "model.onnx").symlink_to(blobs / "9f86d081")
+    with tarfile.open(blobs / "e3b0c442", "w:gz") as tar:
+        tar.add(_model_dir(tmp_path, "packed"), arcname="packed")
+    (tmp_path / "model.tar.gz").symlink_to(blobs / "e3b0c442")
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=10, policy=_sources_in(tmp_path))
+
+    dest = (await artefacts.fetch("onnx", str(tmp_path / "model.onnx"))).path
+    assert sorted(os.listdir(dest)) == [".modelyard-agent", "model.onnx"]
+    assert (dest / "model.onnx").read_bytes() == b"onnx weights"
+
+    dest = (await artefacts.fetch("packed", str(tmp_path / "model.tar.gz"))).path
+    assert (dest / "model.joblib").read_bytes() == b"weights"
+
+
 async def test_file_uri_and_replacing_a_model_the_agent_fetched(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
