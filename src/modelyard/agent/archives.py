@@ -161,9 +161,7 @@ class _Writer:
         if text.startswith("/") or ".." in parts or "\0" in text:
             raise ArchiveError(f"{self._archive}: unsafe path {name!r} in the archive")
         if len(parts) > MAX_DEPTH:
-            raise ArchiveError(
-                f"{self._archive}: {name[:80]!r}... is more than {MAX_DEPTH} directories deep"
-            )
+            raise ArchiveError(f"{self._archive}: {name[:80]!r}... is more than {MAX_DEPTH} directories deep")
         return parts
 
     def link(self, name: str) -> ArchiveError:

@@ -144,7 +144,7 @@ async def test_an_archive_thousands_of_directories_deep_is_refused_and_the_agent
     with pytest.raises(ArchiveError, match="more than 64 directories deep"):
         await artefacts.fetch("deep", str(archive))
     assert os.listdir(tmp_path / "repo") == []
-    Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=30, policy=_sources_in(tmp_path)).clean_leftovers()
+    assert artefacts.clean_leftovers() == []  # (a leftover it cannot remove stops the agent starting)
 
     # 64 parts is a model a user may have (a file 63 directories down): it unpacks.
     fine = "/".join(["d"] * 63) + "/weights.bin"
