@@ -175,15 +175,15 @@ class Round:
             protocol.connection_lost(None)
 
 
-def bench_config(workers: int) -> GatewayConfig:
-    """overhead.py's config: one model, round robin over 3 endpoints."""
+def bench_config(workers: int, strategy: str = "round_robin") -> GatewayConfig:
+    """overhead.py's config: one model, round robin (or `strategy`) over 3 endpoints."""
     return GatewayConfig.model_validate(
         {
             "listen": {"host": "127.0.0.1", "port": 0, "workers": workers},
             "models": [
                 {
                     "name": "bench",
-                    "strategy": "round_robin",
+                    "strategy": strategy,
                     "health_check": {"interval": "60s"},
                     "endpoints": [{"url": f"http://127.0.0.1:{9001 + i}"} for i in range(3)],
                 }
@@ -197,7 +197,7 @@ async def run(args: argparse.Namespace, run_dir: Path | None) -> list[float]:
     from modelyard.serving.process import settle_garbage_collector
 
     setattr(http1._HostPool, "_connect", fake_connect)  # noqa: B010 (a method replaced on purpose)
-    config = bench_config(args.workers)
+    config = bench_config(args.workers, args.strategy)
     gateways = []
     if run_dir is None:
         gateways.append(await start_gateway(config))
@@ -310,6 +310,9 @@ def main() -> None:
         type=int,
         default=1,
         help="run the gateway as this many workers of one `serve --workers N` (default 1: alone)",
+    )
+    parser.add_argument(
+        "--strategy", default="round_robin", help="the model's strategy (default round_robin, as overhead.py)"
     )
     args = parser.parse_args()
     if args.dump and not args.profile:

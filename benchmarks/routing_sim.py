@@ -1,5 +1,5 @@
 """Replay a `modelyard bench` workload against simulated workers in virtual time, to see what
-routing can reach on it: the real strategies (modelyard.balancing, fed as the gateway feeds them),
+routing can reach on it: the gateway's own Balancer (modelyard.balancing, driven as the gateway drives it),
 a request-at-a-time oracle that knows every worker's true cache and queue, and the share of prompt
 tokens an unbounded cache would serve. A run takes seconds instead of minutes, and the same seed
 gives the same numbers on any machine (no clock is read).
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from modelyard.balancing import Need, RoutingContext, build_strategy
-from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
+from modelyard.balancing import Need, RoutingContext
+from modelyard.balancing.balancer import Balancer, Sample
 from modelyard.bench import PROFILES, BenchRequest, WorkloadSpec, build_requests
 from modelyard.bench.spawn import gateway_config
 from modelyard.bench.workload import cacheable_share, prompt_tokens
@@ -95,7 +95,9 @@ class Router:
 
 
 class Strategy(Router):
-    """A modelyard strategy by name, with what the gateway's proxy and cluster give it."""
+    """A modelyard strategy by name, through the gateway's own Balancer (balancing/balancer.py),
+    driven as the gateway drives it: look, pick, on_sent; at the answer on_ended, on_cached and
+    on_served. Only kv_aware's affinity (the gateway's shared state) is kept here."""
 
     def __init__(self, name: str, prefix_aware: dict[str, object] | None = None) -> None:
         model = ModelConfig.model_validate(
@@ -106,63 +108,41 @@ class Strategy(Router):
                 "prefix_aware": prefix_aware or {},
             }
         )
-        self.params = model.prefix_aware
-        self.strategy = build_strategy(name, model)
+        self.balancer = Balancer(model)
         self.prefix_chars = model.kv_aware.prefix_chars
         self.affinity: dict[str, str] = {}
-        self.index = PrefixIndex(self.params.chunk_chars, self.params.max_chunks_per_endpoint)
-        self.service = ServiceModel()
-        self.flights = Flights()
-        # job -> (worker, its prompt chunks, uncached characters, when sent, whether the worker was idle)
-        self.sent: dict[int, tuple[str, list[int], int, float, bool]] = {}
-        self.picked: dict[int, tuple[str, bool | None]] = {}  # job -> (worker, kv_aware's cache hit)
-        self.chunk_chars = self.params.chunk_chars
-        self.prefix = Need.PREFIX in self.strategy.needs
+        # job -> (worker, kv_aware's cache hit, the prompt's chunks, the service sample)
+        self.sent: dict[int, tuple[str, bool | None, list[int] | None, Sample | None]] = {}
+        self.prefix = Need.PREFIX in self.balancer.strategy.needs
 
     def pick(self, cluster: Cluster, jobs: Sequence[Job], index: int, now: float, rng: random.Random) -> int:
         job = jobs[index]
         request = job.request
         names = [w.name for w in cluster.workers]
-        held = waits = line = None
-        chunks: list[int] = []
-        if self.prefix:
-            chunks = self.index.chunks(request.prompt)
-            held = self.index.matches(chunks, names)
-            line = self.service.line()
-            if line is not None:
-                waits = {n: self.flights.wait(n, now, self.params.slots) for n in names}
+        view = self.balancer.look(request.prompt, names, now) if self.prefix and request.prompt else None
         ctx = RoutingContext(
             request,
             index,
             self.affinity.get(job.prompt[: self.prefix_chars]),
             now=now,
-            prefix=held,
-            waits=waits,
-            service=line,
+            prefix=view.held if view else None,
+            waits=view.waits if view else None,
+            service=view.line if view else None,
         )
-        pick = self.strategy.pick(cluster.workers, ctx, rng)
+        pick = self.balancer.pick(cluster.workers, ctx, rng)
         name = names[pick.index]
-        # As the gateway: kv_aware's affinity and prefix_aware's index learn from the answer
-        # (`ended`), the flights start now.
-        self.picked[index] = (name, pick.cache_hit)
-        if self.prefix:
-            assert held is not None
-            uncached = max(0, len(request.prompt) - held[name] * self.chunk_chars)
-            expected = line[0] * uncached + line[1] if line is not None else 0.0
-            self.sent[index] = (name, chunks, uncached, now, self.flights.count(name) < self.params.slots)
-            self.flights.start(name, index, now, expected)
+        sample = self.balancer.on_sent(name, index, ctx, now) if self.balancer.tracks else None
+        self.sent[index] = (name, pick.cache_hit, view.chunks if view else None, sample)
         return pick.index
 
     def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
-        name, cache_hit = self.picked.pop(index)
+        name, cache_hit, chunks, sample = self.sent.pop(index)
         if not cache_hit:  # proxy._remember: a miss (a new prefix, or the guard's detour) remembers
             self.affinity[job.prompt[: self.prefix_chars]] = name
-        if index in self.sent:
-            name, chunks, uncached, sent, idle = self.sent.pop(index)
-            self.flights.end(name, index)
-            self.index.record(chunks, name)  # after the 2xx answer
-            if idle:
-                self.service.observe(uncached, now - sent)
+        self.balancer.on_ended(name, index)
+        if chunks is not None:
+            self.balancer.on_cached(name, chunks)  # every simulated answer is a 200
+        self.balancer.on_served(sample, now)
 
 
 class Oracle(Router):

@@ -90,7 +90,7 @@ async def test_a_model_pushed_available_becomes_routable(scheduler, placed_gatew
     scheduler.place("llm", "ModelAvailable", [("mlserver-0", worker.url)])
     await wait_until(routable(http, gateway))
     cluster = gateway.app[GATEWAY].clusters["llm"]
-    assert cluster.strategy.name == "least_pending"  # placement.models defaults
+    assert cluster.balancer.strategy.name == "least_pending"  # placement.models defaults
     assert cluster.config.health_check.path == "/v2/health/live"
     async with http.post(gateway.url + "/v1/models/llm:predict", json={"instances": [[1]]}) as response:
         assert response.status == 200  # KServe v1

@@ -1,4 +1,5 @@
-"""Policy, pure: routing strategies, route matching and the retry policy."""
+"""Policy, pure: routing strategies, the per-model Balancer (a strategy and what it learns), route
+matching and the retry policy."""
 
 from modelyard.balancing.strategies import (
     Need,

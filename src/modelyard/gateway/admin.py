@@ -77,7 +77,7 @@ def _strategies(gateway: Gateway) -> dict[str, object]:
     models' strategy when they agree); the models that run another. `strategy` is what InferFlow's
     clients read: the one every model runs when they agree (as it was before there was a default),
     else the default."""
-    per_model = {name: c.strategy.name for name, c in gateway.clusters.items()}
+    per_model = {name: c.balancer.strategy.name for name, c in gateway.clusters.items()}
     running = set(per_model.values())
     default = gateway.default_strategy
     return {

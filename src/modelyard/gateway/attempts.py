@@ -345,7 +345,7 @@ class AttemptLoop:
             healthy = [e for e in healthy if only(e)]
         if not healthy:
             if ex.counted:
-                self._metrics.observe_request(cluster.name, "", cluster.strategy.name, 503, 0.0)
+                self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, 503, 0.0)
                 self._unrouted(ex, 503)
             raise NoHealthyEndpoint(
                 f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
@@ -359,9 +359,13 @@ class AttemptLoop:
             fresh = [e for e in healthy if e not in tried and capacity.has_room(e)]
             candidates = fresh or [e for e in healthy if capacity.has_room(e)]
         if candidates:
-            pick = cluster.strategy.pick(candidates, ex.ctx, self._rng)
+            balancer = cluster.balancer
+            pick = balancer.pick(candidates, ex.ctx, self._rng)
             endpoint = candidates[pick.index]
-            ex.service_sample = cluster.acquire(endpoint, ex.tokens, id(ex), ex.ctx)
+            cluster.acquire(endpoint, ex.tokens)
+            ex.service_sample = (
+                balancer.on_sent(endpoint.name, id(ex), ex.ctx, time.monotonic()) if balancer.tracks else None
+            )
             return endpoint, pick
         if only is not None:  # a stream does not wait in the queue: the requests there want any
             self._metrics.overloaded.labels(cluster.name).inc()
@@ -420,7 +424,7 @@ class AttemptLoop:
             now = time.perf_counter()
             seconds = now - started
             cluster = ex.cluster
-            strategy = cluster.strategy.name
+            strategy = cluster.balancer.strategy.name
             self._metrics.observe_request(cluster.name, endpoint.name, strategy, code, seconds)
             record = self._log.record(
                 cluster.name, ex.route.name, ex.subset, endpoint.name, strategy, code, seconds, cache_hit,
@@ -436,7 +440,9 @@ class AttemptLoop:
         if ex.counted:
             if ex.tries == 0:
                 seconds = time.perf_counter() - ex.started
-                self._metrics.observe_request(ex.cluster.name, "", ex.cluster.strategy.name, code, seconds)
+                self._metrics.observe_request(
+                    ex.cluster.name, "", ex.cluster.balancer.strategy.name, code, seconds
+                )
             self._unrouted(ex, code)
 
     def _warn_failed(self, ex: Exchange, endpoint: Endpoint, failure: ModelyardError) -> None:
@@ -464,7 +470,7 @@ class AttemptLoop:
         cluster = ex.cluster
         seconds = time.perf_counter() - ex.started
         record = self._log.record(
-            cluster.name, ex.route.name, ex.subset, "", cluster.strategy.name, code, seconds, None,
+            cluster.name, ex.route.name, ex.subset, "", cluster.balancer.strategy.name, code, seconds, None,
             ex.request_id,
         )  # fmt: skip
         if ex.span is not None or self._access is not None:

@@ -4,7 +4,8 @@ The cluster owns its counters and states; the request path asks and reports thro
 never writes them itself:
 - endpoints, by subset; `replace_endpoints` swaps them in one assignment (a health check, and
   later the scheduler's feed, change the set while requests run on the old one);
-- routes and the strategy, replaced atomically at runtime;
+- routes, replaced atomically at runtime, and the balancer (balancing/balancer.py: the strategy
+  and what it learns), which the request path drives;
 - load: `acquire`/`release` an endpoint slot, with the circuit breakers' queue (capacity.py);
 - the retry budget: `request_started`/`ended`, `retry_started`/`ended` (cluster/budget.py);
 - health: active probes, connection failures and outlier ejection (cluster/outlier.py) decide
@@ -15,12 +16,10 @@ never writes them itself:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from modelyard.balancing import Need, RoutingContext, Strategy, build_strategy
-from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
+from modelyard.balancing.balancer import Balancer
 from modelyard.balancing.routes import (
     ALL_SUBSETS,
     IMPLICIT_ROUTE,
@@ -71,7 +70,9 @@ class Cluster:
         self._on_outlier = on_outlier
         self._on_refused = on_refused  # after record_connection_failure: told to the other workers
         self._on_ejected = on_ejected  # after this worker's outlier detection ejects: told to the others
-        self.strategy: Strategy = build_strategy(config.strategy, config)
+        # The strategy and what it learns (prefix_aware's index, flights and service time); kept
+        # across strategy switches, so a switch back finds what it learnt.
+        self.balancer = Balancer(config)
         self.seq = 0  # requests routed so far; kept across strategy switches (round_robin's position)
         self.budget = RetryBudget(config.retry_budget)
         self.capacity = CapacityQueue(config.name, config.circuit_breakers)
@@ -89,18 +90,11 @@ class Cluster:
         self._canary: dict[str, CanaryStats] = {}
         self._awaiting: dict[Endpoint, set[Abortable]] = {}  # tries sent, no answer byte yet
         self.endpoints: tuple[Endpoint, ...] = ()
+        self.endpoint_names: tuple[str, ...] = ()  # (what the balancer looks up, made once per update)
         self.speaks_grpc = False  # an endpoint has a grpc_url: OIP gRPC calls may be relayed as gRPC
         self._subsets: dict[str, tuple[Endpoint, ...]] = {}
         self._vanished: set[str] = set()  # subsets an endpoint update removed (see vanished_subset)
         self.routes: tuple[CompiledRoute, ...] = compile_routes(config.routes)
-        # What each endpoint was sent, for prefix_aware; kept across strategy switches, so a switch
-        # back finds what it learnt.
-        self.prefixes = PrefixIndex(
-            config.prefix_aware.chunk_chars, config.prefix_aware.max_chunks_per_endpoint
-        )
-        self.service = ServiceModel()  # prefix_aware: seconds per uncached prompt character, learnt
-        self.flights = Flights()  # prefix_aware: what each endpoint has in flight, and for how long
-        self._tracks_flights = Need.PREFIX in self.strategy.needs  # only what needs it pays for it
         self.replace_endpoints(config.endpoints)
 
     # --- endpoints ------------------------------------------------------------------------------
@@ -143,8 +137,9 @@ class Cluster:
         # Tries still running on a removed endpoint finish as they are; nobody aborts them now.
         self._awaiting = {e: f for e, f in self._awaiting.items() if e in endpoints}
         # A new endpoint, or the same name at another URL, starts with nothing cached.
-        self.prefixes.keep_only(stayed)
+        self.balancer.keep_only(stayed)
         self.endpoints = tuple(endpoints)
+        self.endpoint_names = tuple(e.name for e in endpoints)
         self.speaks_grpc = any(e.grpc_url for e in endpoints)
         self._vanished = (self._vanished | set(self._subsets)) - set(subsets)
         self._subsets = {name: tuple(group) for name, group in subsets.items()}
@@ -198,8 +193,7 @@ class Cluster:
 
     def set_strategy(self, name: object) -> None:
         """Switch to a new strategy built with this model's parameters (UnknownStrategy if none)."""
-        self.strategy = build_strategy(name, self.config)
-        self._tracks_flights = Need.PREFIX in self.strategy.needs
+        self.balancer.switch(name)
 
     def next_seq(self) -> int:
         seq = self.seq
@@ -208,30 +202,17 @@ class Cluster:
 
     # --- load -----------------------------------------------------------------------------------
 
-    def acquire(
-        self, endpoint: Endpoint, tokens: int, key: int = 0, ctx: RoutingContext | None = None
-    ) -> tuple[int, float, bool] | None:
-        """Count a try on `endpoint`. For prefix_aware (`ctx` carrying what each endpoint holds), also
-        keep it among the endpoint's flights under `key` (its exchange), with how long it should
-        take there, and return the sample it makes for the service model: (uncached prompt
-        characters, when sent, whether the endpoint was idle)."""
+    def acquire(self, endpoint: Endpoint, tokens: int) -> None:
+        """Count a try on `endpoint` (the balancer hears of it from the attempt loop)."""
         endpoint.load.acquire(tokens)
         endpoint.model_in_flight += 1
-        if not self._tracks_flights or ctx is None or ctx.prefix is None:
-            return None
-        held = ctx.prefix.get(endpoint.name, 0) * self.config.prefix_aware.chunk_chars
-        uncached = max(0, len(ctx.request.prompt) - held)
-        expected = ctx.service[0] * uncached + ctx.service[1] if ctx.service is not None else 0.0
-        now = time.monotonic()
-        idle = self.flights.count(endpoint.name) < self.config.prefix_aware.slots  # it starts at once
-        self.flights.start(endpoint.name, key, now, expected)
-        return uncached, now, idle
 
     def release(self, endpoint: Endpoint, tokens: int, key: int = 0) -> None:
+        """The try under `key` (its exchange) on `endpoint` ended: its slot is free."""
         endpoint.load.release(tokens)
         endpoint.model_in_flight -= 1
-        if self.flights:  # prefix_aware's (kept also past a switch away, until they end)
-            self.flights.end(endpoint.name, key)
+        if self.balancer.flights:  # (prefix_aware's; none kept by the others)
+            self.balancer.on_ended(endpoint.name, key)
         if len(self.capacity):
             self.capacity.wake(endpoint.subset)
 
@@ -419,7 +400,7 @@ class Cluster:
         `now` is monotonic time (ejections end at a monotonic instant)."""
         return {
             "name": self.name,
-            "strategy": self.strategy.name,
+            "strategy": self.balancer.strategy.name,
             "ready": self.ready,
             "routes": [route.name for route in self.config.routes],
             "panic_subsets": sorted(self.panicking),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from modelyard.balancing import Pick, RoutingContext
+from modelyard.balancing.balancer import Sample
 from modelyard.cluster import Endpoint
 from modelyard.config import RouteConfig
 from modelyard.gateway.cluster import Cluster
@@ -55,9 +56,8 @@ class Exchange:
     started: float  # perf_counter
     request_id: str = ""
     counted: bool = True  # False for shadow copies: client metrics describe what clients got
-    # prefix_aware: (uncached prompt characters, when sent, whether the endpoint was idle) of the
-    # last try, for learning the service time
-    service_sample: tuple[int, float, bool] | None = None
+    # prefix_aware: the last try's sample, for learning the service time (Balancer.on_served)
+    service_sample: Sample | None = None
     # An OIP gRPC call: relayed as it is to an endpoint with a grpc_url; to the others as the REST
     # request above, its body made by `rest_body` (once) when the first such try needs it.
     grpc: OipCall | None = None

@@ -328,7 +328,7 @@ class Gateway:
         has its own small client: through the proxy's pool a scrape would queue exactly when the
         server is saturated, and its snapshot would go stale when it matters most. With workers the
         leader alone scrapes and publishes each snapshot; the others adopt them (`_follow_once`)."""
-        if Need.RESOURCES not in cluster.strategy.needs or cluster.name in self.scrapers:
+        if Need.RESOURCES not in cluster.balancer.strategy.needs or cluster.name in self.scrapers:
             return
         if not self._leader:
             return  # the leader scrapes for every worker; this one adopts its snapshots (_follow)

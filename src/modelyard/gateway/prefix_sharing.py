@@ -108,7 +108,7 @@ def apply(clusters: Mapping[str, Cluster], records: Iterable[Record]) -> Applied
         cluster = clusters.get(model)
         if cluster is None or not chunks:
             continue
-        index = cluster.prefixes
+        index = cluster.balancer.prefixes
         if chunk_chars != index.chunk_chars:
             mismatched += 1
             mismatch = f"model {model!r}: chunk_chars {chunk_chars} there, {index.chunk_chars} here"
@@ -202,7 +202,7 @@ class PrefixSharing:
         cluster = self._clusters.get(model)
         if cluster is None or not chunks:
             return  # a model just removed: nobody has anything to learn from it
-        index = cluster.prefixes
+        index = cluster.balancer.prefixes
         keep = min(MAX_RECORD_CHUNKS, index.capacity)
         if keep == 0:
             return

@@ -112,19 +112,14 @@ class Proxy:
         route = cluster.route_for(request.headers, routing.fields)
         subset = pick_subset(route, request.headers, self._rng)
         key = remembered = chunks = held = waits = line = None
-        needs = cluster.strategy.needs  # (empty for most strategies: nothing to look up then)
+        needs = cluster.balancer.strategy.needs  # (empty for most strategies: nothing to look up then)
         if needs:
             if Need.AFFINITY in needs:
                 key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
                 remembered = await self._state.get(key)
             now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
             if Need.PREFIX in needs and routing.prompt:
-                chunks = cluster.prefixes.chunks(routing.prompt)
-                held = cluster.prefixes.matches(chunks, (e.name for e in cluster.endpoints))
-                line = cluster.service.line()
-                if line is not None:
-                    slots = cluster.config.prefix_aware.slots
-                    waits = {e.name: cluster.flights.wait(e.name, now, slots) for e in cluster.endpoints}
+                chunks, held, waits, line = cluster.balancer.look(routing.prompt, cluster.endpoint_names, now)
         else:
             now = time.monotonic()
         if type(request) is H1Request:  # (the lean connection sorted the fields as it parsed them)
@@ -167,7 +162,7 @@ class Proxy:
             if key is not None:
                 await self._remember(ex, attempt, key)
             if chunks is not None and 200 <= attempt.response.status < 300:
-                cluster.prefixes.record(chunks, attempt.endpoint.name)  # it now caches this prompt
+                cluster.balancer.on_cached(attempt.endpoint.name, chunks)  # it now caches this prompt
                 self._share_prefix(cluster.name, attempt.endpoint.name, chunks)
             cache_hit = attempt.pick.cache_hit
             # The server's headers, less those set here (which replace any it sent).
@@ -182,9 +177,8 @@ class Proxy:
             )
             headers.fields.append((b"X-Request-Id", raw_id))
             await self._relay.respond(reply, ex, attempt, headers, capture)
-            sample = ex.service_sample
-            if sample is not None and sample[2] and attempt.response.status == 200:
-                cluster.service.observe(sample[0], time.monotonic() - sample[1])  # a clean sample
+            if ex.service_sample is not None and attempt.response.status == 200:
+                cluster.balancer.on_served(ex.service_sample, time.monotonic())
         finally:
             cluster.budget.request_ended()
             if capture is not None:
@@ -329,14 +323,14 @@ class Proxy:
         self, backend: str, cluster: Cluster, route: str, subset: str, cache_hit: bool | None
     ) -> tuple[tuple[bytes, bytes], ...]:
         """The X-Modelyard-* fields of an answer, encoded once per combination (a few per model)."""
-        key = (backend, cluster.strategy.name, route, subset, cache_hit)
+        key = (backend, cluster.balancer.strategy.name, route, subset, cache_hit)
         fields = self._answer_fields_made.get(key)
         if fields is None:
             if len(self._answer_fields_made) >= _MAX_ANSWER_FIELDS:  # endpoints come and go: start afresh
                 self._answer_fields_made.clear()
             pairs = [
                 (BACKEND_HEADER, backend),
-                (STRATEGY_HEADER, cluster.strategy.name),
+                (STRATEGY_HEADER, cluster.balancer.strategy.name),
                 (ROUTE_HEADER, route),
                 (SUBSET_HEADER, subset),
             ]
@@ -364,7 +358,7 @@ def _request_span(tracer: Tracer, ex: Exchange, headers: Iterable[tuple[str, str
             "modelyard.model": cluster.name,
             "modelyard.route": ex.route.name,
             "modelyard.subset": ex.subset,
-            "modelyard.strategy": cluster.strategy.name,
+            "modelyard.strategy": cluster.balancer.strategy.name,
             "modelyard.request_id": ex.request_id,
         },
         started=ex.started,  # the whole request's time: the affinity lookup before it too

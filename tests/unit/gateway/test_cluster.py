@@ -224,41 +224,43 @@ def test_switching_strategy_builds_a_new_one_and_keeps_the_sequence() -> None:
     c = cluster("a", "b")
     c.next_seq()
     c.set_strategy("least_pending")
-    assert c.strategy.name == "least_pending" and c.next_seq() == 1
+    assert c.balancer.strategy.name == "least_pending" and c.next_seq() == 1
     with pytest.raises(UnknownStrategy):
         c.set_strategy("fastest")
-    assert c.strategy.name == "least_pending"
+    assert c.balancer.strategy.name == "least_pending"
 
 
 def test_what_an_endpoint_cached_is_forgotten_when_it_goes_or_moves() -> None:
     c = cluster("a", "b", strategy="prefix_aware")
-    chunks = c.prefixes.chunks("a prompt long enough to fill a couple of chunks " * 4)
+    chunks = c.balancer.prefixes.chunks("a prompt long enough to fill a couple of chunks " * 4)
     for name in ("a", "b"):
-        c.prefixes.record(chunks, name)
+        c.balancer.prefixes.record(chunks, name)
     a, _b = c.endpoints
     c.replace_endpoints(
         [EndpointConfig(name="a", url=a.url), EndpointConfig(name="b", url="http://127.0.0.1:1")]
     )
-    assert c.prefixes.match(chunks, "a") == len(chunks)  # stayed: its cache is still there
-    assert c.prefixes.match(chunks, "b") == 0  # same name, another server: nothing cached
+    assert c.balancer.prefixes.match(chunks, "a") == len(chunks)  # stayed: its cache is still there
+    assert c.balancer.prefixes.match(chunks, "b") == 0  # same name, another server: nothing cached
     c.replace_endpoints([EndpointConfig(name="a", url=a.url)])
-    assert set(c.prefixes.sizes()) == {"a"}
+    assert set(c.balancer.prefixes.sizes()) == {"a"}
 
 
 def test_each_answer_ends_its_own_flight_and_only_prefix_aware_keeps_them() -> None:
     c = cluster("a", strategy="least_pending")
     (a,) = c.endpoints
+    flights = c.balancer.flights
     ctx = RoutingContext(RoutingRequest("m", prompt="p" * 100), prefix={"a": 1}, service=(0.001, 0.01))
-    assert c.acquire(a, 10, key=1, ctx=ctx) is None
-    assert c.flights.count("a") == 0  # least_pending: nothing kept
+    c.acquire(a, 10)
+    assert c.balancer.on_sent("a", 1, ctx, now=5.0) is None
+    assert flights.count("a") == 0  # least_pending: nothing kept
     c.set_strategy("prefix_aware")
-    uncached, _sent, idle = c.acquire(a, 10, key=2, ctx=ctx)  # type: ignore[misc]
-    assert (uncached, idle) == (36, True)  # 100 characters, one 64-character chunk held
-    assert c.flights.wait("a", _sent) == pytest.approx(0.046)  # 36 x 1 ms + 10 ms
+    c.acquire(a, 10)
+    assert c.balancer.on_sent("a", 2, ctx, now=5.0) == (36, 5.0, True)  # 100 characters, 64 held
+    assert flights.wait("a", 5.0) == pytest.approx(0.046)  # 36 x 1 ms + 10 ms
     c.release(a, 10, key=1)  # the try started before the switch ends nothing of the new one's
-    assert c.flights.count("a") == 1
+    assert flights.count("a") == 1 and a.model_in_flight == 1
     c.release(a, 10, key=2)
-    assert c.flights.count("a") == 0
+    assert flights.count("a") == 0 and a.model_in_flight == 0
 
 
 def test_describe_shows_the_model_and_each_endpoints_state_as_the_overview_does() -> None:

@@ -59,7 +59,7 @@ def test_no_endpoints_is_503_with_state_and_reason_and_the_cluster_comes_back(ga
     assert caught.value.headers == {"Retry-After": "7"}
     assert "ModelProgressing: moving" in caught.value.message
     gateway.placed.apply(ModelChanged(placed("iris", "http://10.0.0.3:80")))
-    assert gateway.cluster("iris") is cluster and cluster.strategy.name == "round_robin"
+    assert gateway.cluster("iris") is cluster and cluster.balancer.strategy.name == "round_robin"
 
 
 def test_removed_and_absent_from_a_snapshot_are_404(gateway):

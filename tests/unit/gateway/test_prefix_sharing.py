@@ -92,7 +92,7 @@ def test_a_malformed_message_is_a_value_error(payload: bytes):
 
 def test_applying_records_what_this_gateway_knows_and_skips_the_rest():
     known = clusters()
-    index = known["m"].prefixes
+    index = known["m"].balancer.prefixes
     chunks = index.chunks(PROMPT)
     records = [
         Record("m", "w1", 16, chunks),
@@ -107,7 +107,7 @@ def test_applying_records_what_this_gateway_knows_and_skips_the_rest():
 
 def test_records_of_another_chunk_size_are_skipped_and_counted_and_leave_the_index_alone():
     known = clusters(capacity=4)  # chunk_chars 16
-    index = known["m"].prefixes
+    index = known["m"].balancer.prefixes
     mine = index.chunks(PROMPT)[:4]
     index.record(mine, "w0")
     theirs = PrefixIndex(32, capacity=1000).chunks(PROMPT)  # the same prompt cut in 32 characters
@@ -164,17 +164,17 @@ async def started() -> AsyncIterator[Callable[..., Gateway]]:
 
 async def test_what_one_gateway_records_reaches_the_others_index_not_its_own(started):
     a, b = started(), started()
-    chunks = a.clusters["m"].prefixes.chunks(PROMPT)
+    chunks = a.clusters["m"].balancer.prefixes.chunks(PROMPT)
 
     async def applied_on_b() -> bool:
         a.sharing.offer("m", "w2", chunks)  # again until b is listening: a channel keeps nothing
         return shared(b.metrics, "received") >= 1
 
     await wait_until(applied_on_b)
-    assert b.clusters["m"].prefixes.match(chunks, "w2") == len(chunks)
+    assert b.clusters["m"].balancer.prefixes.match(chunks, "w2") == len(chunks)
     assert shared(a.metrics, "sent") >= 1
     assert shared(a.metrics, "received") == 0  # its own messages come back and are skipped
-    assert a.clusters["m"].prefixes.sizes() == {}
+    assert a.clusters["m"].balancer.prefixes.sizes() == {}
 
 
 async def test_records_beyond_the_queue_bound_are_dropped_and_counted():
@@ -256,7 +256,7 @@ async def test_a_batch_being_published_when_the_gateway_stops_counts_as_dropped(
 async def test_records_of_a_gateway_with_another_chunk_size_are_skipped_counted_and_logged(started, caplog):
     caplog.set_level(logging.WARNING, "modelyard.gateway")
     a, b = started(chunk_chars=32), started()
-    chunks = a.clusters["m"].prefixes.chunks(PROMPT)
+    chunks = a.clusters["m"].balancer.prefixes.chunks(PROMPT)
 
     async def skipped_on_b() -> bool:
         a.sharing.offer("m", "w2", chunks)  # again until b is listening
@@ -264,7 +264,7 @@ async def test_records_of_a_gateway_with_another_chunk_size_are_skipped_counted_
 
     await wait_until(skipped_on_b)
     assert shared(b.metrics, "received") == 0
-    assert b.clusters["m"].prefixes.sizes() == {}
+    assert b.clusters["m"].balancer.prefixes.sizes() == {}
     warnings = [
         r.getMessage() for r in caplog.records if "another prefix_aware.chunk_chars" in r.getMessage()
     ]
@@ -334,4 +334,4 @@ async def test_malformed_messages_are_skipped_and_logged_once_a_minute(started, 
     await sent_until_applied(b"{}")
     warnings = [r.getMessage() for r in caplog.records if "malformed prefix index" in r.getMessage()]
     assert len(warnings) == 2 and "skipped 1 " not in warnings[1]  # the ones not logged, counted
-    assert b.clusters["m"].prefixes.match([1, 2], "w0") == 2
+    assert b.clusters["m"].balancer.prefixes.match([1, 2], "w0") == 2

@@ -196,7 +196,7 @@ async def test_a_change_that_cannot_be_published_is_not_applied(tmp_path):
             "strategies", {"m": "round_robin"}, lambda: gateway.set_strategy(cluster, "round_robin")
         )
     lock.rmdir()
-    assert cluster.strategy.name == "least_pending"
+    assert cluster.balancer.strategy.name == "least_pending"
     with pytest.raises(UnknownStrategy):  # fails here: not given to the others
         gateway.change("strategies", {"m": "nope"}, lambda: gateway.set_strategy(cluster, "nope"))
     assert not (tmp_path / "admin.json").exists()

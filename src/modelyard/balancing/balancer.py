@@ -1,0 +1,110 @@
+"""`Balancer`: one model's routing decisions and what they learn, in one owner.
+
+It holds the model's strategy and, for prefix_aware, what that strategy learns from the traffic:
+the prefix index (what each endpoint was sent), the flights (what each endpoint has running, and
+for how long), and the service model (seconds per uncached prompt character). The gateway drives
+it around each request, and `benchmarks/routing_sim.py` drives the same object in virtual time,
+so what the simulator argues about routing is what the gateway does:
+
+    view = balancer.look(prompt, endpoint_names, now)       # before a pick (prefix_aware only)
+    pick = balancer.pick(endpoints, ctx, rng)
+    sample = balancer.on_sent(endpoint, key, ctx, now)      # a try is sent
+    balancer.on_ended(endpoint, key)                         # that try ended, however
+    balancer.on_cached(endpoint, view.chunks)                # a 2xx answer: the server holds it now
+    balancer.on_served(sample, now)                          # the answer was whole (learns its time)
+
+Pure (DESIGN.md habit 1): time and randomness are arguments; the I/O of sharing what it learns
+(Redis, the workers' rings) is the gateway's (gateway/prefix_sharing.py).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from modelyard.balancing.prefix import Flights, PrefixIndex, ServiceModel
+from modelyard.balancing.strategies import Need, Pick, RoutingContext, Strategy, build_strategy
+from modelyard.cluster import EndpointView
+from modelyard.config import ModelConfig
+
+
+class PrefixView(NamedTuple):
+    """What prefix_aware is given for one prompt: its chunk names, how many leading chunks each
+    endpoint holds, and, once the service time is learnt, each endpoint's queue and the line."""
+
+    chunks: list[int]
+    held: dict[str, int]
+    waits: dict[str, float] | None
+    line: tuple[float, float] | None
+
+
+# A sent try's sample for the service model: (uncached prompt characters, when it was sent,
+# whether the endpoint was idle then: only those time the server and not a queue).
+Sample = tuple[int, float, bool]
+
+
+class Balancer:
+    def __init__(self, model: ModelConfig, strategy: object | None = None) -> None:
+        self.model = model
+        settings = model.prefix_aware
+        self._chunk_chars = settings.chunk_chars
+        self._slots = settings.slots
+        # Kept across strategy switches, so a switch back finds what it learnt.
+        self.prefixes = PrefixIndex(settings.chunk_chars, settings.max_chunks_per_endpoint)
+        self.service = ServiceModel()
+        self.flights = Flights()
+        self._use(build_strategy(model.strategy if strategy is None else strategy, model))
+
+    def switch(self, name: object) -> None:
+        """Use another strategy, built with this model's parameters (UnknownStrategy if none)."""
+        self._use(build_strategy(name, self.model))
+
+    def _use(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        # `pick(endpoints, ctx, rng) -> Pick`: the strategy's own, so that the request path pays
+        # no call of ours for it.
+        self.pick: Callable[[Sequence[EndpointView], RoutingContext, random.Random], Pick] = strategy.pick
+        self.tracks = Need.PREFIX in strategy.needs  # only what needs the bookkeeping pays for it
+
+    def look(self, prompt: str, names: Sequence[str], now: float) -> PrefixView:
+        """What prefix_aware needs to pick for `prompt` among the endpoints `names` at `now`."""
+        chunks = self.prefixes.chunks(prompt)
+        held = self.prefixes.matches(chunks, names)
+        line = self.service.line()
+        waits = None
+        if line is not None:
+            slots = self._slots
+            waits = {name: self.flights.wait(name, now, slots) for name in names}
+        return tuple.__new__(PrefixView, (chunks, held, waits, line))  # (a NamedTuple's __new__ is Python)
+
+    def on_sent(self, endpoint: str, key: int, ctx: RoutingContext | None, now: float) -> Sample | None:
+        """A try of the request `ctx` (under `key`, its exchange) was sent to `endpoint` at `now`:
+        prefix_aware keeps it among the endpoint's flights, with how long it should take there,
+        and returns its sample for the service model; None for the other strategies."""
+        if not self.tracks or ctx is None or ctx.prefix is None:
+            return None
+        held = ctx.prefix.get(endpoint, 0) * self._chunk_chars
+        uncached = max(0, len(ctx.request.prompt) - held)
+        expected = ctx.service[0] * uncached + ctx.service[1] if ctx.service is not None else 0.0
+        idle = self.flights.count(endpoint) < self._slots  # it starts at once
+        self.flights.start(endpoint, key, now, expected)
+        return uncached, now, idle
+
+    def on_ended(self, endpoint: str, key: int) -> None:
+        """The try under `key` on `endpoint` ended (answered, failed or cancelled)."""
+        self.flights.end(endpoint, key)  # (kept also past a switch away, until they end)
+
+    def on_cached(self, endpoint: str, chunks: Sequence[int]) -> None:
+        """`endpoint` answered a prompt of these chunks with a 2xx: it caches them now."""
+        self.prefixes.record(chunks, endpoint)
+
+    def on_served(self, sample: Sample | None, now: float) -> None:
+        """The answer to the try that made `sample` was whole and a 200 at `now`: one that started
+        on an idle endpoint times the server, and teaches the service model."""
+        if sample is not None and sample[2]:
+            self.service.observe(sample[0], now - sample[1])
+
+    def keep_only(self, endpoints: Iterable[str]) -> None:
+        """Only these endpoints stayed (same name and URL): a new one starts with nothing cached."""
+        self.prefixes.keep_only(endpoints)

@@ -1,0 +1,103 @@
+"""The Balancer: one model's strategy and what prefix_aware learns, driven in virtual time as the
+gateway and the routing simulator drive it (look, pick, on_sent, then on_ended, on_cached, on_served)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from modelyard.balancing import RoutingContext
+from modelyard.balancing.balancer import Balancer
+from modelyard.config import ModelConfig
+from modelyard.types import RoutingRequest
+
+
+@dataclass(slots=True)
+class FakeEndpoint:
+    name: str
+    in_flight: int = 0
+    weight: int = 1
+    cost_per_1k_tokens: float = 0.0
+    outstanding_tokens: int = 0
+    resources: None = None
+
+
+def balancer(strategy: str = "prefix_aware") -> Balancer:
+    model = ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], strategy=strategy)
+    return Balancer(model)
+
+
+def send(b: Balancer, endpoints: list[FakeEndpoint], prompt: str, key: int, now: float, rng: random.Random):
+    """One request as the gateway routes it: returns (endpoint, its chunks, its sample)."""
+    view = b.look(prompt, [e.name for e in endpoints], now)
+    ctx = RoutingContext(RoutingRequest("m", prompt=prompt), key, None, now, view.held, view.waits, view.line)
+    chosen = endpoints[b.pick(endpoints, ctx, rng).index]
+    chosen.in_flight += 1
+    return chosen, view.chunks, b.on_sent(chosen.name, key, ctx, now)
+
+
+def answer(b: Balancer, endpoint: FakeEndpoint, key: int, chunks, sample, now: float) -> None:
+    endpoint.in_flight -= 1
+    b.on_ended(endpoint.name, key)
+    b.on_cached(endpoint.name, chunks)
+    b.on_served(sample, now)
+
+
+def test_a_prompt_an_endpoint_answered_goes_back_to_it_and_a_new_endpoint_knows_nothing() -> None:
+    b, rng = balancer(), random.Random(1)
+    endpoints = [FakeEndpoint("a"), FakeEndpoint("b"), FakeEndpoint("c")]
+    prompt = "You are a careful assistant. " * 20
+    first, chunks, sample = send(b, endpoints, prompt, 1, 0.0, rng)
+    answer(b, first, 1, chunks, sample, 0.2)
+    for key in range(2, 6):
+        again, chunks, sample = send(b, endpoints, prompt + f" question {key}", key, key, rng)
+        assert again is first
+        answer(b, again, key, chunks, sample, key + 0.1)
+    view = b.look(prompt, ["a", "b", "c"], 9.0)
+    assert view.held == {e.name: len(view.chunks) if e is first else 0 for e in endpoints}
+    b.keep_only([e.name for e in endpoints if e is not first])  # it moved: another server now
+    assert b.look(prompt, ["a", "b", "c"], 9.0).held == {"a": 0, "b": 0, "c": 0}
+
+
+def test_the_service_time_is_learnt_from_tries_that_started_idle_and_queues_show_in_waits() -> None:
+    b, rng = balancer(), random.Random(2)
+    endpoint = FakeEndpoint("a")
+    now = 0.0
+    for key, length in enumerate(range(100, 1700, 200)):  # 8 tries, one at a time: each starts idle
+        chosen, chunks, sample = send(b, [endpoint], "x" * length + str(key), key, now, rng)
+        assert sample is not None and sample[2]
+        now += 0.001 * sample[0] + 0.010  # 1 ms per uncached character, 10 ms more
+        answer(b, chosen, key, chunks, sample, now)
+    line = b.look("y", ["a"], now).line
+    assert line is not None and line == pytest.approx((0.001, 0.010), rel=1e-6)
+
+    # A try sent behind another (one slot) waits there: its time is not the server's, not learnt.
+    first, chunks1, sample1 = send(b, [endpoint], "z" * 500, 100, now, rng)
+    view = b.look("w" * 300, ["a", "b"], now)
+    assert view.waits is not None and view.waits["b"] == 0.0
+    assert view.waits["a"] == pytest.approx(0.001 * 500 + 0.010)
+    second, chunks2, sample2 = send(b, [endpoint], "w" * 300, 101, now, rng)
+    assert sample2 is not None and not sample2[2]
+    answer(b, first, 100, chunks1, sample1, now + 0.51)
+    answer(b, second, 101, chunks2, sample2, now + 5.0)  # a queue's 5 s
+    assert b.service.samples == 9
+    assert b.look("y", ["a"], now).line == pytest.approx((0.001, 0.010), rel=1e-3)
+    assert b.look("y", ["a"], now + 6).waits == {"a": 0.0}  # both ended: nothing in flight
+
+
+def test_a_switch_away_and_back_keeps_what_was_learnt_and_only_prefix_aware_keeps_flights() -> None:
+    b, rng = balancer(), random.Random(3)
+    endpoints = [FakeEndpoint("a"), FakeEndpoint("b")]
+    chosen, chunks, sample = send(b, endpoints, "p" * 200, 1, 0.0, rng)
+    assert b.flights.count(chosen.name) == 1
+    b.switch("least_pending")
+    assert not b.tracks
+    ctx = RoutingContext(RoutingRequest("m", prompt="q" * 200), 2, None, 0.1)
+    assert b.on_sent("a", 2, ctx, 0.1) is None and b.flights.count("a") + b.flights.count("b") == 1
+    answer(b, chosen, 1, chunks, sample, 0.3)  # the flight sent before the switch still ends
+    assert not b.flights
+    b.switch("prefix_aware")
+    assert b.tracks and b.strategy.name == "prefix_aware"
+    assert b.look("p" * 200, ["a", "b"], 1.0).held[chosen.name] == len(chunks)
