@@ -10,6 +10,12 @@ the HTTP round trips. The clients are a closed loop of `concurrency`, as `modely
 
     .venv/bin/python benchmarks/routing_sim.py                      # inferflow: c=3, 1 slot each
     .venv/bin/python benchmarks/routing_sim.py --concurrency 6 --slots 2
+    .venv/bin/python benchmarks/routing_sim.py --grid 300 --seeds 3   # prefix_aware vs least_pending
+
+`--grid N` runs prefix_aware against least_pending at N points of GRID, a grid of workload shapes
+(slots, load, prompt and output lengths, the spread of answer lengths, cache size, costs, repeat
+share, prefix_aware sized or at its defaults): a routing rule must hold on all of them, not on one
+calibrated profile. It prints each point's P95 and mean ratios and marks those over 1.03.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import heapq
+import itertools
 import random
 import statistics
 import sys
@@ -29,7 +36,7 @@ from modelyard.balancing import Need, RoutingContext
 from modelyard.balancing.balancer import Balancer, Sample
 from modelyard.bench import PROFILES, BenchRequest, WorkloadSpec, build_requests
 from modelyard.bench.spawn import gateway_config
-from modelyard.bench.workload import cacheable_share, prompt_tokens
+from modelyard.bench.workload import SimShape, cacheable_share, prompt_tokens
 from modelyard.config import ModelConfig
 from modelyard.protocols.openai import routing_request
 from modelyard.simworker.latency import PrefixCache, block_hashes
@@ -61,18 +68,19 @@ class Job:
     tokens: int  # as the server counts them
     blocks: list[bytes]
     request: RoutingRequest  # the body as the gateway parses it, once per job
+    output: int  # tokens the server generates for it
 
 
 class Cluster:
     """The workers and their costs: what a request would take on a worker right now."""
 
-    def __init__(self, workers: list[Worker], prefill: float, decode: float, output_tokens: int) -> None:
+    def __init__(self, workers: list[Worker], prefill: float, decode: float) -> None:
         self.workers = workers
-        self.prefill, self.decode, self.output_tokens = prefill, decode, output_tokens
+        self.prefill, self.decode = prefill, decode
 
     def service(self, worker: Worker, job: Job) -> float:
         cached = min(job.tokens, worker.cache.match(job.blocks) * BLOCK_TOKENS)
-        return (job.tokens - cached) * self.prefill + self.output_tokens * self.decode + OVERHEAD
+        return (job.tokens - cached) * self.prefill + job.output * self.decode + OVERHEAD
 
     def wait(self, worker: Worker, jobs: Sequence[Job], now: float) -> float:
         """When a new request would start there: the running ones end, then the queue's, in order."""
@@ -172,18 +180,29 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def simulate(
-    router: Router, requests: list[BenchRequest], spec: WorkloadSpec, args: argparse.Namespace, seed: int
+    router: Router,
+    requests: list[BenchRequest],
+    spec: WorkloadSpec,
+    shape: SimShape,
+    workers_count: int,
+    seed: int,
+    output_spread: float = 0.0,
 ) -> dict[str, float]:
-    shape = PROFILES[args.profile].sims
+    """One run: `requests` sent by `spec.concurrency` closed-loop clients to `workers_count` workers
+    shaped as `shape` (its max_concurrency is the slots per worker). With an `output_spread`, each
+    answer's length is drawn uniformly within that share of `spec.output_tokens` either side (a
+    server stops at the end of a sentence, not at max_tokens), which the router cannot know."""
     jobs = []
+    lengths = random.Random(seed + 7919)
     for r in requests:
         request = routing_request(orjson.dumps(r.body("m", spec)), "chat")
         tokens = prompt_tokens(r)
-        jobs.append(Job(request.prompt, len(tokens), block_hashes(tokens, BLOCK_TOKENS), request))
-    workers = [Worker(f"w{i}", PrefixCache(shape.cache_blocks), args.slots) for i in range(args.workers)]
-    cluster = Cluster(
-        workers, shape.prefill_ms_per_token / 1000, shape.decode_ms_per_token / 1000, spec.output_tokens
-    )
+        spread = lengths.uniform(1 - output_spread, 1 + output_spread) if output_spread else 1.0
+        output = max(1, round(spec.output_tokens * spread))
+        jobs.append(Job(request.prompt, len(tokens), block_hashes(tokens, BLOCK_TOKENS), request, output))
+    slots = shape.max_concurrency
+    workers = [Worker(f"w{i}", PrefixCache(shape.cache_blocks), slots) for i in range(workers_count)]
+    cluster = Cluster(workers, shape.prefill_ms_per_token / 1000, shape.decode_ms_per_token / 1000)
     rng = random.Random(seed)
     events: list[tuple[float, int, int]] = []  # (when it ends, job, worker)
     sent_at: dict[int, float] = {}
@@ -237,6 +256,99 @@ def simulate(
     }
 
 
+# The grid of workload shapes a routing rule must hold on (not one calibrated profile): each axis
+# has values on both sides of the inferflow profile, which is one of its points.
+GRID: dict[str, tuple[object, ...]] = {
+    "slots": (1, 4),  # request slots per worker
+    "load": (0.7, 1.0, 2.0),  # clients per slot in the cluster (closed loop)
+    "prompt": ("inferflow", "long-shared", "long-unique"),  # (system prompt, user prompt) words
+    "output": (20, 200),  # max_tokens
+    "spread": (0.0, 0.8),  # each answer's length, within this share of max_tokens either side
+    "cache": (112, 2048),  # blocks of 16 tokens per worker's prefix cache
+    "cost": ("prefill-heavy", "decode-heavy"),  # ms per prompt token, ms per output token
+    "repeat": (0.5, 0.1),  # share of user prompts drawn from the popular pool
+    "config": ("sized", "defaults"),  # prefix_aware told the servers' cache and slots, or not
+}
+_PROMPTS = {"inferflow": (120, 240), "long-shared": (1000, 100), "long-unique": (30, 600)}
+_COSTS = {"prefill-heavy": (0.8, 2.5), "decode-heavy": (0.1, 10.0)}
+GRID_WORKERS = 3
+
+
+def grid_points(count: int = 0, seed: int = 0) -> list[dict[str, object]]:
+    """Every point of GRID, or `count` of them drawn without replacement (always the same ones
+    for the same seed), the inferflow profile's point first."""
+    names = list(GRID)
+    points = [dict(zip(names, values, strict=True)) for values in itertools.product(*GRID.values())]
+    base = {"slots": 1, "load": 1.0, "prompt": "inferflow", "output": 20, "spread": 0.0, "cache": 112,
+            "cost": "prefill-heavy", "repeat": 0.5, "config": "sized"}  # fmt: skip
+    points.remove(base)
+    if count:
+        points = random.Random(seed).sample(points, min(count - 1, len(points)))
+    return [base, *points]
+
+
+def point_shape(
+    point: dict[str, object], requests: int = 300
+) -> tuple[WorkloadSpec, SimShape, dict[str, object]]:
+    """The workload, the workers and prefix_aware's settings of one grid point."""
+    slots = int(point["slots"])  # type: ignore[call-overload]
+    system, user = _PROMPTS[str(point["prompt"])]
+    prefill, decode = _COSTS[str(point["cost"])]
+    spec = PROFILES["inferflow"].workload.model_copy(
+        update={
+            "requests": requests,
+            "concurrency": max(1, round(float(point["load"]) * GRID_WORKERS * slots)),  # type: ignore[arg-type]
+            "system_prompt_tokens": system,
+            "prompt_tokens": user,
+            "output_tokens": point["output"],
+            "repeat_share": point["repeat"],
+        }
+    )
+    shape = SimShape(
+        max_concurrency=slots, prefill_ms_per_token=prefill, decode_ms_per_token=decode,
+        cache_blocks=int(point["cache"]),  # type: ignore[call-overload]
+    )  # fmt: skip
+    settings = gateway_config("prefix_aware", [], shape, 0)["models"][0]["prefix_aware"]
+    return spec, shape, settings if point["config"] == "sized" else {}
+
+
+def run_point(point: dict[str, object], seeds: int, requests: int = 300) -> dict[str, dict[str, float]]:
+    """least_pending and prefix_aware at one grid point: medians over `seeds` of P95, mean, cached."""
+    spec, shape, settings = point_shape(point, requests)
+    rows = {}
+    for name in ("least_pending", "prefix_aware"):
+        runs = []
+        for seed in range(seeds):
+            sent = build_requests(spec.model_copy(update={"seed": seed}))
+            runs.append(
+                simulate(
+                    Strategy(name, settings), sent, spec, shape, GRID_WORKERS, seed, float(point["spread"])
+                )  # type: ignore[arg-type]
+            )
+        rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return rows
+
+
+def grid(args: argparse.Namespace) -> None:
+    points = grid_points(args.grid if args.grid > 0 else 0)
+    print(f"$ {' '.join(sys.argv)}")
+    print(f"{len(points)} grid points, {GRID_WORKERS} workers, medians of {args.seeds} seeds")
+    header = "".join(f"{n:>14}" for n in GRID)
+    print(f"{header}{'P95/LP':>8}{'mean/LP':>8}{'cached':>8}{'LP':>7}")
+    worst_p95 = worst_mean = 0.0
+    over = 0
+    for point in points:
+        rows = run_point(point, args.seeds)
+        lp, pa = rows["least_pending"], rows["prefix_aware"]
+        p95, mean = pa["p95"] / lp["p95"], pa["mean"] / lp["mean"]
+        worst_p95, worst_mean = max(worst_p95, p95), max(worst_mean, mean)
+        flag = " <" if p95 > 1.03 or mean > 1.03 else ""
+        over += bool(flag)
+        cells = "".join(f"{point[n]!s:>14}" for n in GRID)
+        print(f"{cells}{p95:>8.2f}{mean:>8.2f}{pa['cached'] * 100:>7.0f}%{lp['cached'] * 100:>6.0f}%{flag}")
+    print(f"worst P95/LP {worst_p95:.2f}, worst mean/LP {worst_mean:.2f}; {over} of {len(points)} over 1.03")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="inferflow", choices=sorted(PROFILES))
@@ -245,7 +357,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=None, help="default: the profile's")
     parser.add_argument("--seeds", type=int, default=5, help="workload seeds; the table shows medians")
     parser.add_argument("--strategies", default="least_pending,kv_aware,prefix_aware")
+    parser.add_argument(
+        "--grid",
+        type=int,
+        default=None,
+        help="prefix_aware against least_pending over N points of GRID (0: all)",
+    )
     args = parser.parse_args()
+    if args.grid is not None:
+        grid(args)
+        return
     base = PROFILES[args.profile].workload
     spec = base.model_copy(update={"concurrency": args.concurrency or base.concurrency})
     shape = dataclasses.replace(PROFILES[args.profile].sims, max_concurrency=args.slots)
@@ -265,7 +386,7 @@ def main() -> None:
         runs = []
         for seed in range(args.seeds):
             requests = build_requests(spec.model_copy(update={"seed": seed}))
-            runs.append(simulate(make(), requests, spec, args, seed))
+            runs.append(simulate(make(), requests, spec, shape, args.workers, seed))
             if name == "oracle":
                 ceilings.append(cacheable_share(requests))
         rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -18,7 +18,7 @@ endpoint's entry goes when the server would have evicted it, not after a fixed a
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from hashlib import blake2b as _blake2b
 
@@ -71,6 +71,11 @@ class PrefixIndex:
         while len(held) > self.capacity:  # bounded: one removal per round
             held.popitem(last=False)
 
+    def spare(self, endpoint: str) -> int:
+        """How many more chunks `endpoint` can be sent before the oldest are dropped."""
+        held = self._held.get(endpoint)
+        return self.capacity - (len(held) if held else 0)
+
     def keep_only(self, endpoints: Iterable[str]) -> None:
         keep = set(endpoints)
         for endpoint in [e for e in self._held if e not in keep]:
@@ -81,16 +86,39 @@ class PrefixIndex:
         return {endpoint: len(held) for endpoint, held in self._held.items()}
 
 
+class RecentQuantile:
+    """A quantile of the last `window` values, sorted afresh at the `first`-th value and then
+    every `every` (a sort of `window` floats now and then, not one per request). `learnt` from
+    the first sort on; `value` is 0.0 until then."""
+
+    def __init__(self, quantile: float, window: int = 200, every: int = 16, first: int = 8) -> None:
+        self.quantile, self.every, self.first = quantile, every, first
+        self._recent: deque[float] = deque(maxlen=window)
+        self._seen = 0
+        self.value = 0.0
+        self.learnt = False
+
+    def add(self, value: float) -> None:
+        self._recent.append(value)
+        self._seen += 1
+        if self._seen % self.every == 0 or self._seen == self.first:
+            ordered = sorted(self._recent)
+            self.value = ordered[int(self.quantile * (len(ordered) - 1))]
+            self.learnt = True
+
+
 class ServiceModel:
     """How long a request takes, learnt from the answers: seconds = `per_char` x uncached prompt
     characters + `base`, a least-squares line over recent requests that started on an idle endpoint
-    (so the time is the server's, not a queue's), older ones weighing less (`decay` per sample)."""
+    (so the time is the server's, not a queue's), older ones weighing less (`decay` per sample);
+    and the median of those times (`typical`: prefix_aware's tail guard)."""
 
-    def __init__(self, decay: float = 0.98, min_samples: int = 8) -> None:
+    def __init__(self, decay: float = 0.98, min_samples: int = 8, window: int = 200) -> None:
         self.decay = decay
         self.min_samples = min_samples
         self.samples = 0
         self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._typical = RecentQuantile(0.5, window, first=min_samples)
 
     def observe(self, uncached_chars: int, seconds: float) -> None:
         d = self.decay
@@ -101,9 +129,11 @@ class ServiceModel:
         self._xx = self._xx * d + x * x
         self._xy = self._xy * d + x * y
         self.samples += 1
+        self._typical.add(seconds)
 
-    def line(self) -> tuple[float, float] | None:
-        """(per_char, base) in seconds, or None until `min_samples` answers were seen."""
+    def line(self) -> tuple[float, float, float] | None:
+        """(per_char, base, typical) in seconds, or None until `min_samples` answers were seen.
+        `typical` is the median of the last `window` times themselves, not of the line."""
         if self.samples < self.min_samples:
             return None
         # The weighted variance of the uncached lengths: with (nearly) one length seen, no slope can
@@ -114,29 +144,35 @@ class ServiceModel:
             spread = self._w * self._xx - self._x * self._x
             per_char = max(0.0, (self._w * self._xy - self._x * self._y) / spread)
         base = max(0.0, (self._y - per_char * self._x) / self._w)
-        return per_char, base
+        return per_char, base, self._typical.value
 
 
 class Flights:
-    """Requests this gateway has in flight per endpoint, each with when it was sent and how long it
-    was expected to take, under the key of its exchange (so an answer ends exactly its own flight).
-    `wait` is how long a new request would queue behind them on a server that serves `slots` at
-    once (prefix_aware.slots): a server with more slots than that looks busier than it is, so
-    prefix_aware then errs towards the less loaded endpoint."""
+    """Requests this gateway has in flight per endpoint, each with when it was expected to start
+    (when it was sent, plus the wait it was expected to queue behind the flights then: a flight
+    sent into a queue starts when that queue has drained, not when it was sent, and the flights it
+    queued behind may have ended since) and its uncached prompt characters, under the key of its
+    exchange (so an answer ends exactly its own flight). `wait` is how long a new request would
+    queue behind them on a server that serves `slots` at once (prefix_aware.slots), each flight
+    taking what the service model's line says now: a flight sent before the line was learnt is
+    timed like the others, not taken to be over. A server with more slots than that looks busier
+    than it is, so prefix_aware then errs towards the less loaded endpoint."""
 
     def __init__(self) -> None:
-        self._flights: dict[str, dict[int, tuple[float, float]]] = {}
+        self._flights: dict[str, dict[int, tuple[float, int]]] = {}
 
     def __bool__(self) -> bool:
         """Whether any flight is kept (a strategy other than prefix_aware keeps none)."""
         return bool(self._flights)
 
-    def start(self, endpoint: str, key: int, now: float, expected: float) -> None:
-        """Callers pass a non-decreasing `now` (monotonic time), so each endpoint's flights stay in
-        the order they were sent; a key started again moves to the end."""
+    def start(self, endpoint: str, key: int, now: float, chars: int, queued: float = 0.0) -> None:
+        """A flight of `chars` uncached prompt characters sent at `now`, expected to wait `queued`
+        seconds (`wait` at `now`) before it starts. Callers pass a non-decreasing `now` (monotonic
+        time), so each endpoint's flights stay in the order they start; a key started again moves
+        to the end."""
         flights = self._flights.setdefault(endpoint, {})
         flights.pop(key, None)
-        flights[key] = (now, expected)
+        flights[key] = (now + queued, chars)
 
     def end(self, endpoint: str, key: int) -> None:
         flights = self._flights.get(endpoint)
@@ -146,14 +182,29 @@ class Flights:
     def count(self, endpoint: str) -> int:
         return len(self._flights.get(endpoint, ()))
 
-    def wait(self, endpoint: str, now: float, slots: int = 1) -> float:
-        """Seconds until the endpoint has a free slot, as expected: the flights, in the order they
-        were sent, each take the slot that frees first. That order is insertion order, since
-        `start` is called with a non-decreasing `now`: no sort here, on the routing path."""
+    def waits(
+        self, endpoints: Iterable[str], now: float, line: tuple[float, ...], slots: int, late: float
+    ) -> dict[str, float]:
+        """`wait` for each endpoint, plus `late` for those with every slot taken (0.0 for the
+        others: they start a request at once)."""
+        every = self._flights
+        return {
+            name: self.wait(name, now, line, slots) + late if len(every.get(name, ())) >= slots else 0.0
+            for name in endpoints
+        }
+
+    def wait(self, endpoint: str, now: float, line: tuple[float, ...], slots: int = 1) -> float:
+        """Seconds until the endpoint has a free slot, as expected with the service `line`
+        (seconds per uncached character, base seconds): the flights, in the order they were sent,
+        each take the slot that frees first, not before their expected start. That order is
+        insertion order, since `start` is called with a non-decreasing `now`: no sort here, on
+        the routing path."""
         flights = self._flights.get(endpoint)
         if not flights or len(flights) < slots:
             return 0.0
+        per_char, base = line[0], line[1]
         lanes = [float("-inf")] * slots
-        for sent, expected in flights.values():
-            heapq.heapreplace(lanes, max(lanes[0], sent) + expected)
+        for start, chars in flights.values():
+            # A flight still running past its expected end holds its slot until now at least.
+            heapq.heapreplace(lanes, max(now, max(lanes[0], start) + per_char * chars + base))
         return max(0.0, lanes[0] - now)

@@ -41,9 +41,10 @@ class RoutingContext(NamedTuple):
     now: float = 0.0  # the caller's clock, for snapshot freshness
     prefix: Mapping[str, int] | None = None  # prefix_aware: endpoint name -> prompt chunks it holds
     # prefix_aware with a learnt service time: endpoint name -> seconds a request would queue there,
-    # and (seconds per uncached prompt character, base seconds)
+    # and (seconds per uncached prompt character, base seconds, the tail guard's ceiling: the longest
+    # a request may be expected to take if it joins a queue; balancing.balancer.Balancer.look)
     waits: Mapping[str, float] | None = None
-    service: tuple[float, float] | None = None
+    service: tuple[float, float, float] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -173,9 +174,11 @@ class PrefixAware:
     prompt, not its first N characters) is shortest; until then only among the least loaded. Among
     equals, the one holding the longest prefix, then the fewest in flight, then chance. With no
     prefix held anywhere it is the endpoint expected to be free first (least_pending until the
-    speed is learnt). So a prompt waits for its prefix only behind a request
-    about to end, a hot prefix spreads as soon as its endpoint is busier (not kv_aware's hotspot),
-    and the endpoints beyond the margin are never chosen.
+    speed is learnt). A busy endpoint is chosen only if the request would still end there within
+    the median time of a request that starts at once, when a free endpoint has room for the
+    prompt in its cache (the tail guard). So a prompt waits for its
+    prefix only behind a request about to end, a hot prefix spreads as soon as its endpoint is
+    busier (not kv_aware's hotspot), and the endpoints beyond the margin are never chosen.
 
     Differs from SGLang's cache-aware router, which switches the whole model between cache-first
     and shortest-queue by a global imbalance test, and from vLLM's router, which scores prefix
@@ -197,20 +200,28 @@ class PrefixAware:
         # the prefill it saves: the cache decides among the least loaded only.
         service, waits = ctx.service, ctx.waits
         learnt = (service, waits) if service is not None and waits is not None else None
-        ceiling = min(loads) + (self.margin if learnt else 0)
-        eligible = [i for i, load in enumerate(loads) if load <= ceiling]
+        most = min(loads) + (self.margin if learnt else 0)
+        eligible = [i for i, load in enumerate(loads) if load <= most]
         if learnt and len(eligible) > 1:
             # The endpoint where this request would finish first: its queue, then the prefill of
             # what it does not hold (the base cost is the same everywhere).
-            (per_char, _base), queued = learnt
-            chars = len(ctx.request.prompt)
-            finish = {
-                i: queued.get(endpoints[i].name, 0.0)
-                + per_char * max(0, chars - matched[i] * self.chunk_chars)
-                for i in eligible
-            }
-            soonest = min(finish.values())
-            eligible = [i for i in eligible if finish[i] <= soonest + 1e-9]
+            (per_char, base, ceiling), queued = learnt
+            chars, size = len(ctx.request.prompt), self.chunk_chars
+            # The tail guard: a request joins a queue only if it would still end within `ceiling`
+            # (the median time of a request that starts at once, where a free endpoint has room
+            # for the prompt: Balancer.look). Waiting then never makes it one of the slow requests
+            # a P95 counts, even where each wait pays for itself (routing_sim.py's grid: a few long
+            # system prompts, each kept on one server of three with room for all, P95 2x).
+            finish: dict[int, float] = {}
+            calm: dict[int, float] = {}
+            for i in eligible:
+                wait = queued.get(endpoints[i].name, 0.0)
+                finish[i] = end = wait + per_char * max(0, chars - matched[i] * size)
+                if not wait or end + base <= ceiling:
+                    calm[i] = end
+            choices = calm or finish
+            soonest = min(choices.values())
+            eligible = [i for i, end in choices.items() if end <= soonest + 1e-9]
         longest = max(matched[i] for i in eligible)
         best = [i for i in eligible if matched[i] == longest]
         chosen = best[_least([loads[i] for i in best], rng)]

@@ -81,6 +81,9 @@ def test_each_endpoint_keeps_its_most_recent_chunks_up_to_capacity_heads_last():
     assert index.sizes() == {}
 
 
+MS = (0.001, 0.0)  # a service line of 1 ms per uncached character and no base
+
+
 def test_until_the_speed_is_learnt_the_cache_decides_among_the_least_loaded_only():
     assert pick({"a": 0, "b": 1, "c": 0}, {"a": 2, "b": 9, "c": 0}) == ("a", True)
     assert pick({"a": 0, "b": 1, "c": 0}, {"a": 2, "b": 9, "c": 0}, margin=3) == ("a", True)
@@ -94,7 +97,7 @@ def test_an_endpoint_beyond_the_margin_is_never_chosen_however_much_it_holds():
         RoutingRequest("m", prompt="x" * 6400),
         prefix={"b": 100},
         waits={"a": 0.0, "b": 0.0},
-        service=(1.0, 0.0),
+        service=(1.0, 0.0, 10_000.0),
     )
     assert views[strategy.pick(views, ctx, random.Random(0)).index].name == "a"
 
@@ -123,7 +126,7 @@ def test_the_service_model_learns_seconds_per_uncached_character():
     for chars in (0, 1000, 2000, 500):
         assert model.line() is None or chars == 500
         model.observe(chars, 0.05 + chars * 0.0001)
-    per_char, base = model.line()  # type: ignore[misc]
+    per_char, base, _typical = model.line()  # type: ignore[misc]
     assert per_char == pytest.approx(0.0001) and base == pytest.approx(0.05)
 
 
@@ -131,26 +134,46 @@ def test_flights_queue_one_after_another_and_each_answer_ends_its_own():
     from modelyard.balancing.prefix import Flights
 
     flights = Flights()
-    flights.start("a", 1, now=10.0, expected=0.3)
-    flights.start("a", 2, now=10.1, expected=0.2)  # starts once the first ends, at 10.3
-    assert flights.wait("a", 10.1) == pytest.approx(0.4) and flights.count("a") == 2
+    flights.start("a", 1, now=10.0, chars=300)  # 0.3 s at 1 ms per character
+    flights.start("a", 2, now=10.1, chars=200)  # starts once the first ends, at 10.3
+    assert flights.wait("a", 10.1, MS) == pytest.approx(0.4) and flights.count("a") == 2
     flights.end("a", 2)  # the quick one answered first: the long one stays
-    assert flights.wait("a", 10.2) == pytest.approx(0.1)
+    assert flights.wait("a", 10.2, MS) == pytest.approx(0.1)
     flights.end("a", 7)  # a try started before the flights were kept: nothing to end
-    assert flights.count("a") == 1 and flights.wait("b", 10.2) == 0.0
+    assert flights.count("a") == 1 and flights.wait("b", 10.2, MS) == 0.0
 
 
 def test_on_a_server_with_two_slots_a_request_waits_only_when_both_are_taken():
     from modelyard.balancing.prefix import Flights
 
     flights = Flights()
-    flights.start("a", 1, now=10.0, expected=0.3)
-    assert flights.wait("a", 10.0, slots=2) == 0.0  # the second slot is free
-    flights.start("a", 2, now=10.1, expected=0.5)
-    assert flights.wait("a", 10.1, slots=2) == pytest.approx(0.2)  # the first ends at 10.3
-    flights.start("a", 3, now=10.15, expected=0.1)  # takes the slot freed at 10.3, to 10.4
-    assert flights.wait("a", 10.1, slots=2) == pytest.approx(0.3)
-    assert flights.wait("a", 10.1) == pytest.approx(0.8)  # one slot: all three in a row
+    flights.start("a", 1, now=10.0, chars=300)
+    assert flights.wait("a", 10.0, MS, slots=2) == 0.0  # the second slot is free
+    flights.start("a", 2, now=10.1, chars=500)
+    assert flights.wait("a", 10.1, MS, slots=2) == pytest.approx(0.2)  # the first ends at 10.3
+    flights.start("a", 3, now=10.15, chars=100)  # takes the slot freed at 10.3, to 10.4
+    assert flights.wait("a", 10.1, MS, slots=2) == pytest.approx(0.3)
+    assert flights.wait("a", 10.1, MS) == pytest.approx(0.8)  # one slot: all three in a row
+    assert flights.wait("a", 10.1, (0.002, 0.1)) == pytest.approx(2.0)  # each timed by the line now
+
+
+def test_a_queued_flight_starts_when_its_queue_drains_and_an_overdue_one_holds_its_slot_until_now():
+    # Found by routing_sim.py's grid (4 slots, twice as many clients, 2 s answers): the flights
+    # were taken to start when sent and to end on time, so an endpoint with 8 in flight on 4 slots,
+    # whose oldest had queued 2 s, looked free; prefix_aware sent there, at P95 1.4x least_pending.
+    from modelyard.balancing.prefix import Flights
+
+    flights = Flights()
+    flights.start("a", 1, now=0.0, chars=2000)
+    flights.start("a", 2, now=0.0, chars=2000, queued=flights.wait("a", 0.0, MS))  # starts at 2.0
+    assert flights.wait("a", 0.0, MS) == pytest.approx(4.0)
+    assert flights.wait("a", 1.0, MS) == pytest.approx(3.0)  # the first to 2.0, the second to 4.0
+    # The first still running at 3.0, past its expected end: it is taken to end now, and the
+    # second (which cannot have started on one slot) to take its whole time after it.
+    assert flights.wait("a", 3.0, MS) == pytest.approx(2.0)
+    assert flights.wait("a", 5.0, MS) == pytest.approx(2.0)
+    flights.end("a", 1)
+    assert flights.wait("a", 5.0, MS) == pytest.approx(0.0)  # the second holds its slot until now only
 
 
 def test_the_service_model_draws_no_slope_from_one_length():
@@ -159,8 +182,9 @@ def test_the_service_model_draws_no_slope_from_one_length():
     model = ServiceModel(min_samples=4)
     for seconds in (1.5, 1.6, 1.5, 1.58):
         model.observe(6000, seconds)
-    per_char, base = model.line()  # type: ignore[misc]
+    per_char, base, typical = model.line()  # type: ignore[misc]
     assert per_char == 0.0 and base == pytest.approx(1.545, abs=0.01)
+    assert typical in (1.5, 1.58)  # the median of the times themselves
 
 
 def test_with_a_learnt_speed_a_prompt_waits_for_its_prefix_only_behind_a_request_about_to_end():
@@ -171,9 +195,27 @@ def test_with_a_learnt_speed_a_prompt_waits_for_its_prefix_only_behind_a_request
 
     def chosen(wait: float) -> str:
         ctx = RoutingContext(
-            prompt, prefix={"holder": 40}, waits={"idle": 0.0, "holder": wait}, service=(0.0001, 0.05)
+            prompt, prefix={"holder": 40}, waits={"idle": 0.0, "holder": wait}, service=(0.0001, 0.05, 0.4)
         )
         return views[strategy.pick(views, ctx, random.Random(0)).index].name
 
     assert chosen(0.1) == "holder"  # 0.1 s of queue saves 0.256 s of prefill
     assert chosen(0.3) == "idle"
+
+
+def test_a_request_joins_a_queue_only_if_it_still_ends_within_the_typical_time():
+    # The tail guard (found by routing_sim.py's grid: four long system prompts, each kept on one
+    # of three servers, the others idle): the queue saves prefill, but a request that waits behind
+    # a whole answer ends slower than most, and enough of them make the P95.
+    model = ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], prefix_aware={"chunk_chars": 64})
+    strategy = build_strategy("prefix_aware", model)
+    views = [FakeEndpoint("idle", 0), FakeEndpoint("holder", 1)]
+    prompt = RoutingRequest("m", prompt="x" * 7000)  # 110 chunks: 0.7 s of prefill uncached
+
+    def chosen(typical: float) -> str:
+        waits = {"idle": 0.0, "holder": 0.15}  # behind a whole answer
+        ctx = RoutingContext(prompt, prefix={"holder": 110}, waits=waits, service=(0.0001, 0.05, typical))
+        return views[strategy.pick(views, ctx, random.Random(0)).index].name
+
+    assert chosen(0.25) == "holder"  # ends at 0.15 + 0.05 = 0.2 s, within the typical 0.25 s
+    assert chosen(0.15) == "idle"  # 0.2 s would be slower than most: it goes where it starts at once

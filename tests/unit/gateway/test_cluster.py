@@ -249,14 +249,15 @@ def test_each_answer_ends_its_own_flight_and_only_prefix_aware_keeps_them() -> N
     c = cluster("a", strategy="least_pending")
     (a,) = c.endpoints
     flights = c.balancer.flights
-    ctx = RoutingContext(RoutingRequest("m", prompt="p" * 100), prefix={"a": 1}, service=(0.001, 0.01))
+    ctx = RoutingContext(RoutingRequest("m", prompt="p" * 100), prefix={"a": 1}, service=(0.001, 0.01, 0.1))
     c.acquire(a, 10)
     assert c.balancer.on_sent("a", 1, ctx, now=5.0) is None
     assert flights.count("a") == 0  # least_pending: nothing kept
     c.set_strategy("prefix_aware")
     c.acquire(a, 10)
-    assert c.balancer.on_sent("a", 2, ctx, now=5.0) == (36, 5.0, True)  # 100 characters, 64 held
-    assert flights.wait("a", 5.0) == pytest.approx(0.046)  # 36 x 1 ms + 10 ms
+    sent = c.balancer.on_sent("a", 2, ctx, now=5.0)
+    assert sent == pytest.approx((36, 5.0, True, 5.046))  # 100 characters, 64 held: ends at 5.046
+    assert flights.wait("a", 5.0, (0.001, 0.01)) == pytest.approx(0.046)  # 36 x 1 ms + 10 ms
     c.release(a, 10, key=1)  # the try started before the switch ends nothing of the new one's
     assert flights.count("a") == 1 and a.model_in_flight == 1
     c.release(a, 10, key=2)
