@@ -160,7 +160,7 @@ class _Writer:
         parts = tuple(part for part in text.split("/") if part not in ("", "."))
         if text.startswith("/") or ".." in parts or "\0" in text:
             raise ArchiveError(f"{self._archive}: unsafe path {name!r} in the archive")
-        if len(parts) > MAX_DEPTH:
+        if len(parts) - 1 > MAX_DEPTH:  # the directories it is in (a directory entry counts as one)
             raise ArchiveError(f"{self._archive}: {name[:80]!r}... is more than {MAX_DEPTH} directories deep")
         return parts
 

@@ -574,7 +574,7 @@ class _LocalCopy:
     ) -> None:
         """The entries of `directory` (walked as `path`; `where` is its place in the model, with
         a trailing `/`, or "" at the top) into the staging directory `target` (a descriptor)."""
-        if where.count("/") >= MAX_DEPTH:
+        if where.count("/") > MAX_DEPTH:  # its entries would be more than MAX_DEPTH directories down
             raise ArtefactError(
                 f"storageUri {self._shown}: {where[:80]}... is more than {MAX_DEPTH} directories deep"
             )

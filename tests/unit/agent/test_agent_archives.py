@@ -7,6 +7,7 @@ import os
 import stat
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -146,30 +147,54 @@ async def test_an_archive_thousands_of_directories_deep_is_refused_and_the_agent
     assert os.listdir(tmp_path / "repo") == []
     assert artefacts.clean_leftovers() == []  # (a leftover it cannot remove stops the agent starting)
 
-    # 64 parts is a model a user may have (a file 63 directories down): it unpacks.
-    fine = "/".join(["d"] * 63) + "/weights.bin"
+    # A file 64 directories down is as deep as it may be: it unpacks; one more is refused.
+    fine = "/".join(["d"] * 64) + "/weights.bin"
     archive = _tar(tmp_path / "fine.tar", ("model-settings.json", b"{}"), (fine, b"w"))
     placed = await artefacts.fetch("fine", str(archive))
     assert (placed.path / fine).read_bytes() == b"w"
+    archive = _tar(tmp_path / "over.tar", ("model-settings.json", b"{}"), ("d/" + fine, b"w"))
+    with pytest.raises(ArchiveError, match="more than 64 directories deep"):
+        await artefacts.fetch("over", str(archive))
+
+
+def _nested(source: Path, levels: int) -> None:
+    """`levels` directories `d/d/...` under `source`, a file in the deepest, made by descriptor
+    (the path would pass PATH_MAX)."""
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("weights.bin", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
 
 
 async def test_a_source_directory_thousands_deep_is_refused(tmp_path):
     source = tmp_path / "model"
     source.mkdir()
     (source / "model-settings.json").write_text("{}")
-    fd = os.open(source, os.O_RDONLY)
-    try:
-        for _ in range(200):  # made by descriptor: the path would pass PATH_MAX
-            os.mkdir("d", dir_fd=fd)
-            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-    finally:
-        os.close(fd)
+    _nested(source, 200)
     artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=30, policy=_sources_in(tmp_path))
     with pytest.raises(ArtefactError, match="more than 64 directories deep"):
         await artefacts.fetch("deep", str(source))
     assert os.listdir(tmp_path / "repo") == []
+
+
+@pytest.mark.parametrize(("levels", "fetched"), [(64, True), (65, False)])
+async def test_a_source_directory_64_deep_is_copied_and_65_is_not(tmp_path, levels, fetched):
+    source = tmp_path / "model"
+    source.mkdir()
+    _nested(source, levels)
+    artefacts = Artefacts(tmp_path / "repo", max_bytes=1 << 20, timeout=30, policy=_sources_in(tmp_path))
+    if fetched:
+        placed = await artefacts.fetch("m", str(source))
+        assert (placed.path / "/".join(["d"] * levels) / "weights.bin").exists()
+    else:
+        with pytest.raises(ArtefactError, match="more than 64 directories deep"):
+            await artefacts.fetch("m", str(source))
 
 
 @pytest.mark.parametrize(
