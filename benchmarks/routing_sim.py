@@ -136,6 +136,7 @@ class Strategy(Router):
             prefix=view.held if view else None,
             waits=view.waits if view else None,
             service=view.line if view else None,
+            roomy=view.roomy if view else None,
         )
         pick = self.balancer.pick(cluster.workers, ctx, rng)
         name = names[pick.index]

@@ -28,18 +28,19 @@ from modelyard.balancing.strategies import Need, Pick, RoutingContext, Strategy,
 from modelyard.cluster import EndpointView
 from modelyard.config import ModelConfig
 
-_NO_CEILING = float("inf")
-
 
 class PrefixView(NamedTuple):
     """What prefix_aware is given for one prompt: its chunk names, how many leading chunks each
-    endpoint holds, and, once the service time is learnt, each endpoint's queue and the line:
-    (seconds per uncached character, base seconds, the tail guard's ceiling in seconds)."""
+    endpoint holds, and, once the service time is learnt, each endpoint's queue, the line
+    (seconds per uncached character, base seconds, the median time of a request that started at
+    once) and, when some endpoint has a queue, the free endpoints a cold start of this prompt
+    would not hurt (`roomy`: the tail guard's, see `look`)."""
 
     chunks: list[int]
     held: dict[str, int]
     waits: dict[str, float] | None
     line: tuple[float, float, float] | None
+    roomy: frozenset[str] | None
 
 
 # A sent try's sample for the service model: (uncached prompt characters, when it was sent,
@@ -85,7 +86,7 @@ class Balancer:
         chunks = self.prefixes.chunks(prompt)
         held = self.prefixes.matches(chunks, names)
         line = self.service.line()
-        waits = None
+        waits = roomy = None
         if line is not None:
             slots = self._slots
             # A full endpoint's wait is its flights' plus how late tries end; until that is learnt
@@ -93,15 +94,23 @@ class Balancer:
             # make it look free.
             late = self.lateness.value if self.lateness.learnt else line[2]
             waits = self.flights.waits(names, now, line, slots, late)
-            # The tail guard's ceiling (PrefixAware): a request joins a queue only if it would
-            # still end within the typical time, where an endpoint free now could take its prompt
-            # without evicting anything (so that one cold prefill there is paid once, as
-            # least_pending pays it). Where none has room, sending it to a free one would only
-            # evict another prompt that is wanted again, so its own cost decides: no ceiling.
-            spare = self.prefixes.spare
-            if not any(w == 0.0 and spare(n) >= len(chunks) - held[n] for n, w in waits.items()):
-                line = (line[0], line[1], _NO_CEILING)
-        return tuple.__new__(PrefixView, (chunks, held, waits, line))  # (a NamedTuple's __new__ is Python)
+            deepest = max(held.values(), default=0)
+            if deepest and any(waits.values()):
+                # For the tail guard (PrefixAware): the free endpoints where a cold start of this
+                # prompt would evict only chunks wanted less than what a queue would save (the
+                # longest prefix held anywhere, by when it was last sent): its prefill there is
+                # then paid once, as least_pending pays it. Where a cold start would push out
+                # something wanted more (caches that hold one long system prompt each, or a
+                # repeated question among one-off ones), a queue is weighed by its own cost.
+                index = self.prefixes
+                wanted = index.age(chunks[deepest - 1], names)
+                roomy = frozenset(
+                    n
+                    for n, w in waits.items()
+                    if not w and index.evicted_age(n, len(chunks) - held[n]) > wanted
+                )
+        # (a NamedTuple's __new__ is Python)
+        return tuple.__new__(PrefixView, (chunks, held, waits, line, roomy))
 
     def on_sent(self, endpoint: str, key: int, ctx: RoutingContext | None, now: float) -> Sample | None:
         """A try of the request `ctx` (under `key`, its exchange) was sent to `endpoint` at `now`:

@@ -21,6 +21,9 @@ import heapq
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from hashlib import blake2b as _blake2b
+from itertools import islice
+
+_NEVER = float("inf")
 
 
 class PrefixIndex:
@@ -29,7 +32,9 @@ class PrefixIndex:
             raise ValueError("chunk_chars must be >= 1 and capacity >= 0")
         self.chunk_chars = chunk_chars
         self.capacity = capacity
-        self._held: dict[str, OrderedDict[int, None]] = {}
+        # endpoint -> chunk name -> when it was last recorded there (`_clock`: prompts recorded)
+        self._held: dict[str, OrderedDict[int, int]] = {}
+        self._clock = 0
 
     def chunks(self, prompt: str) -> list[int]:
         """The chain of chunk names for `prompt` (a trailing partial chunk counts too)."""
@@ -65,16 +70,29 @@ class PrefixIndex:
         if self.capacity == 0 or not chunks:
             return
         held = self._held.setdefault(endpoint, OrderedDict())
+        self._clock += 1
+        now = self._clock
         for name in reversed(chunks):
-            held[name] = None
+            held[name] = now
             held.move_to_end(name)
         while len(held) > self.capacity:  # bounded: one removal per round
             held.popitem(last=False)
 
-    def spare(self, endpoint: str) -> int:
-        """How many more chunks `endpoint` can be sent before the oldest are dropped."""
+    def age(self, name: int, endpoints: Iterable[str]) -> float:
+        """Prompts recorded since the chunk `name` was last recorded on any of `endpoints`
+        (infinite if none holds it): how often a prompt starting with it comes back."""
+        last = max((held.get(name, -1) for e in endpoints if (held := self._held.get(e))), default=-1)
+        return self._clock - last if last >= 0 else _NEVER
+
+    def evicted_age(self, endpoint: str, new: int) -> float:
+        """Prompts recorded since the newest of the chunks that `new` more chunks would push out
+        of `endpoint` was last recorded (infinite if none would go): how little it is wanted."""
         held = self._held.get(endpoint)
-        return self.capacity - (len(held) if held else 0)
+        out = (len(held) if held else 0) + new - self.capacity
+        if out <= 0 or not held:
+            return _NEVER
+        newest_out = next(islice(held.values(), min(out, len(held)) - 1, None))
+        return self._clock - newest_out
 
     def keep_only(self, endpoints: Iterable[str]) -> None:
         keep = set(endpoints)
@@ -94,14 +112,14 @@ class RecentQuantile:
     def __init__(self, quantile: float, window: int = 200, every: int = 16, first: int = 8) -> None:
         self.quantile, self.every, self.first = quantile, every, first
         self._recent: deque[float] = deque(maxlen=window)
-        self._seen = 0
+        self.seen = 0
         self.value = 0.0
         self.learnt = False
 
     def add(self, value: float) -> None:
         self._recent.append(value)
-        self._seen += 1
-        if self._seen % self.every == 0 or self._seen == self.first:
+        self.seen += 1
+        if self.seen % self.every == 0 or self.seen == self.first:
             ordered = sorted(self._recent)
             self.value = ordered[int(self.quantile * (len(ordered) - 1))]
             self.learnt = True
@@ -147,6 +165,10 @@ class ServiceModel:
         return per_char, base, self._typical.value
 
 
+# The least wait of an endpoint with every slot taken, in seconds.
+BUSY = 0.001
+
+
 class Flights:
     """Requests this gateway has in flight per endpoint, each with when it was expected to start
     (when it was sent, plus the wait it was expected to queue behind the flights then: a flight
@@ -185,11 +207,14 @@ class Flights:
     def waits(
         self, endpoints: Iterable[str], now: float, line: tuple[float, ...], slots: int, late: float
     ) -> dict[str, float]:
-        """`wait` for each endpoint, plus `late` for those with every slot taken (0.0 for the
-        others: they start a request at once)."""
+        """`wait` for each endpoint, plus `late` for those with every slot taken, and never
+        below BUSY for those (a queue is a queue, however soon its flights look to end); 0.0 for
+        the others: they start a request at once."""
         every = self._flights
         return {
-            name: self.wait(name, now, line, slots) + late if len(every.get(name, ())) >= slots else 0.0
+            name: max(BUSY, self.wait(name, now, line, slots) + late)
+            if len(every.get(name, ())) >= slots
+            else 0.0
             for name in endpoints
         }
 

@@ -111,7 +111,7 @@ class Proxy:
         started = time.perf_counter()
         route = cluster.route_for(request.headers, routing.fields)
         subset = pick_subset(route, request.headers, self._rng)
-        key = remembered = chunks = held = waits = line = None
+        key = remembered = chunks = held = waits = line = roomy = None
         needs = cluster.balancer.strategy.needs  # (empty for most strategies: nothing to look up then)
         if needs:
             if Need.AFFINITY in needs:
@@ -119,7 +119,9 @@ class Proxy:
                 remembered = await self._state.get(key)
             now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
             if Need.PREFIX in needs and routing.prompt:
-                chunks, held, waits, line = cluster.balancer.look(routing.prompt, cluster.endpoint_names, now)
+                chunks, held, waits, line, roomy = cluster.balancer.look(
+                    routing.prompt, cluster.endpoint_names, now
+                )
         else:
             now = time.monotonic()
         if type(request) is H1Request:  # (the lean connection sorted the fields as it parsed them)
@@ -144,7 +146,9 @@ class Proxy:
             route,
             subset,
             # (tuple.__new__: a NamedTuple's own __new__ is a Python function)
-            tuple.__new__(RoutingContext, (routing, cluster.next_seq(), remembered, now, held, waits, line)),
+            tuple.__new__(
+                RoutingContext, (routing, cluster.next_seq(), remembered, now, held, waits, line, roomy)
+            ),
             request.method,
             request.raw_path,
             sent,
@@ -176,8 +180,10 @@ class Proxy:
                 self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
             )
             headers.fields.append((b"X-Request-Id", raw_id))
-            await self._relay.respond(reply, ex, attempt, headers, capture)
-            if ex.service_sample is not None and attempt.response.status == 200:
+            ended = await self._relay.respond(reply, ex, attempt, headers, capture)
+            # Only an answer relayed whole times the server: a stream that went idle or broke off
+            # after its 200 would teach the service model its timeout.
+            if ex.service_sample is not None and ended == 200:
                 cluster.balancer.on_served(ex.service_sample, time.monotonic())
         finally:
             cluster.budget.request_ended()

@@ -36,8 +36,10 @@ class Relay:
         attempt: Attempt,
         headers: ReplyHeaders,
         capture: Capture | None,
-    ) -> None:
-        """Relay the answer and end the exchange, counted with the status it really ended with."""
+    ) -> int:
+        """Relay the answer and end the exchange, counted with the status it really ended with,
+        which it returns (a stream that broke off or went idle ends 502/504 after a 200 was sent;
+        a client that left, CLIENT_CLOSED)."""
         upstream = attempt.response
         code = CLIENT_CLOSED
         try:
@@ -57,6 +59,7 @@ class Relay:
             raise
         finally:
             self._attempts.finish(ex, attempt, code)
+        return code
 
     async def _stream(
         self,

@@ -32,7 +32,8 @@ def balancer(strategy: str = "prefix_aware") -> Balancer:
 def send(b: Balancer, endpoints: list[FakeEndpoint], prompt: str, key: int, now: float, rng: random.Random):
     """One request as the gateway routes it: returns (endpoint, its chunks, its sample)."""
     view = b.look(prompt, [e.name for e in endpoints], now)
-    ctx = RoutingContext(RoutingRequest("m", prompt=prompt), key, None, now, view.held, view.waits, view.line)
+    request = RoutingRequest("m", prompt=prompt)
+    ctx = RoutingContext(request, key, None, now, view.held, view.waits, view.line, view.roomy)
     chosen = endpoints[b.pick(endpoints, ctx, rng).index]
     chosen.in_flight += 1
     return chosen, view.chunks, b.on_sent(chosen.name, key, ctx, now)
@@ -125,9 +126,9 @@ def test_tries_that_end_later_than_expected_make_a_full_endpoint_wait_longer() -
     assert view.waits is not None and view.waits["a"] == pytest.approx(b.lateness.value)
 
 
-def test_the_tail_guard_holds_only_where_a_free_endpoint_has_room_for_the_prompt() -> None:
-    # With room, one cold prefill on a free endpoint is paid once (it then holds the prompt), so a
-    # queue must end within the typical time; without, it would evict a prompt wanted again.
+def test_a_free_endpoint_is_roomy_for_a_prompt_only_if_a_cold_start_evicts_what_is_wanted_less() -> None:
+    # The tail guard holds where a cold start on a free endpoint is paid once (it then holds the
+    # prompt); where it would push out a prompt wanted again, a queue is weighed by its cost.
     model = ModelConfig(
         name="m", endpoints=[{"url": "http://127.0.0.1:1"}], strategy="prefix_aware",
         prefix_aware={"max_chunks_per_endpoint": 40},
@@ -139,9 +140,13 @@ def test_the_tail_guard_holds_only_where_a_free_endpoint_has_room_for_the_prompt
         chosen, chunks, sample = send(b, [a], f"{key} " + "x" * 600, key, now, rng)
         now += 0.1
         answer(b, chosen, key, chunks, sample, now)
-    prompt = "y" * 64 * 30  # 30 chunks
-    view = b.look(prompt, ["a", "b"], now)
-    assert view.line is not None and view.line[2] == b.service.line()[2]  # type: ignore[index]
-    b.on_cached("b", b.prefixes.chunks("z" * 64 * 20))  # "b" holds 20 of its 40 now
-    view = b.look(prompt, ["a", "b"], now)
-    assert view.line is not None and view.line[2] == float("inf")  # neither has room for 30
+    hot = b.prefixes.chunks("h" * 64 * 30)  # 30 chunks, held by "a"
+    b.on_cached("a", hot)
+    assert b.look("h" * 64 * 30, ["a", "b"], now).roomy is None  # no queue anywhere: no guard needed
+    send(b, [a], "busy", 99, now, rng)  # "a" now has its one slot taken
+    assert b.look("h" * 64 * 30, ["a", "b"], now).roomy == {"b"}  # "b" is empty: room for all 30
+    b.on_cached("b", b.prefixes.chunks("z" * 64 * 20))  # "b" holds 20 of its 40, just sent
+    # 30 more would push out 10 of those, sent after the hot prompt was: wanted more than it.
+    assert b.look("h" * 64 * 30, ["a", "b"], now).roomy == frozenset()
+    b.on_cached("a", hot)  # the hot prompt is sent again, after "b"'s: now it is the wanted one
+    assert b.look("h" * 64 * 30, ["a", "b"], now).roomy == {"b"}

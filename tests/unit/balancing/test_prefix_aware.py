@@ -212,10 +212,30 @@ def test_a_request_joins_a_queue_only_if_it_still_ends_within_the_typical_time()
     views = [FakeEndpoint("idle", 0), FakeEndpoint("holder", 1)]
     prompt = RoutingRequest("m", prompt="x" * 7000)  # 110 chunks: 0.7 s of prefill uncached
 
-    def chosen(typical: float) -> str:
+    def chosen(typical: float, roomy: frozenset[str] = frozenset({"idle"})) -> str:
         waits = {"idle": 0.0, "holder": 0.15}  # behind a whole answer
-        ctx = RoutingContext(prompt, prefix={"holder": 110}, waits=waits, service=(0.0001, 0.05, typical))
+        service = (0.0001, 0.05, typical)
+        ctx = RoutingContext(prompt, prefix={"holder": 110}, waits=waits, service=service, roomy=roomy)
         return views[strategy.pick(views, ctx, random.Random(0)).index].name
 
     assert chosen(0.25) == "holder"  # ends at 0.15 + 0.05 = 0.2 s, within the typical 0.25 s
     assert chosen(0.15) == "idle"  # 0.2 s would be slower than most: it goes where it starts at once
+    # A cold start on "idle" would evict a prompt wanted more: the queue is weighed by its cost.
+    assert chosen(0.15, roomy=frozenset()) == "holder"
+    # Only the candidates count: an endpoint with room that is not one (ejected, another subset)
+    # does not hold the guard.
+    assert chosen(0.15, roomy=frozenset({"elsewhere"})) == "holder"
+
+
+def test_when_every_candidate_has_a_queue_the_shortest_by_count_is_taken():
+    # Found by routing_sim.py's grid (4 slots, twice as many clients): a queue one longer, chosen
+    # for the prefill it saves by a guessed wait, raised P95 up to 1.12x at the same mean.
+    model = ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], prefix_aware={"chunk_chars": 64})
+    strategy = build_strategy("prefix_aware", model)
+    views = [FakeEndpoint("short", 4), FakeEndpoint("holder", 5)]
+    prompt = RoutingRequest("m", prompt="x" * 7000)
+    waits = {"short": 0.2, "holder": 0.25}
+    ctx = RoutingContext(prompt, prefix={"holder": 110}, waits=waits, service=(0.0001, 0.05, 0.3))
+    assert views[strategy.pick(views, ctx, random.Random(0)).index].name == "short"
+    views = [FakeEndpoint("short", 5), FakeEndpoint("holder", 5)]  # as many: the one holding it
+    assert views[strategy.pick(views, ctx, random.Random(0)).index].name == "holder"
