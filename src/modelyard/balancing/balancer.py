@@ -105,9 +105,7 @@ class Balancer:
                 index = self.prefixes
                 wanted = index.age(chunks[deepest - 1], names)
                 roomy = frozenset(
-                    n
-                    for n, w in waits.items()
-                    if not w and index.evicted_age(n, len(chunks) - held[n]) > wanted
+                    n for n, w in waits.items() if not w and index.evicted_age(n, chunks, held[n]) > wanted
                 )
         # (a NamedTuple's __new__ is Python)
         return tuple.__new__(PrefixView, (chunks, held, waits, line, roomy))
@@ -140,8 +138,9 @@ class Balancer:
         self.prefixes.record(chunks, endpoint)
 
     def on_served(self, sample: Sample | None, now: float) -> None:
-        """The answer to the try that made `sample` was whole and a 200 at `now`: one that started
-        on an idle endpoint times the server, and teaches the service model."""
+        """The answer to the try that made `sample` was relayed whole, a 200, at `now`: one that
+        started on an idle endpoint times the server and teaches the service model, and one sent
+        once the line was learnt teaches how late answers end (`lateness`)."""
         if sample is None:
             return
         if sample[2]:

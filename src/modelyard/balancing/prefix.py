@@ -84,15 +84,26 @@ class PrefixIndex:
         last = max((held.get(name, -1) for e in endpoints if (held := self._held.get(e))), default=-1)
         return self._clock - last if last >= 0 else _NEVER
 
-    def evicted_age(self, endpoint: str, new: int) -> float:
-        """Prompts recorded since the newest of the chunks that `new` more chunks would push out
-        of `endpoint` was last recorded (infinite if none would go): how little it is wanted."""
-        held = self._held.get(endpoint)
-        out = (len(held) if held else 0) + new - self.capacity
-        if out <= 0 or not held:
+    def evicted_age(self, endpoint: str, chunks: Sequence[int], held: int) -> float:
+        """Prompts recorded since the newest of the chunks that sending `chunks` (of which
+        `endpoint` holds the first `held`) would push out of `endpoint` was last recorded
+        (infinite if none would go): how little what goes is wanted. The held ones are touched,
+        not pushed out, however old they are."""
+        entries = self._held.get(endpoint)
+        out = (len(entries) if entries else 0) + len(chunks) - held - self.capacity
+        if out <= 0 or not entries:
             return _NEVER
-        newest_out = next(islice(held.values(), min(out, len(held)) - 1, None))
-        return self._clock - newest_out
+        if not held:
+            return self._clock - next(islice(entries.values(), min(out, len(entries)) - 1, None))
+        kept = set(chunks[:held])
+        newest = -1
+        for name, stamp in entries.items():  # oldest first, to the `out`-th that goes
+            if name not in kept:
+                newest, out = stamp, out - 1
+                if not out:
+                    break
+        # (a prompt longer than the capacity pushes out every other entry: the newest of them)
+        return self._clock - newest if newest >= 0 else _NEVER
 
     def keep_only(self, endpoints: Iterable[str]) -> None:
         keep = set(endpoints)

@@ -239,3 +239,34 @@ def test_when_every_candidate_has_a_queue_the_shortest_by_count_is_taken():
     assert views[strategy.pick(views, ctx, random.Random(0)).index].name == "short"
     views = [FakeEndpoint("short", 5), FakeEndpoint("holder", 5)]  # as many: the one holding it
     assert views[strategy.pick(views, ctx, random.Random(0)).index].name == "holder"
+
+
+def test_a_cold_start_evicts_the_oldest_chunks_but_not_the_prompts_own():
+    # Found by review: b's own half of the prompt is its oldest entry, but sending the prompt
+    # touches it; what goes is the newer prompt z, sent after the prompt's last use.
+    from modelyard.balancing.prefix import PrefixIndex
+
+    index = PrefixIndex(chunk_chars=4, capacity=10)
+    prompt = "".join(f"p{i:03d}" for i in range(6))  # 6 chunks
+    chunks = index.chunks(prompt)
+    index.record(chunks[:3], "b")  # clock 1
+    index.record(chunks, "a")  # clock 2: the prompt's last use
+    index.record(index.chunks("z" * 28), "b")  # clock 3: 7 chunks, b is full
+    assert index.age(chunks[-1], ["a", "b"]) == 1  # (the clock is 3)
+    assert index.evicted_age("b", chunks, 3) == 0  # 3 of z's go, sent at 3, not b's half (sent at 1)
+    assert index.evicted_age("a", chunks, 6) == float("inf")  # it holds it all: nothing goes
+    assert index.evicted_age("c", chunks, 0) == float("inf")  # empty: room for all
+    longer = index.chunks(prompt + "q" * 40)  # 16 chunks, more than the capacity
+    assert index.evicted_age("b", longer, 3) == 0  # every other entry goes, z's (sent at 3) too
+
+
+def test_a_full_endpoint_never_has_a_wait_of_zero():
+    # Found by review: with lateness learnt as 0, a full endpoint whose flights looked over had a
+    # wait of 0 and counted as free (for the tail guard and the room test).
+    from modelyard.balancing.prefix import BUSY, Flights
+
+    flights = Flights()
+    flights.start("a", 1, now=0.0, chars=100)
+    assert flights.waits(["a", "b"], 50.0, MS, 1, 0.0) == {"a": BUSY, "b": 0.0}
+    assert flights.waits(["a"], 0.0, MS, 1, 0.0) == {"a": pytest.approx(0.1)}
+    assert flights.waits(["a"], 0.0, MS, 2, 0.0) == {"a": 0.0}  # a slot of two is free
