@@ -469,6 +469,8 @@ async def test_the_overview_counts_each_models_requests_on_a_shared_server_over_
         await wait_until(shown_by_the_first, attempts=200, interval=0.02)
     assert seen == [(1, 1), (0, 1)]
 
+    # The stream left unfinished closed second's connection: a new one may land on either worker.
+    second = await gateway.on_worker(1)
     async with second.post(
         gateway.url + "/v1/chat/completions", data=orjson.dumps({**CHAT, "model": "nope"})
     ) as refused:
