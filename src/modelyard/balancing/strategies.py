@@ -183,9 +183,9 @@ class PrefixAware:
     speed is learnt). A busy endpoint is chosen only if the request would still end there within
     the median time of a request that starts at once, when a free candidate could take the prompt
     without evicting chunks wanted more (the tail guard); when every candidate is busy, only the
-    least loaded are. So a prompt waits for its
-    prefix only behind a request about to end, a hot prefix spreads as soon as its endpoint is
-    busier (not kv_aware's hotspot), and the endpoints beyond the margin are never chosen.
+    least loaded are. So a prompt waits for its prefix only behind a request about to end, a hot
+    prefix spreads as soon as its endpoint is busier (not kv_aware's hotspot), and the endpoints
+    beyond the margin are never chosen.
 
     Differs from SGLang's cache-aware router, which switches the whole model between cache-first
     and shortest-queue by a global imbalance test, and from vLLM's router, which scores prefix
