@@ -212,6 +212,38 @@ class EndpointConfig(_Strict):
         description="TLS to this endpoint (an https:// url, a grpcs:// grpc_url); null = the model's tls, "
         "else upstream.tls",
     )
+    kv_events: str | None = Field(
+        None,
+        description="the server's KV-cache events (vLLM's --kv-events-config endpoint), tcp://host:port: "
+        "prefix_aware routes on the blocks it says it holds (precise mode; needs prefix_aware.tokenizer)",
+    )
+    kv_replay: str | None = Field(
+        None,
+        description="the server's KV-event replay endpoint (vLLM's replay_endpoint), tcp://host:port: "
+        "events missed are asked for again; null = a gap sends prefix_aware back to approximate routing for "
+        "this endpoint until its index is rebuilt",
+    )
+
+    @field_validator("kv_events", "kv_replay")
+    @classmethod
+    def _zmq_tcp_url(cls, url: str | None) -> str | None:
+        if not url:
+            return url
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        extra = parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc
+        if parts.scheme != "tcp" or not parts.hostname or not port or extra:
+            raise ValueError("expected tcp://host:port, e.g. tcp://127.0.0.1:5557")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _replay_needs_events(self) -> EndpointConfig:
+        if self.kv_replay and not self.kv_events:
+            raise ValueError("kv_replay is set without kv_events: there are no events to replay")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -299,6 +331,25 @@ class PrefixAwareConfig(_Strict):
         ge=1,
         description="requests a server works on at once without slowing (its request slots or "
         "batch size, as far as its latency stays flat): how many lanes the expected queue has",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="precise mode (endpoints with kv_events): the model's tokenizer.json, or a Hugging "
+        "Face model directory holding it and tokenizer_config.json (its chat template), so that prompts "
+        "are cut into the blocks the servers hash",
+    )
+    chat_template: str | None = Field(
+        None, description="precise mode: a Jinja chat template file, in place of tokenizer_config.json's"
+    )
+    kv_max_blocks: int = Field(
+        131072,
+        ge=1,
+        description="precise mode: blocks remembered per endpoint, the least recently stored dropped",
+    )
+    kv_stale_after: Seconds = Field(
+        5.0,
+        description="precise mode: an endpoint that answered 8 requests and sent no event for this long is "
+        "routed approximately until its events resume",
     )
 
 
@@ -471,6 +522,16 @@ class ModelConfig(_Strict):
         description="TLS to this model's https:// and grpcs:// endpoints without their own; "
         "null = upstream.tls",
     )
+
+    @model_validator(mode="after")
+    def _kv_events_need_a_tokenizer(self) -> ModelConfig:
+        named = [i for i, e in enumerate(self.endpoints) if e.kv_events]
+        if named and not self.prefix_aware.tokenizer:
+            raise ValueError(
+                f"endpoints[{named[0]}].kv_events is set but prefix_aware.tokenizer is not: the gateway "
+                "needs the model's tokenizer to match prompts against the blocks the server reports"
+            )
+        return self
 
     @model_validator(mode="after")
     def _routes_name_subsets(self) -> ModelConfig:

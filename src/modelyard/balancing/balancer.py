@@ -6,27 +6,37 @@ for how long), and the service model (seconds per uncached prompt character). Th
 it around each request, and `benchmarks/routing_sim.py` drives the same object in virtual time,
 so what the simulator argues about routing is what the gateway does:
 
-    view = balancer.look(prompt, endpoint_names, now)       # before a pick (prefix_aware only)
+    view = balancer.look(prompt, endpoint_names, now, body) # before a pick (prefix_aware only)
     pick = balancer.pick(endpoints, ctx, rng)
     sample = balancer.on_sent(endpoint, key, ctx, now)      # a try is sent
     balancer.on_ended(endpoint, key)                         # that try ended, however
     balancer.on_cached(endpoint, view.chunks)                # a 2xx answer: the server holds it now
     balancer.on_served(sample, now)                          # the answer was whole (learns its time)
 
+Precise mode: given the model's tokenizer (`tokens`), the balancer also keeps `kv`, the blocks each
+endpoint says it holds (balancing/kv_events.py); where an endpoint's index is usable, `look` takes
+what it holds from there instead of from the approximate index (which goes on learning, for the
+endpoints and the moments it is not usable).
+
 Pure (DESIGN.md habit 1): time and randomness are arguments; the I/O of sharing what it learns
-(Redis, the workers' rings) is the gateway's (gateway/prefix_sharing.py).
+(Redis, the workers' rings, the KV-event subscriptions) is the gateway's
+(gateway/prefix_sharing.py, gateway/kv_subscriber.py).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from modelyard.balancing.kv_events import KvIndex, block_keys
 from modelyard.balancing.prefix import Flights, PrefixIndex, RecentQuantile, ServiceModel
 from modelyard.balancing.strategies import Need, Pick, RoutingContext, Strategy, build_strategy
 from modelyard.cluster import EndpointView
 from modelyard.config import ModelConfig
+
+if TYPE_CHECKING:
+    from modelyard.balancing.tokens import PromptTokens
 
 
 class PrefixView(NamedTuple):
@@ -50,7 +60,9 @@ Sample = tuple[int, float, bool, float]
 
 
 class Balancer:
-    def __init__(self, model: ModelConfig, strategy: object | None = None) -> None:
+    def __init__(
+        self, model: ModelConfig, strategy: object | None = None, tokens: PromptTokens | None = None
+    ) -> None:
         self.model = model
         settings = model.prefix_aware
         self._chunk_chars = settings.chunk_chars
@@ -68,6 +80,9 @@ class Balancer:
         # not a high one, which a few evicted prompts make large and which then kept requests
         # from short queues that paid (at the 90th, 46% of prompt tokens cached fell to 33%).
         self.lateness = RecentQuantile(0.65)
+        # Precise mode: the tokenizer and what the endpoints' KV events say they hold.
+        self.tokens = tokens
+        self.kv = KvIndex(settings.kv_max_blocks, settings.kv_stale_after) if tokens is not None else None
         self._use(build_strategy(model.strategy if strategy is None else strategy, model))
 
     def switch(self, name: object) -> None:
@@ -81,10 +96,16 @@ class Balancer:
         self.pick: Callable[[Sequence[EndpointView], RoutingContext, random.Random], Pick] = strategy.pick
         self.tracks = Need.PREFIX in strategy.needs  # only what needs the bookkeeping pays for it
 
-    def look(self, prompt: str, names: Sequence[str], now: float) -> PrefixView:
-        """What prefix_aware needs to pick for `prompt` among the endpoints `names` at `now`."""
+    def look(
+        self, prompt: str, names: Sequence[str], now: float, body: Mapping[str, Any] | None = None
+    ) -> PrefixView:
+        """What prefix_aware needs to pick for `prompt` among the endpoints `names` at `now`;
+        `body`, the request's parsed body, for precise mode (the server's tokens of it)."""
         chunks = self.prefixes.chunks(prompt)
         held = self.prefixes.matches(chunks, names)
+        kv = self.kv
+        if kv is not None and kv.endpoints and body is not None:
+            self._held_precisely(held, names, now, body, len(prompt), len(chunks))
         line = self.service.line()
         waits = roomy = None
         if line is not None:
@@ -109,6 +130,35 @@ class Balancer:
                 )
         # (a NamedTuple's __new__ is Python)
         return tuple.__new__(PrefixView, (chunks, held, waits, line, roomy))
+
+    def _held_precisely(
+        self,
+        held: dict[str, int],
+        names: Sequence[str],
+        now: float,
+        body: Mapping[str, Any],
+        chars: int,
+        most: int,
+    ) -> None:
+        """Replace, in `held`, the approximate index's guess by what the KV events say, for each
+        endpoint whose event index is usable now. The blocks held, in tokens, are turned into the
+        prompt's chunks pro rata (the strategy weighs uncached characters)."""
+        assert self.kv is not None and self.tokens is not None
+        usable = [(name, blocks) for name in names if (blocks := self.kv.usable(name, now)) is not None]
+        if not usable:
+            return
+        ids = self.tokens.ids(body)
+        if not ids:
+            return  # a request the gateway cannot tokenize as the server does: approximate
+        keys: dict[int, list[int]] = {}
+        per_chunk = len(ids) * self._chunk_chars
+        for name, blocks in usable:
+            size = blocks.block_size
+            assert size is not None
+            named = keys.get(size)
+            if named is None:
+                named = keys[size] = block_keys(ids, size)
+            held[name] = min(most, blocks.match(named) * size * chars // per_chunk)
 
     def on_sent(self, endpoint: str, key: int, ctx: RoutingContext | None, now: float) -> Sample | None:
         """A try of the request `ctx` (under `key`, its exchange) was sent to `endpoint` at `now`:
@@ -136,6 +186,8 @@ class Balancer:
     def on_cached(self, endpoint: str, chunks: Sequence[int]) -> None:
         """`endpoint` answered a prompt of these chunks with a 2xx: it caches them now."""
         self.prefixes.record(chunks, endpoint)
+        if self.kv is not None:
+            self.kv.answered(endpoint)  # (events that stop while answers go on: `KvIndex.usable`)
 
     def on_served(self, sample: Sample | None, now: float) -> None:
         """The answer to the try that made `sample` was relayed whole, a 200, at `now`: one that

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
+from modelyard.balancing.tokens import TokenizerError
 from modelyard.cli.listening import Listener, listen_failure
-from modelyard.cli.problems import fail
+from modelyard.cli.problems import fail, print_error
 from modelyard.cli.tls import TlsCertOption, TlsClientCaOption, TlsKeyOption, tls_server_config
 from modelyard.config import TlsServerConfig
 from modelyard.errors import ModelyardError
@@ -39,9 +41,7 @@ def sim_worker(
     ] = 8,
     prefill_ms_per_token: Annotated[
         float,
-        typer.Option(
-            help="Prefill cost in ms per uncached prompt token (a token is a whitespace-separated word)."
-        ),
+        typer.Option(help="Prefill cost in ms per uncached prompt token (a word, or a --tokenizer token)."),
     ] = 0.05,
     decode_ms_per_token: Annotated[
         float, typer.Option(help="Decode cost in ms per output token; streams emit each token after it.")
@@ -86,6 +86,28 @@ def sim_worker(
         list[str] | None,
         typer.Option("--fail-load", help="Repository mode: this model's load fails (repeatable)."),
     ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            help="A tokenizer.json, or a Hugging Face model dir holding one: prompts become token ids "
+            "(chats rendered by its chat template), as vLLM tokenizes them."
+        ),
+    ] = None,
+    chat_template: Annotated[
+        Path | None, typer.Option(help="A Jinja chat template file, in place of the tokenizer dir's.")
+    ] = None,
+    kv_events_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Publish vLLM's KV-cache events (ZMQ PUB) on this port; 0 picks one. Needs --tokenizer."
+        ),
+    ] = None,
+    kv_replay_port: Annotated[
+        int | None,
+        typer.Option(help="Replay buffered KV-cache events (ZMQ ROUTER) on this port; 0 picks one."),
+    ] = None,
+    kv_buffer_steps: Annotated[int, typer.Option(help="KV-cache event batches kept for replay.")] = 10000,
+    kv_topic: Annotated[str, typer.Option(help="The topic frame of each KV-cache event message.")] = "",
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_client_ca: TlsClientCaOption = None,
@@ -94,9 +116,12 @@ def sim_worker(
 
     Latency is vLLM-like: wait for a slot, prefill the prompt tokens that
     the prefix cache misses, then decode one token per step. Tokens are
-    approximated as whitespace-separated words. With every cost at 0 it
-    never sleeps. GET /sim/stats shows its counters; PUT /sim/config changes
-    the costs, slowdown, fail_rate and max_concurrency while it runs.
+    approximated as whitespace-separated words, or are token ids with
+    --tokenizer. With every cost at 0 it never sleeps. GET /sim/stats shows
+    its counters; PUT /sim/config changes the costs, slowdown, fail_rate and
+    max_concurrency while it runs. With --kv-events-port it publishes its
+    prefix cache's changes as vLLM's KV-cache events (POST /sim/kv-events
+    pauses, drops, loses or garbles them, or clears the cache).
     """
     try:
         config = SimWorkerConfig(
@@ -121,9 +146,15 @@ def sim_worker(
             model_memory=_bytes("--model-memory", model_memory),
             load_delay=load_delay,
             fail_load=tuple(fail_load or ()),
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            kv_events_port=kv_events_port,
+            kv_replay_port=kv_replay_port,
+            kv_buffer_steps=kv_buffer_steps,
+            kv_topic=kv_topic,
         )
     except ValidationError as exc:
-        problems = "; ".join(f"{_flag(e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_problem(e["loc"], e["msg"]) for e in exc.errors())
         typer.echo(f"error: sim-worker options: {problems}", err=True)
         raise typer.Exit(1) from None
     tls = tls_server_config(tls_cert, tls_key, tls_client_ca)
@@ -131,10 +162,17 @@ def sim_worker(
         run(_serve(config, tls))
     except ModelyardError as exc:  # a certificate or key that cannot be used: one line naming the file
         raise fail(exc) from None
+    except TokenizerError as exc:  # (its message names the file)
+        print_error(str(exc))
+        raise typer.Exit(1) from None
     except OSError as exc:  # typically the port is taken
         listeners = [Listener(host, port, "sim-worker HTTP")]
         if grpc_port is not None:
             listeners.append(Listener(host, grpc_port, "sim-worker OIP gRPC", grpc=True))
+        if kv_events_port is not None:
+            listeners.append(Listener(host, kv_events_port, "sim-worker KV events"))
+        if kv_replay_port is not None:
+            listeners.append(Listener(host, kv_replay_port, "sim-worker KV events replay"))
         raise listen_failure(exc, listeners) from None
 
 
@@ -146,13 +184,25 @@ def _bytes(flag: str, value: str) -> int:
         raise typer.Exit(1) from None
 
 
-def _flag(loc: tuple[int | str, ...]) -> str:
-    field = "model" if loc[0] == "models" else str(loc[0])
-    return "--" + field.replace("_", "-")
+def _problem(loc: tuple[int | str, ...], message: str) -> str:
+    """`--flag: message` for a field's error; one about several fields names them as flags."""
+    if loc:
+        return f"{_flag(loc[0])}: {message}"
+    message = message.removeprefix("Value error, ")
+    fields = "|".join(SimWorkerConfig.model_fields)
+    return re.sub(rf"\b(?:{fields})\b", lambda m: _flag(m[0]), message)
+
+
+def _flag(field: int | str) -> str:
+    name = "model" if field == "models" else str(field)
+    return "--" + name.replace("_", "-")
 
 
 async def _serve(config: SimWorkerConfig, tls: TlsServerConfig | None) -> None:
     worker = SimWorker(config, tls=tls)
     url = await worker.start()
     typer.echo(f"sim-worker listening on {url}" + (f" and {worker.grpc_url}" if worker.grpc_url else ""))
+    if worker.kv_events_url is not None:
+        replay = f", replay on {worker.kv_replay_url}" if worker.kv_replay_url else ""
+        typer.echo(f"sim-worker KV-cache events on {worker.kv_events_url}{replay}")
     await serve_until_signal([worker.server], worker.stop)

@@ -28,6 +28,7 @@ from modelyard.balancing.routes import (
     select_route,
     validate_routes,
 )
+from modelyard.balancing.tokens import PromptTokens, TokenizerError
 from modelyard.cluster import Abortable, BackendLoad, Endpoint, HealthThresholds, Load, observe
 from modelyard.cluster.budget import RetryBudget
 from modelyard.cluster.canary import CanaryStats
@@ -35,7 +36,7 @@ from modelyard.cluster.health import ejected, passed
 from modelyard.cluster.outlier import OutlierState, adopt, decide, routable
 from modelyard.cluster.outlier import observe as observe_outcome
 from modelyard.config import EndpointConfig, ModelConfig, RouteConfig, TlsClientConfig
-from modelyard.errors import EndpointTakenOut, NotFound
+from modelyard.errors import ConfigError, EndpointTakenOut, NotFound
 from modelyard.gateway.capacity import CapacityQueue
 from modelyard.upstream.pool import UpstreamTls
 
@@ -44,6 +45,18 @@ log = logging.getLogger("modelyard.gateway")
 HealthListener = Callable[[str, str, bool], None]  # (model, endpoint, healthy)
 OutlierListener = Callable[[str, str, str], None]  # (model, endpoint, event)
 _NEVER_EJECTED = OutlierState()
+
+
+def _prompt_tokens(config: ModelConfig) -> PromptTokens | None:
+    """prefix_aware's precise mode: the model's tokenizer, read once here (ConfigError naming the
+    model and the file when it cannot be)."""
+    settings = config.prefix_aware
+    if not settings.tokenizer:
+        return None
+    try:
+        return PromptTokens.load(settings.tokenizer, settings.chat_template or None)
+    except TokenizerError as exc:
+        raise ConfigError(f"model {config.name!r}", [f"prefix_aware.{exc.field}: {exc}"]) from None
 
 
 class Cluster:
@@ -72,7 +85,7 @@ class Cluster:
         self._on_ejected = on_ejected  # after this worker's outlier detection ejects: told to the others
         # The strategy and what it learns (prefix_aware's index, flights and service time); kept
         # across strategy switches, so a switch back finds what it learnt.
-        self.balancer = Balancer(config)
+        self.balancer = Balancer(config, tokens=_prompt_tokens(config))
         self.seq = 0  # requests routed so far; kept across strategy switches (round_robin's position)
         self.budget = RetryBudget(config.retry_budget)
         self.capacity = CapacityQueue(config.name, config.circuit_breakers)
@@ -441,4 +454,6 @@ class Cluster:
                 "max_requests": self.capacity.config.max_requests,
             },
             "routable": health.healthy and not outlier.ejected,
+            # prefix_aware's precise mode: what its KV events say (null: the endpoint has none)
+            "kv_events": None if self.balancer.kv is None else self.balancer.kv.describe(endpoint.name, now),
         }

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from modelyard.balancing import Need, check_strategy_name
+from modelyard.balancing.kv_events import KvIndex
 from modelyard.cluster import Load
 from modelyard.config import GATEWAY_SERVICE_NAME, GatewayConfig, ModelConfig
 from modelyard.errors import ModelNotFound, ModelyardError, Overloaded
@@ -20,6 +21,7 @@ from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
+from modelyard.gateway.kv_subscriber import KvSubscriptions
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
@@ -82,6 +84,13 @@ class Gateway:
             else config.placement.models.strategy
         )
         self.metrics.watch_requests(self._requests_in_flight)
+        # prefix_aware's precise mode: a subscription per endpoint with KV events, in every worker
+        self.kv_subscriptions = KvSubscriptions(self._kv_endpoints)
+        self.metrics.watch_kv_events(
+            lambda: [
+                (c.name, c.balancer.kv) for c in list(self.clusters.values()) if c.balancer.kv is not None
+            ]
+        )
         # The workers of one gateway show each other's requests in their routing logs and canaries.
         self._worker_log = (
             WorkerLog(siblings.run_dir, siblings.index, siblings.count) if siblings is not None else None
@@ -175,6 +184,11 @@ class Gateway:
                 yield cluster.name, cluster.budget.active + len(cluster.capacity)
             else:
                 yield cluster.name, totals["active_requests"] + totals["queued"]
+
+    def _kv_endpoints(self) -> Iterator[tuple[str, KvIndex | None, list[tuple[str, str | None, str | None]]]]:
+        for cluster in list(self.clusters.values()):
+            endpoints = [(e.name, e.kv_events, e.kv_replay) for e in cluster.config.endpoints]
+            yield cluster.name, cluster.balancer.kv, endpoints
 
     def new_cluster(self, config: ModelConfig) -> Cluster:
         siblings = self.siblings
@@ -294,6 +308,7 @@ class Gateway:
             self._sibling_state.start()
         if self.prefix_sharing is not None:
             self.prefix_sharing.start()
+        self.kv_subscriptions.start()
 
     async def stop(self) -> None:
         if self._following is not None:
@@ -302,6 +317,7 @@ class Gateway:
         if self.follower is not None:
             await self.follower.stop()
         await self.health.stop()
+        await self.kv_subscriptions.stop()
         await self.proxy.close()
         for scraper, client in list(self.scrapers.values()):
             await self._stop_scraper(scraper, client)

@@ -3,9 +3,10 @@ and its routing log (routing_log.py), which the same outcomes feed."""
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,6 +17,9 @@ from modelyard.cluster import Load
 from modelyard.gateway.access_log import dropped_lines
 from modelyard.gateway.routing_log import DEFAULT_MAX_SUBSCRIBERS, RoutingLog
 from modelyard.serving import ListenerStats
+
+if TYPE_CHECKING:
+    from modelyard.balancing.kv_events import KvIndex
 
 
 class _Incrementable(Protocol):
@@ -97,6 +101,48 @@ class _RequestsCollector(Collector):
         for model, count in self._totals():
             family.add_metric([model], count)
         yield family
+
+
+# (model, its KvIndex) for each model in precise mode
+KvIndexes = Callable[[], Iterable[tuple[str, "KvIndex"]]]
+
+
+class _KvEventsCollector(Collector):
+    """prefix_aware's precise mode per endpoint: whether routing uses its KV events now, the blocks
+    its index holds, and its events and faults by kind. Read at scrape time from the indexes (every
+    worker subscribes to the same events, so the answering worker's are the gateway's)."""
+
+    def __init__(self, indexes: KvIndexes) -> None:
+        self._indexes = indexes
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        precise = GaugeMetricFamily(
+            "modelyard_kv_events_precise",
+            "1 while prefix_aware routes to this endpoint on the blocks its KV events say it holds, "
+            "0 while it falls back to the approximate index (no events yet, events lost or stopped)",
+            labels=["model", "backend"],
+        )
+        blocks = GaugeMetricFamily(
+            "modelyard_kv_index_blocks",
+            "Blocks the endpoint's KV events say it holds",
+            labels=["model", "backend"],
+        )
+        events = CounterMetricFamily(
+            "modelyard_kv_events",
+            "KV-cache events and faults by kind: stored, removed, cleared; gaps (lost batches), garbage, "
+            "unknown_parent, unknown_removed, restarts, dropped (over kv_max_blocks), other_medium",
+            labels=["model", "backend", "kind"],
+        )
+        now = time.monotonic()
+        for model, kv in self._indexes():
+            for name, held in list(kv.endpoints.items()):
+                precise.add_metric([model, name], 1.0 if kv.usable(name, now) is not None else 0.0)
+                blocks.add_metric([model, name], len(held.held))
+                for kind, count in held.counts.items():
+                    events.add_metric([model, name, kind], count)
+        yield precise
+        yield blocks
+        yield events
 
 
 class _AccessLogCollector(Collector):
@@ -341,6 +387,10 @@ class GatewayMetrics:
     def watch_requests(self, totals: Callable[[], Iterable[tuple[str, int]]]) -> None:
         """Export each model's requests in flight (`totals` read at each scrape)."""
         self.exposition.register(_RequestsCollector(totals))
+
+    def watch_kv_events(self, indexes: KvIndexes) -> None:
+        """Export prefix_aware's precise-mode state (`indexes` read at each scrape)."""
+        self.exposition.register(_KvEventsCollector(indexes))
 
     def watch_listener(self, stats: Callable[[], ListenerStats]) -> None:
         """Export the counters of the listener serving this gateway (`stats` read at each scrape)."""

@@ -120,7 +120,7 @@ class Proxy:
             now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
             if Need.PREFIX in needs and routing.prompt:
                 chunks, held, waits, line, roomy = cluster.balancer.look(
-                    routing.prompt, cluster.endpoint_names, now
+                    routing.prompt, cluster.endpoint_names, now, routing.fields
                 )
         else:
             now = time.monotonic()

@@ -2,6 +2,10 @@
 
 Errors are raised as `Rejected` and rendered at the edge by the route's protocol wrapper:
 OpenAI's `{"error": {"message", "type", "code"}}` or OIP/KServe's `{"error": "..."}`.
+
+With a tokenizer (`config.tokenizer`), a prompt's tokens are its token ids, as vLLM computes them
+(balancing/tokens.py); without one, or for a prompt it cannot tokenize so, whitespace-separated
+words. With `kv_events_port`, the cache's changes are published as vLLM's KV-cache events.
 """
 
 from __future__ import annotations
@@ -11,16 +15,19 @@ import struct
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from modelyard.balancing.tokens import PromptTokens
 from modelyard.errors import ModelyardError
 from modelyard.protocols import oip
 from modelyard.simworker.config import SimWorkerConfig
 from modelyard.simworker.engine import Running, SimEngine
+from modelyard.simworker.kv_publisher import STATS_OFF, KvPublisher
+from modelyard.simworker.latency import Tokens
 from modelyard.simworker.metrics import CONTENT_TYPE, create_registry, render
 from modelyard.simworker.repository import REPOSITORY, install_repository, only_loaded_models
 from modelyard.simworker.tensors import oip_outputs, scale_nested
@@ -39,6 +46,8 @@ TRACEPARENTS_KEPT = 32
 # The W3C traceparent of the last requests that sent one, newest last, in /sim/stats: what a
 # tracing gateway propagated is observable from outside (tests, a demo without a collector).
 _TRACEPARENTS = web.AppKey("modelyard_sim_traceparents", deque[str])
+_TOKENS = web.AppKey("modelyard_sim_prompt_tokens", PromptTokens)  # only with config.tokenizer
+PUBLISHER = web.AppKey("modelyard_sim_kv_publisher", KvPublisher)  # only with config.kv_events_port
 
 _DEFAULT_MAX_TOKENS = 16
 _MAX_TOKENS_LIMIT = 1 << 17
@@ -121,6 +130,31 @@ def _max_tokens(body: dict[str, object]) -> int:
     return value
 
 
+def _prompt_tokens(app: web.Application, fields: Mapping[str, object], text: str) -> Tokens:
+    """The token ids of the prompt in `fields` (a request body, or {"prompt": one of its
+    prompts}) with a tokenizer, else (or when it cannot say) the words of `text`. Raises
+    Rejected for a token id outside the vocabulary, as vLLM does."""
+    tokens = app.get(_TOKENS)
+    if tokens is not None:
+        ids = tokens.ids(fields)
+        if ids is not None:
+            if ids is fields.get("prompt"):  # the client's own ids
+                size = tokens.tokenizer.get_vocab_size(with_added_tokens=True)
+                if not all(0 <= i < size for i in ids):
+                    raise Rejected(400, "a token id is out of vocabulary", code="invalid_prompt")
+            return ids
+    return tokenize(text)
+
+
+def _prompts_tokens(app: web.Application, prompt: object, texts: list[str]) -> list[Tokens]:
+    """Each prompt's tokens, for a completions `prompt` (or embeddings `input`) whose prompts,
+    already checked, read `texts`: each one tokenized on its own, as vLLM does."""
+    sent: list[object] = [prompt]  # a string, or token ids
+    if isinstance(prompt, list) and isinstance(prompt[0], str | list):
+        sent = prompt
+    return [_prompt_tokens(app, {"prompt": one}, text) for one, text in zip(sent, texts, strict=True)]
+
+
 def _include_usage(body: dict[str, object]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and bool(options.get("include_usage"))
@@ -147,7 +181,7 @@ def _event(chunk: object) -> bytes:
 async def _stream(
     request: web.Request,
     engine: SimEngine,
-    prompts: list[list[str]],
+    prompts: list[Tokens],
     max_tokens: int,
     step_chunks: Callable[[int], Iterable[object]],
     end_chunks: Callable[[Running], Iterable[object]],
@@ -186,7 +220,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     model = _model(body, engine)
     if engine.should_fail():
         raise _simulated_failure()
-    tokens = tokenize(prompt)
+    tokens = _prompt_tokens(request.app, body, prompt)
     words = generate_words(prompt, max_tokens, engine.config.answer_variant)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -236,9 +270,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         raise Rejected(400, str(exc), code="invalid_prompt") from None
     max_tokens = _max_tokens(body)
     model = _model(body, engine)
+    token_lists = _prompts_tokens(request.app, body.get("prompt"), prompts)
     if engine.should_fail():
         raise _simulated_failure()
-    token_lists = [tokenize(p) for p in prompts]
     prompt_tokens = sum(map(len, token_lists))
     completion_tokens = max_tokens * len(prompts)
     words = [generate_words(p, max_tokens, engine.config.answer_variant) for p in prompts]
@@ -303,9 +337,9 @@ async def _embeddings(request: web.Request) -> web.StreamResponse:
     if encoding not in ("float", "base64"):
         raise Rejected(400, "encoding_format must be 'float' or 'base64'", code="invalid_encoding_format")
     model = _model(body, engine)
+    token_lists = _prompts_tokens(request.app, body.get("input"), inputs)
     if engine.should_fail():
         raise _simulated_failure()
-    token_lists = [tokenize(text) for text in inputs]
     async with engine.admit(token_lists, 0, use_cache=False):
         pass
     data = []
@@ -452,7 +486,9 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 
 async def _sim_stats(request: web.Request) -> web.StreamResponse:
     seen = request.app[_TRACEPARENTS]
-    return _json({**request.app[ENGINE].snapshot(), "traceparents": [*seen]})
+    publisher = request.app.get(PUBLISHER)
+    kv = publisher.stats() if publisher is not None else STATS_OFF
+    return _json({**request.app[ENGINE].snapshot(), **kv, "traceparents": [*seen]})
 
 
 @web.middleware
@@ -480,12 +516,75 @@ async def _sim_config_update(request: web.Request) -> web.StreamResponse:
     return _json(config.model_dump(mode="json"))
 
 
+# The chaos controls of `POST /sim/kv-events`: switches, and counts of batches.
+_KV_SWITCHES = ("pause", "clear")
+_KV_COUNTS = ("drop", "lose", "garbage")
+
+
+@_oip_api
+async def _sim_kv_events(request: web.Request) -> web.StreamResponse:
+    """Chaos for the gateway's subscriber: `{"pause": bool}`, `{"drop": N}`, `{"lose": N}`,
+    `{"garbage": N}`, `{"clear": true}` (kv_publisher.py says what each does), several at once."""
+    publisher = request.app.get(PUBLISHER)
+    if publisher is None:
+        raise Rejected(409, "KV-cache events are off: start the worker with kv_events_port")
+    body = await _json_body(request)
+    unknown = sorted(set(body) - {*_KV_SWITCHES, *_KV_COUNTS})
+    if unknown or not body:
+        known = ", ".join((*_KV_SWITCHES, *_KV_COUNTS))
+        raise Rejected(400, f"expected some of {known}; got {', '.join(unknown) or 'none'}")
+    switches: dict[str, bool] = {}
+    counts: dict[str, int] = {}
+    for name, value in body.items():
+        if name in _KV_SWITCHES:
+            if not isinstance(value, bool):
+                raise Rejected(400, f"{name} must be true or false")
+            switches[name] = value
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise Rejected(400, f"{name} must be an integer >= 0")
+        else:
+            counts[name] = value
+    publisher.control(
+        pause=switches.get("pause"),
+        drop=counts.get("drop"),
+        lose=counts.get("lose"),
+        garbage=counts.get("garbage"),
+    )
+    if switches.get("clear"):
+        request.app[ENGINE].clear_cache()
+    return _json(publisher.state())
+
+
+def _install_kv_publisher(app: web.Application, engine: SimEngine, config: SimWorkerConfig) -> None:
+    """Bound with the server (on_startup), closed with it (on_cleanup)."""
+    assert config.kv_events_port is not None
+    publisher = KvPublisher(
+        config.host, config.kv_events_port, config.kv_replay_port, config.kv_buffer_steps, config.kv_topic
+    )
+    app[PUBLISHER] = publisher
+    engine.kv_events = publisher.publish
+
+    async def start(_app: web.Application) -> None:
+        await publisher.start()
+
+    async def close(_app: web.Application) -> None:
+        await publisher.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(close)
+
+
 def create_sim_app(config: SimWorkerConfig) -> web.Application:
-    """A fresh simulated server: its own engine, counters, cache and metrics registry."""
+    """A fresh simulated server: its own engine, counters, cache and metrics registry. Loads the
+    tokenizer, if any (raises TokenizerError naming the file)."""
     gate = [only_loaded_models] if config.repository_mode else []
     app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_remember_traceparent, *gate])
     engine = SimEngine(config)
     app[ENGINE] = engine
+    if config.tokenizer is not None:
+        app[_TOKENS] = PromptTokens.load(config.tokenizer, config.chat_template)
+    if config.kv_events_port is not None:
+        _install_kv_publisher(app, engine, config)
     app[_TRACEPARENTS] = deque(maxlen=TRACEPARENTS_KEPT)
     repository = install_repository(app, config) if config.repository_mode else None
     app[_REGISTRY] = create_registry(engine, repository)
@@ -513,6 +612,7 @@ def create_sim_app(config: SimWorkerConfig) -> web.Application:
             web.get("/sim/stats", _sim_stats),
             web.get("/sim/config", _sim_config),
             web.put("/sim/config", _sim_config_update),
+            web.post("/sim/kv-events", _sim_kv_events),
         ]
     )
     return app

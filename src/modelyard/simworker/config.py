@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from modelyard.simworker.latency import CostModel
 
@@ -16,7 +16,7 @@ RUNTIME_FIELDS = frozenset(
 
 
 class SimWorkerConfig(BaseModel):
-    """Tokens are approximated as whitespace-separated words throughout."""
+    """Tokens are approximated as whitespace-separated words, unless a tokenizer is given."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -46,6 +46,34 @@ class SimWorkerConfig(BaseModel):
     model_memory: int = Field(default=0, ge=0, description="bytes per model without its own setting")
     load_delay: float = Field(default=0.0, ge=0, description="seconds a load takes")
     fail_load: tuple[str, ...] = Field(default=(), description="models whose load fails")
+    # Real tokens (balancing/tokens.py): what vLLM's KV-cache events carry and the gateway hashes.
+    tokenizer: Path | None = Field(
+        default=None, description="a tokenizer.json, or a model directory holding one: prompts as token ids"
+    )
+    chat_template: Path | None = Field(
+        default=None, description="a Jinja chat template, in place of the tokenizer directory's"
+    )
+    # vLLM's KV-cache events (simworker/kv_publisher.py), bound on `host`.
+    kv_events_port: int | None = Field(
+        default=None, ge=0, le=65535, description="publish KV-cache events (ZMQ PUB) here; 0 picks a port"
+    )
+    kv_replay_port: int | None = Field(
+        default=None, ge=0, le=65535, description="replay buffered events (ZMQ ROUTER) here; 0 picks a port"
+    )
+    kv_buffer_steps: int = Field(default=10000, ge=1, description="event batches kept for replay")
+    kv_topic: str = Field(default="", description="the topic frame of each event message")
+
+    @model_validator(mode="after")
+    def _kv_events_need_token_ids(self) -> SimWorkerConfig:
+        if self.kv_events_port is not None and self.tokenizer is None:
+            raise ValueError("kv_events_port needs a tokenizer: KV-cache events carry the prompts' token ids")
+        if self.kv_replay_port is not None and self.kv_events_port is None:
+            raise ValueError("kv_replay_port replays the events of kv_events_port, which is not set")
+        if self.kv_replay_port and self.kv_replay_port == self.kv_events_port:
+            raise ValueError("kv_events_port and kv_replay_port must differ")
+        if self.chat_template is not None and self.tokenizer is None:
+            raise ValueError("chat_template needs a tokenizer")
+        return self
 
     @property
     def repository_mode(self) -> bool:

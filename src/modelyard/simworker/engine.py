@@ -1,7 +1,8 @@
 """The mechanism around the pure latency model: slots, the queue, sleeps and live counters.
 
 A request holds a slot for its whole prefill and decode. With all costs at zero nothing sleeps,
-so the worker doubles as a fast test backend.
+so the worker doubles as a fast test backend. What an admission does to the prefix cache goes, as
+one batch of vLLM's KV-cache events, to `kv_events` when a publisher is attached.
 """
 
 from __future__ import annotations
@@ -9,17 +10,21 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 
+from modelyard.balancing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from modelyard.simworker.cache_events import prefill_events
 from modelyard.simworker.config import SimWorkerConfig
-from modelyard.simworker.latency import PrefixCache, cache_usage, kv_blocks_needed, plan_prefill
+from modelyard.simworker.latency import PrefixCache, Tokens, cache_usage, kv_blocks_needed, plan_prefill
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(slots=True)
 class SimStats:
-    """Live counters; tokens are whitespace-separated words."""
+    """Live counters; tokens are whitespace-separated words, or token ids with a tokenizer."""
 
     running: int = 0
     waiting: int = 0
@@ -114,6 +119,8 @@ class SimEngine:
         self.cache = PrefixCache(config.cache_blocks)
         self._rng = random.Random(config.seed)
         self._slots = _Slots(config.max_concurrency, self.stats)
+        # One batch of events per change to the cache (kv_publisher.py); None: nobody listens.
+        self.kv_events: Callable[[list[KvEvent]], None] | None = None
 
     def update_config(self, changes: Mapping[str, object]) -> SimWorkerConfig:
         self.config = self.config.with_runtime_changes(changes)
@@ -136,9 +143,15 @@ class SimEngine:
     def cache_usage(self) -> float:
         return cache_usage(self.stats.kv_blocks_in_use, self.config.cache_blocks)
 
+    def clear_cache(self) -> None:
+        """Empty the prefix cache (and say so, as vLLM's reset_prefix_cache does)."""
+        self.cache.clear()
+        if self.kv_events is not None:
+            self.kv_events([AllBlocksCleared()])
+
     @asynccontextmanager
     async def admit(
-        self, prompts: Sequence[Sequence[str]], max_tokens: int, *, use_cache: bool = True
+        self, prompts: Sequence[Tokens], max_tokens: int, *, use_cache: bool = True
     ) -> AsyncIterator[Running]:
         """Queue for a slot, match the prefix cache, wait out the prefill; release on exit."""
         await self._slots.acquire()
@@ -148,11 +161,17 @@ class SimEngine:
         running: Running | None = None
         try:
             cached = uncached = 0
+            publish = self.kv_events if use_cache else None
+            events: list[KvEvent] = []
             for tokens in prompts:
                 prefill = plan_prefill(self.cache if use_cache else None, tokens, block_tokens)
                 cached += prefill.cached_tokens
                 uncached += prefill.uncached_tokens
                 blocks += kv_blocks_needed(prefill.prompt_tokens, max_tokens, block_tokens)
+                if publish is not None:
+                    events += prefill_events(prefill, tokens, block_tokens)
+            if events and publish is not None:  # (nothing changed: nothing to say)
+                publish(events)
             stats.kv_blocks_in_use += blocks
             stats.prompt_tokens_total += cached + uncached
             if use_cache:

@@ -7,7 +7,7 @@ from types import TracebackType
 from modelyard.config import ListenConfig, TlsServerConfig
 from modelyard.rpc import OipServer
 from modelyard.serving import HttpServer
-from modelyard.simworker.app import ENGINE, create_sim_app
+from modelyard.simworker.app import ENGINE, PUBLISHER, create_sim_app
 from modelyard.simworker.config import SimWorkerConfig
 from modelyard.simworker.engine import SimStats
 from modelyard.simworker.oip_grpc import SimOip
@@ -19,6 +19,7 @@ class SimWorker:
     """Binds `config.host:config.port` (port 0 picks a free one) on `start()`, and OIP over gRPC on
     `config.grpc_port` when set (`grpc_url` then says where). With `tls` it serves HTTPS and gRPC
     over TLS (`url` https://, `grpc_url` grpcs://), from certificate files reloaded when they change.
+    With `config.kv_events_port` it publishes KV-cache events (`kv_events_url`, `kv_replay_url`).
 
     Usable as `async with SimWorker(config) as worker:`; several can share one event loop.
     """
@@ -48,6 +49,17 @@ class SimWorker:
     def live_config(self) -> SimWorkerConfig:
         """The config in force now, including `PUT /sim/config` changes."""
         return self.app[ENGINE].config
+
+    @property
+    def kv_events_url(self) -> str | None:
+        """`tcp://HOST:PORT` of the KV-cache events once started; None when off."""
+        publisher = self.app.get(PUBLISHER)
+        return publisher.events_url if publisher is not None else None
+
+    @property
+    def kv_replay_url(self) -> str | None:
+        publisher = self.app.get(PUBLISHER)
+        return publisher.replay_url if publisher is not None else None
 
     @property
     def server(self) -> HttpServer:

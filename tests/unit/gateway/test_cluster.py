@@ -317,6 +317,7 @@ def test_describe_shows_the_model_and_each_endpoints_state_as_the_overview_does(
         "ejection": {"ejected": False, "seconds_left": None, "ejections": 0, "consecutive_failures": 0},
         "circuit": {"state": "closed", "max_requests": 1},
         "routable": True,
+        "kv_events": None,  # (no KV events configured: precise mode off)
     }
     assert (busy["in_flight"], busy["outstanding_tokens"]) == (1, 12)
     assert busy["circuit"] == {"state": "open", "max_requests": 1}

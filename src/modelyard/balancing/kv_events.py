@@ -1,0 +1,326 @@
+"""prefix_aware's precise mode: what each endpoint really holds, from vLLM's KV-cache events.
+
+vLLM (`--kv-events-config`) publishes on a ZMQ PUB socket, per engine step, one message of three
+frames: a topic, an 8-byte big-endian sequence number, and an `EventBatch` encoded by msgspec as
+msgpack: `[ts, events, data_parallel_rank]`, each event a tagged array
+`["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`,
+`["BlockRemoved", block_hashes, medium]` or `["AllBlocksCleared"]`. The wire types below mirror
+vLLM's (`vllm.distributed.kv_events`); older vLLMs send fewer trailing fields, newer ones may send
+more, and both decode.
+
+vLLM names a block by a hash the gateway cannot compute (its seed is random unless PYTHONHASHSEED
+is set, and the algorithm is a server flag), so the index names blocks by keys of its own: a
+64-bit BLAKE2b chained over the token ids (`block_keys`), computed from the `token_ids` a
+`BlockStored` carries and from the prompt's tokens (the model's tokenizer) when routing. Each
+endpoint maps the server's hashes to those keys, so `BlockRemoved` (hashes only) finds its keys.
+
+`KvIndex` is pure (DESIGN.md habit 1): time is an argument; the sockets are the gateway's
+(gateway/kv_subscriber.py). Per endpoint it says whether the index can be trusted (`usable`):
+- `waiting`: no event yet; `live`: every event since the server's start (or since a clear) seen;
+- `rebuilding`: events were lost (a sequence gap the replay did not fill, an undecodable batch,
+  a block built on a parent never seen): the index is kept but routing uses the approximate one
+  until 32 `BlockStored` in a row build on blocks the index knows (or on none), which says the
+  index covers what the server builds on again;
+- quiet: answers keep coming from the endpoint (8 or more since its last batch) but no batch for
+  `stale_after` seconds: the events stopped, and routing falls back until they resume.
+An endpoint's index is bounded (`max_blocks`, least recently stored dropped first).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
+from hashlib import blake2b as _blake2b
+from typing import Any
+
+import msgspec
+
+# A block hash as vLLM sends it: an int (64-bit hash algorithms, older releases) or bytes (sha256).
+BlockHash = int | bytes
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """Tagged by class name, as vLLM's are."""
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+_decoder = msgspec.msgpack.Decoder(KVEventBatch)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def decode_batch(payload: bytes) -> KVEventBatch:
+    """Raises msgspec.DecodeError (a ValueError) for what is not a batch of these events."""
+    return _decoder.decode(payload)
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    return _encoder.encode(batch)
+
+
+# The end of a replay (vLLM's publisher): a sequence number of -1 and an empty payload.
+END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
+
+_ROOT = bytes(8)
+
+
+def block_keys(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+    """The index's keys of the full blocks of `token_ids` (a partial tail block has none, as in
+    vLLM's prefix cache), chained from `parent` (the key of the block before the first; None: the
+    prompt's start). Raises OverflowError for a token id outside 64 bits."""
+    keys: list[int] = []
+    previous = parent.to_bytes(8, "big") if parent is not None else _ROOT
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        tokens = array("q", token_ids[start : start + block_size]).tobytes()
+        previous = _blake2b(previous + tokens, digest_size=8).digest()
+        keys.append(int.from_bytes(previous, "big"))
+    return keys
+
+
+WAITING, LIVE, REBUILDING = "waiting", "live", "rebuilding"
+# BlockStored events in a row, built on blocks the index knows, after which a rebuilding index is
+# trusted again.
+REBUILT_AFTER = 32
+# Answers from an endpoint since its last batch after which silence means its events stopped.
+QUIET_ANSWERS = 8
+# Tiers that are not the server's GPU prefix cache (vLLM's CPU offloading): not counted as held.
+_GPU_MEDIUMS = (None, "GPU", "gpu")
+
+
+class EndpointBlocks:
+    """One endpoint's blocks, as its events say."""
+
+    def __init__(self, max_blocks: int) -> None:
+        self.max_blocks = max_blocks
+        self.state = WAITING
+        self.last_seq = -1  # the next batch expected is last_seq + 1
+        self.block_size: int | None = None
+        self.last_batch = float("-inf")
+        self.answered = 0  # answers relayed from it since its last batch
+        self.clean = 0  # BlockStored in a row built on known blocks (rebuilding)
+        # our key -> the server's hash, least recently stored first
+        self.held: OrderedDict[int, BlockHash] = OrderedDict()
+        self.keys: dict[BlockHash, int] = {}  # the server's hash -> our key
+        self.counts: Counter[str] = Counter()  # events by kind, and faults
+
+    def clear(self) -> None:
+        self.held.clear()
+        self.keys.clear()
+
+    def store(self, event: BlockStored) -> bool:
+        """False when the event builds on a parent the index does not know (its blocks cannot be
+        named: they are left out)."""
+        if event.medium not in _GPU_MEDIUMS:
+            self.counts["other_medium"] += 1
+            return True
+        parent = event.parent_block_hash
+        if parent is None:
+            key = None
+        else:
+            key = self.keys.get(parent)
+            if key is None:
+                return False
+        size = event.block_size
+        if size < 1:
+            raise ValueError(f"block_size {size}")
+        self.block_size = size
+        named = block_keys(event.token_ids, size, key)
+        if len(named) != len(event.block_hashes):
+            raise ValueError(f"{len(event.block_hashes)} block hashes for {len(event.token_ids)} tokens")
+        held, keys = self.held, self.keys
+        for block, name in zip(event.block_hashes, named, strict=True):
+            old = held.pop(name, None)
+            if old is not None and old != block:
+                keys.pop(old, None)
+            held[name] = block
+            keys[block] = name
+        while len(held) > self.max_blocks:  # bounded: one removal per round
+            _, block = held.popitem(last=False)
+            keys.pop(block, None)
+            self.counts["dropped"] += 1
+        return True
+
+    def remove(self, event: BlockRemoved) -> int:
+        """Removes the blocks; returns how many the index did not know."""
+        if event.medium not in _GPU_MEDIUMS:
+            return 0
+        unknown = 0
+        for block in event.block_hashes:
+            key = self.keys.pop(block, None)
+            if key is None:
+                unknown += 1
+            else:
+                self.held.pop(key, None)
+        return unknown
+
+    def match(self, keys: Sequence[int]) -> int:
+        """How many leading blocks of a prompt with these keys the endpoint holds."""
+        held = self.held
+        count = 0
+        for key in keys:
+            if key not in held:
+                break
+            count += 1
+        return count
+
+
+class Applied:
+    """What `KvIndex.apply` did with a batch."""
+
+    APPLIED, GAP, RESTART, GARBAGE = "applied", "gap", "restart", "garbage"
+
+
+class KvIndex:
+    """The endpoints' blocks, from their event streams (`apply`), for prefix_aware (`held`)."""
+
+    def __init__(self, max_blocks: int = 131072, stale_after: float = 5.0) -> None:
+        self.max_blocks = max_blocks
+        self.stale_after = stale_after
+        self.endpoints: dict[str, EndpointBlocks] = {}
+
+    def track(self, endpoint: str) -> EndpointBlocks:
+        """The endpoint's blocks, made when it is first subscribed to."""
+        blocks = self.endpoints.get(endpoint)
+        if blocks is None:
+            blocks = self.endpoints[endpoint] = EndpointBlocks(self.max_blocks)
+        return blocks
+
+    def keep_only(self, endpoints: Iterable[str]) -> None:
+        keep = set(endpoints)
+        for name in [n for n in self.endpoints if n not in keep]:
+            del self.endpoints[name]
+
+    def apply(self, endpoint: str, seq: int, payload: bytes, now: float) -> str:
+        """Apply the batch numbered `seq`. Returns Applied.GAP, without applying it, when batches
+        before it were not seen (the caller asks the replay endpoint for them, or calls `lost`);
+        Applied.RESTART when the numbering went back (the server restarted: its cache is empty,
+        and the index with it); Applied.GARBAGE when it does not decode (the index is then
+        rebuilding)."""
+        blocks = self.track(endpoint)
+        result = Applied.APPLIED
+        if seq <= blocks.last_seq:
+            blocks.clear()
+            blocks.counts["restarts"] += 1
+            blocks.state = LIVE if seq == 0 else REBUILDING
+            blocks.clean = 0
+            result = Applied.RESTART
+        elif seq != blocks.last_seq + 1:
+            return Applied.GAP
+        blocks.last_seq = seq
+        blocks.last_batch = now
+        blocks.answered = 0
+        if blocks.state == WAITING:
+            blocks.state = LIVE  # (seq 0: every event since the server started)
+        try:
+            batch = decode_batch(payload)
+            for event in batch.events:
+                self._apply_event(blocks, event)
+        except (ValueError, OverflowError):  # (msgspec's DecodeError is a ValueError)
+            blocks.counts["garbage"] += 1
+            self._lose(blocks)
+            return Applied.GARBAGE
+        return result
+
+    def lost(self, endpoint: str, upto: int) -> None:
+        """The batches before `upto` cannot be had: the index goes on from `upto`, rebuilding."""
+        blocks = self.track(endpoint)
+        blocks.counts["gaps"] += 1
+        blocks.last_seq = upto - 1
+        self._lose(blocks)
+
+    def answered(self, endpoint: str) -> None:
+        """An answer from `endpoint` was relayed (a server that answers stores blocks and says so)."""
+        blocks = self.endpoints.get(endpoint)
+        if blocks is not None:
+            blocks.answered += 1
+
+    def usable(self, endpoint: str, now: float) -> EndpointBlocks | None:
+        """The endpoint's blocks if routing can trust them now, else None (approximate routing)."""
+        blocks = self.endpoints.get(endpoint)
+        if blocks is None or blocks.state != LIVE or blocks.block_size is None:
+            return None
+        if blocks.answered >= QUIET_ANSWERS and now - blocks.last_batch > self.stale_after:
+            return None
+        return blocks
+
+    def status(self, endpoint: str, now: float) -> str:
+        """waiting, live, rebuilding or quiet (for /admin/overview and metrics)."""
+        blocks = self.endpoints.get(endpoint)
+        if blocks is None:
+            return WAITING
+        if blocks.state == LIVE and self.usable(endpoint, now) is None and blocks.block_size is not None:
+            return "quiet"
+        return blocks.state
+
+    def describe(self, endpoint: str, now: float) -> dict[str, object] | None:
+        """The endpoint's precise-mode status for /admin/overview (None: it has no KV events)."""
+        blocks = self.endpoints.get(endpoint)
+        if blocks is None:
+            return None
+        return {
+            "state": self.status(endpoint, now),
+            "precise": self.usable(endpoint, now) is not None,
+            "blocks": len(blocks.held),
+            "block_size": blocks.block_size,
+            "last_seq": blocks.last_seq,
+            "seconds_since_event": None
+            if blocks.last_batch == float("-inf")
+            else round(now - blocks.last_batch, 3),
+            "counts": dict(blocks.counts),
+        }
+
+    def _apply_event(self, blocks: EndpointBlocks, event: object) -> None:
+        counts = blocks.counts
+        if type(event) is BlockStored:
+            counts["stored"] += 1
+            if blocks.store(event):
+                if blocks.state == REBUILDING:
+                    blocks.clean += 1
+                    if blocks.clean >= REBUILT_AFTER:
+                        blocks.state = LIVE
+            else:
+                counts["unknown_parent"] += 1
+                self._lose(blocks)
+        elif type(event) is BlockRemoved:
+            counts["removed"] += 1
+            unknown = blocks.remove(event)
+            if unknown:
+                # A block evicted before the index saw it stored (one it joined or rebuilt after):
+                # removing nothing is harmless, so counted and nothing more.
+                counts["unknown_removed"] += unknown
+        else:  # AllBlocksCleared: the server holds nothing, and the index knows it all
+            counts["cleared"] += 1
+            blocks.clear()
+            blocks.state = LIVE
+
+    @staticmethod
+    def _lose(blocks: EndpointBlocks) -> None:
+        blocks.state = REBUILDING
+        blocks.clean = 0

@@ -1,0 +1,185 @@
+"""The KV-event subscriptions of prefix_aware's precise mode: the I/O around balancing/kv_events.py.
+
+For every endpoint whose config names `kv_events` (of a model with a tokenizer), one task holds a
+ZMQ SUB socket on the server's event endpoint and feeds each message to the model's
+`Balancer.kv`. A sequence gap is filled from the server's replay endpoint when there is one
+(vLLM's ROUTER socket: ask from a sequence number, get every batch it still buffers, then an
+end marker); what cannot be filled is given up (`KvIndex.lost`), and the endpoint is routed
+approximately until its index is rebuilt. A malformed message, a batch that does not decode, a
+block built on a parent never seen: logged once per endpoint and kind, counted, never raised.
+
+Sharing: every worker, and every gateway on one Redis, subscribes to the same publisher (PUB
+sockets fan out), so each builds the same index from the same events; nothing of it needs to go
+through Redis. A process that joins late asks the replay endpoint for everything from sequence 0.
+
+The set of subscriptions follows the gateway's clusters (configured, reloaded, placed): `_reconcile`
+compares them every RECONCILE_SECONDS, so no path that changes clusters has to remember it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import zmq
+import zmq.asyncio
+
+from modelyard.balancing.kv_events import END_OF_REPLAY, Applied, KvIndex
+
+log = logging.getLogger(__name__)
+
+RECONCILE_SECONDS = 1.0
+# How long a replay may take to send its next batch before the gap is given up.
+REPLAY_WAIT_SECONDS = 1.0
+# Messages a subscription takes in a row before it lets the event loop run requests.
+BURST = 64
+
+# (model, endpoint name, events URL, replay URL) and the index it feeds
+Wanted = tuple[str, str, str, str]
+
+
+class KvSubscriptions:
+    def __init__(
+        self,
+        clusters: Callable[
+            [], Iterable[tuple[str, KvIndex | None, Iterable[tuple[str, str | None, str | None]]]]
+        ],
+    ) -> None:
+        """`clusters()` yields, per model, its name, its balancer's KvIndex (None without precise
+        mode) and its endpoints' (name, kv_events, kv_replay)."""
+        self._clusters = clusters
+        self._context: zmq.asyncio.Context | None = None
+        self._running: dict[tuple[Wanted, int], asyncio.Task[None]] = {}
+        self._logged: set[tuple[str, str, str]] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reconcile()
+        self._task = asyncio.create_task(self._follow(), name="kv-subscriptions")
+
+    async def stop(self) -> None:
+        tasks = list(self._running.values())
+        if self._task is not None:
+            tasks.append(self._task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._running.clear()
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE_SECONDS)
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        wanted: dict[tuple[Wanted, int], KvIndex] = {}
+        for model, kv, endpoints in self._clusters():
+            if kv is None:
+                continue
+            names = []
+            for name, events, replay in endpoints:
+                if events:
+                    wanted[((model, name, events, replay or ""), id(kv))] = kv
+                    names.append(name)
+            kv.keep_only(names)
+        for key in [k for k in self._running if k not in wanted]:
+            self._running.pop(key).cancel()
+        for key, kv in wanted.items():
+            if key not in self._running:
+                if self._context is None:
+                    self._context = zmq.asyncio.Context()
+                kv.track(key[0][1])
+                self._running[key] = asyncio.create_task(
+                    self._subscribe(self._context, *key[0], kv), name=f"kv-events:{key[0][0]}:{key[0][1]}"
+                )
+
+    async def _subscribe(
+        self, context: zmq.asyncio.Context, model: str, endpoint: str, url: str, replay: str, kv: KvIndex
+    ) -> None:
+        socket = context.socket(zmq.SUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: vLLM's default topic is ""
+        socket.connect(url)
+        try:
+            taken = 0
+            while True:
+                frames = await socket.recv_multipart(copy=True)
+                now = time.monotonic()
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    self._fault(kv, model, endpoint, "malformed", f"a message of {len(frames)} frames")
+                    blocks = kv.track(endpoint)
+                    kv.lost(endpoint, blocks.last_seq + 1)
+                    continue
+                seq = int.from_bytes(frames[1], "big")
+                result = kv.apply(endpoint, seq, frames[2], now)
+                if result == Applied.GAP:
+                    await self._fill(context, model, endpoint, replay, kv, seq)
+                    result = kv.apply(endpoint, seq, frames[2], time.monotonic())
+                if result == Applied.GARBAGE:
+                    self._fault(kv, model, endpoint, "garbage", f"batch {seq} does not decode")
+                elif result == Applied.RESTART:
+                    log.info(
+                        "%s/%s: KV events restarted at %d: the server's cache starts empty",
+                        model,
+                        endpoint,
+                        seq,
+                    )
+                if kv.track(endpoint).counts["unknown_parent"]:
+                    self._fault(
+                        kv, model, endpoint, "unknown_parent", "blocks stored on a parent block never seen"
+                    )
+                taken += 1
+                if taken >= BURST:  # a flood of events must not starve the requests
+                    taken = 0
+                    await asyncio.sleep(0)
+        finally:
+            socket.close(linger=0)
+
+    async def _fill(
+        self, context: zmq.asyncio.Context, model: str, endpoint: str, replay: str, kv: KvIndex, upto: int
+    ) -> None:
+        """Batches from the one after the last applied to `upto` (not included) were missed: ask
+        the replay endpoint for them; what it cannot give is lost."""
+        blocks = kv.track(endpoint)
+        start = blocks.last_seq + 1
+        if replay:
+            socket = context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(replay)
+            try:
+                await socket.send_multipart([b"", start.to_bytes(8, "big")])
+                while blocks.last_seq < upto - 1:
+                    if not await socket.poll(REPLAY_WAIT_SECONDS * 1000):
+                        break
+                    frames = await socket.recv_multipart()
+                    if len(frames) != 3 or len(frames[1]) != 8 or frames[1] == END_OF_REPLAY:
+                        break
+                    seq = int.from_bytes(frames[1], "big")
+                    if seq <= blocks.last_seq or seq >= upto:
+                        continue
+                    if seq != blocks.last_seq + 1:
+                        kv.lost(endpoint, seq)  # the replay no longer has the ones before it
+                    kv.apply(endpoint, seq, frames[2], time.monotonic())
+            except zmq.ZMQError as exc:
+                self._fault(kv, model, endpoint, "replay", f"replay from {replay} failed: {exc}")
+            finally:
+                socket.close(linger=0)
+        if blocks.last_seq < upto - 1:
+            self._fault(kv, model, endpoint, "gap", f"batches {blocks.last_seq + 1} to {upto - 1} were lost")
+            kv.lost(endpoint, upto)
+
+    def _fault(self, kv: KvIndex, model: str, endpoint: str, kind: str, what: str) -> None:
+        """Logged once per endpoint and kind (the counts are in /metrics and /admin/overview)."""
+        key = (model, endpoint, kind)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.warning(
+            "%s/%s: KV events: %s; routing to it is approximate until its index is rebuilt (logged once)",
+            model, endpoint, what,
+        )  # fmt: skip
