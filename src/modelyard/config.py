@@ -235,8 +235,11 @@ class EndpointConfig(_Strict):
         except ValueError:
             port = None
         extra = parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc
-        if parts.scheme != "tcp" or not parts.hostname or not port or extra:
-            raise ValueError("expected tcp://host:port, e.g. tcp://127.0.0.1:5557")
+        if parts.scheme != "tcp" or not parts.hostname or parts.hostname == "*" or not port or extra:
+            raise ValueError(
+                "expected tcp://host:port with the server's host (not vLLM's bind address tcp://*:port), "
+                "e.g. tcp://127.0.0.1:5557"
+            )
         return url.rstrip("/")
 
     @model_validator(mode="after")

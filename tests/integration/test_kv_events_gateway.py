@@ -338,3 +338,29 @@ async def test_the_whole_loop_on_sim_workers_that_publish_their_cache(sim_worker
     assert all(
         s["precise"] and not {"gaps", "garbage", "unknown_parent"} & set(s["counts"]) for s in states.values()
     )
+
+
+async def test_a_hostile_chat_body_is_routed_approximately_not_failed(
+    sim_workers, gateways, http, vllms, tmp_path
+):
+    folder = make_tokenizer(tmp_path)
+    workers = await sim_workers(1)
+    (a,) = vllms(1)
+    gateway = await gateways([precise_model(workers, [a], folder)])
+    await until_live(http, gateway, a, "w0")
+    await a.publish(BlockStored([1], None, [1] * BLOCK, BLOCK))
+    nested = "[" * 1000 + '"x"' + "]" * 1000  # deeper than the template's renderer recurses
+    body = '{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": ' + nested + "}]}"
+    headers = {"Content-Type": "application/json"}
+    async with http.post(gateway.url + CHAT, data=body, headers=headers) as r:
+        assert r.status in (200, 400), await r.text()  # (the server's to refuse, not the gateway's to fail)
+        assert r.headers.get("X-Modelyard-Backend") == "w0"
+
+
+def test_vllms_bind_address_is_refused_with_what_to_write_instead():
+    from modelyard.config import validate_config
+
+    data = {"models": [{"name": "m", "endpoints": [{"url": "http://h:8000", "kv_events": "tcp://*:5557"}]}]}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(data, "gateway.yaml")
+    assert "models[0].endpoints[0].kv_events" in str(caught.value) and "tcp://*:port" in str(caught.value)

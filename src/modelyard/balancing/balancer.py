@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from modelyard.balancing.tokens import PromptTokens
 
 
+# Precise mode tokenizes prompts up to this many characters (about 0.1 s of a tokenizer's time on
+# the event loop); longer ones are routed approximately.
+PRECISE_MAX_CHARS = 200_000
+
+
 class PrefixView(NamedTuple):
     """What prefix_aware is given for one prompt: its chunk names, how many leading chunks each
     endpoint holds, and, once the service time is learnt, each endpoint's queue, the line
@@ -147,7 +152,12 @@ class Balancer:
         usable = [(name, blocks) for name in names if (blocks := self.kv.usable(name, now)) is not None]
         if not usable:
             return
-        ids = self.tokens.ids(body)
+        if chars > PRECISE_MAX_CHARS:
+            return  # tokenizing it would hold the event loop too long: approximate
+        try:
+            ids = self.tokens.ids(body)
+        except Exception:  # (precise routing never fails a request: approximate instead)
+            return
         if not ids:
             return  # a request the gateway cannot tokenize as the server does: approximate
         keys: dict[int, list[int]] = {}

@@ -110,6 +110,8 @@ WAITING, LIVE, REBUILDING = "waiting", "live", "rebuilding"
 REBUILT_AFTER = 32
 # Answers from an endpoint since its last batch after which silence means its events stopped.
 QUIET_ANSWERS = 8
+# vLLM's hashes are 8 (64-bit algorithms) or 32 bytes (sha256); longer ones are garbage.
+_MAX_HASH_BYTES = 64
 # Tiers that are not the server's GPU prefix cache (vLLM's CPU offloading): not counted as held.
 _GPU_MEDIUMS = (None, "GPU", "gpu")
 
@@ -156,14 +158,20 @@ class EndpointBlocks:
             raise ValueError(f"{len(event.block_hashes)} block hashes for {len(event.token_ids)} tokens")
         held, keys = self.held, self.keys
         for block, name in zip(event.block_hashes, named, strict=True):
+            if type(block) is bytes and len(block) > _MAX_HASH_BYTES:
+                raise ValueError("a block hash over 64 bytes")
             old = held.pop(name, None)
             if old is not None and old != block:
                 keys.pop(old, None)
+            other = keys.get(block)
+            if other is not None and other != name:
+                held.pop(other, None)  # one server hash, one key: the older one goes
             held[name] = block
             keys[block] = name
         while len(held) > self.max_blocks:  # bounded: one removal per round
-            _, block = held.popitem(last=False)
-            keys.pop(block, None)
+            dropped, block = held.popitem(last=False)
+            if keys.get(block) == dropped:
+                del keys[block]
             self.counts["dropped"] += 1
         return True
 
@@ -242,7 +250,11 @@ class KvIndex:
             batch = decode_batch(payload)
             for event in batch.events:
                 self._apply_event(blocks, event)
-        except (ValueError, OverflowError):  # (msgspec's DecodeError is a ValueError)
+        except (
+            msgspec.DecodeError,
+            ValueError,
+            OverflowError,
+        ):  # (DecodeError: not a ValueError before 0.19.x)
             blocks.counts["garbage"] += 1
             self._lose(blocks)
             return Applied.GARBAGE

@@ -114,6 +114,6 @@ class PromptTokens:
             return None
         try:
             text = template.render(messages=messages, add_generation_prompt=True, **self._specials)
-        except (TemplateError, TypeError, ValueError, AttributeError, KeyError):
-            return None  # a chat the template refuses: the server would refuse it too
+        except Exception:  # (a refusal, or a hostile body: nesting that recurses too deep)
+            return None  # a chat the template cannot render: routed approximately
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)

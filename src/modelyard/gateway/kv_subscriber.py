@@ -31,8 +31,13 @@ from modelyard.balancing.kv_events import END_OF_REPLAY, Applied, KvIndex
 log = logging.getLogger(__name__)
 
 RECONCILE_SECONDS = 1.0
-# How long a replay may take to send its next batch before the gap is given up.
+# How long a replay may take to send its next batch, and in all, before the gap is given up.
 REPLAY_WAIT_SECONDS = 1.0
+REPLAY_SECONDS = 5.0
+# The largest message taken from a publisher, and how many wait unread: a hostile or broken one
+# cannot fill a worker's memory.
+MAX_MESSAGE_BYTES = 64 << 20
+RECEIVE_QUEUE = 10_000
 # Messages a subscription takes in a row before it lets the event loop run requests.
 BURST = 64
 
@@ -68,13 +73,16 @@ class KvSubscriptions:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._running.clear()
         if self._context is not None:
-            self._context.term()
+            self._context.destroy(linger=0)  # (closes any socket left open: term() would wait)
             self._context = None
 
     async def _follow(self) -> None:
         while True:
             await asyncio.sleep(RECONCILE_SECONDS)
-            self._reconcile()
+            try:
+                self._reconcile()
+            except Exception:  # (never the end of following the clusters)
+                log.exception("KV events: the subscriptions could not be brought up to date")
 
     def _reconcile(self) -> None:
         wanted: dict[tuple[Wanted, int], KvIndex] = {}
@@ -101,11 +109,24 @@ class KvSubscriptions:
     async def _subscribe(
         self, context: zmq.asyncio.Context, model: str, endpoint: str, url: str, replay: str, kv: KvIndex
     ) -> None:
-        socket = context.socket(zmq.SUB)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: vLLM's default topic is ""
-        socket.connect(url)
+        """Subscribe until cancelled; an error ends the socket, is logged once, and a new one is
+        made a second later (the endpoint stays approximate meanwhile)."""
+        while True:
+            try:
+                await self._subscribe_once(context, model, endpoint, url, replay, kv)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fault(kv, model, endpoint, "error", f"the subscription to {url} failed: {exc!r}")
+                await asyncio.sleep(RECONCILE_SECONDS)
+
+    async def _subscribe_once(
+        self, context: zmq.asyncio.Context, model: str, endpoint: str, url: str, replay: str, kv: KvIndex
+    ) -> None:
+        socket = _socket(context, zmq.SUB)
         try:
+            socket.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: vLLM's default topic is ""
+            socket.connect(url)
             taken = 0
             while True:
                 frames = await socket.recv_multipart(copy=True)
@@ -113,6 +134,7 @@ class KvSubscriptions:
                 if len(frames) != 3 or len(frames[1]) != 8:
                     self._fault(kv, model, endpoint, "malformed", f"a message of {len(frames)} frames")
                     blocks = kv.track(endpoint)
+                    blocks.counts["malformed"] += 1
                     kv.lost(endpoint, blocks.last_seq + 1)
                     continue
                 seq = int.from_bytes(frames[1], "big")
@@ -148,12 +170,14 @@ class KvSubscriptions:
         blocks = kv.track(endpoint)
         start = blocks.last_seq + 1
         if replay:
-            socket = context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(replay)
+            socket = _socket(context, zmq.DEALER)
+            deadline = time.monotonic() + REPLAY_SECONDS
+            frames_left = upto - start + BURST  # (a replay that sends other frames forever ends)
             try:
+                socket.connect(replay)
                 await socket.send_multipart([b"", start.to_bytes(8, "big")])
-                while blocks.last_seq < upto - 1:
+                while blocks.last_seq < upto - 1 and frames_left > 0 and time.monotonic() < deadline:
+                    frames_left -= 1
                     if not await socket.poll(REPLAY_WAIT_SECONDS * 1000):
                         break
                     frames = await socket.recv_multipart()
@@ -166,6 +190,7 @@ class KvSubscriptions:
                         kv.lost(endpoint, seq)  # the replay no longer has the ones before it
                     kv.apply(endpoint, seq, frames[2], time.monotonic())
             except zmq.ZMQError as exc:
+                kv.track(endpoint).counts["replay_failed"] += 1
                 self._fault(kv, model, endpoint, "replay", f"replay from {replay} failed: {exc}")
             finally:
                 socket.close(linger=0)
@@ -183,3 +208,12 @@ class KvSubscriptions:
             "%s/%s: KV events: %s; routing to it is approximate until its index is rebuilt (logged once)",
             model, endpoint, what,
         )  # fmt: skip
+
+
+def _socket(context: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IPV6, 1)  # (tcp://[::1]:port, and hosts with only an IPv6 address)
+    socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    socket.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+    return socket
