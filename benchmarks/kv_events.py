@@ -12,8 +12,10 @@ microseconds per message (pyzmq's recv_multipart) on top.
 Routing: `Balancer.look` for a chat request (the gateway's parsed body), approximate against
 precise (the chat template rendered, the prompt tokenized by a real `tokenizers` BPE, its block
 keys hashed, each endpoint's index matched), on endpoints whose indexes hold the prompt's first
-half. Medians of rounds of CPU time per call; the difference is what precise mode adds to a
-request, before the request is sent.
+half. Precise mode keeps the tokens of prompts' leading text (balancing/tokens.py `TokenCache`),
+so it is timed on three kinds of traffic: the same prompt again, a new user message after the
+same system prompt (half the prompt), and prompts that share nothing. Medians of rounds of CPU
+time per call; the difference is what precise mode adds to a request, before it is sent.
 """
 
 from __future__ import annotations
@@ -131,24 +133,48 @@ def look(rounds: int, calls: int, prompt_words: int, endpoints: int) -> None:
         precise.kv.usable(names[0], 0.0) is not None
         and precise.kv.track(names[0]).match(block_keys(ids, BLOCK)) == half // BLOCK
     )
+
+    # Three kinds of traffic: the same prompt again; a new user message after the same system
+    # prompt (half the prompt); nothing shared. Each call gets a body made before the round.
+    def bodies(kind: str, count: int) -> list[tuple[str, dict[str, object]]]:
+        made = []
+        for _ in range(count):
+            if kind == "same":
+                new = body
+            else:
+                head = system if kind == "shared system prompt" else words(rng, prompt_words // 2, vocabulary)
+                user = words(rng, prompt_words - prompt_words // 2, vocabulary)
+                new = {
+                    "model": "m",
+                    "messages": [{"role": "system", "content": head}, {"role": "user", "content": user}],
+                }
+            text = "\n".join(f"{m['role']}: {m['content']}" for m in new["messages"])  # type: ignore[attr-defined]
+            made.append((text, new))
+        return made
+
+    rows = [
+        ("approximate", approximate, "same"),
+        *(("precise, " + k, precise, k) for k in ("same", "shared system prompt", "nothing shared")),
+    ]
     results = {}
-    for label, balancer, given in (("approximate", approximate, None), ("precise", precise, body)):
+    for label, balancer, kind in rows:
         times = []
         for _ in range(rounds):
+            made = bodies(kind, calls)
+            given = label != "approximate"
             started = time.process_time()
-            for _ in range(calls):
-                balancer.look(prompt, names, 0.0, given)
+            for text, new in made:
+                balancer.look(text, names, 0.0, new if given else None)
             times.append((time.process_time() - started) / calls)
         results[label] = statistics.median(times)
     print()
     shape = (
         f"a chat of {prompt_words} words ({len(ids)} tokens, {len(prompt)} characters), {endpoints} endpoints"
     )
-    print(f"| Balancer.look, {shape} | µs per call |")
-    print("|---|---:|")
+    print(f"| Balancer.look, {shape} | µs per call | more than approximate |")
+    print("|---|---:|---:|")
     for label, seconds in results.items():
-        print(f"| {label} | {seconds * 1e6:.1f} |")
-    print(f"| precise - approximate | {(results['precise'] - results['approximate']) * 1e6:.1f} |")
+        print(f"| {label} | {seconds * 1e6:.1f} | {(seconds - results['approximate']) * 1e6:+.1f} |")
 
 
 def main() -> None:

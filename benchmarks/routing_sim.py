@@ -34,12 +34,14 @@ import orjson
 
 from modelyard.balancing import Need, RoutingContext
 from modelyard.balancing.balancer import Balancer, Sample
+from modelyard.balancing.kv_events import KVEventBatch, encode_batch
 from modelyard.bench import PROFILES, BenchRequest, WorkloadSpec, build_requests
 from modelyard.bench.spawn import gateway_config
 from modelyard.bench.workload import SimShape, cacheable_share, prompt_tokens
 from modelyard.config import ModelConfig
 from modelyard.protocols.openai import routing_request
-from modelyard.simworker.latency import PrefixCache, block_hashes
+from modelyard.simworker.cache_events import prefill_events
+from modelyard.simworker.latency import Prefill, PrefixCache, block_hashes, plan_prefill
 from modelyard.types import RoutingRequest
 
 BLOCK_TOKENS = 16
@@ -69,6 +71,22 @@ class Job:
     blocks: list[bytes]
     request: RoutingRequest  # the body as the gateway parses it, once per job
     output: int  # tokens the server generates for it
+    ids: list[int]  # the server's tokens, as ids (a word's id: when it was first seen)
+
+
+class WordIds:
+    """Precise mode's tokenizer here: the server's tokens of each job's body, looked up by the
+    body (the sim's words, numbered), as `PromptTokens.ids` gives them in the gateway."""
+
+    def __init__(self) -> None:
+        self.by_body: dict[int, list[int]] = {}
+
+    def ids(self, fields: object) -> list[int] | None:
+        return self.by_body.get(id(fields))
+
+
+_WORD_IDS: dict[str, int] = {}
+WORDS = WordIds()
 
 
 class Cluster:
@@ -101,13 +119,18 @@ class Router:
     def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
         pass
 
+    def prefilled(self, worker: Worker, job: Job, prefill: Prefill, now: float) -> None:
+        """The worker admitted `job`: what its cache stored and evicted (its KV events)."""
+
 
 class Strategy(Router):
     """A modelyard strategy by name, through the gateway's own Balancer (balancing/balancer.py),
     driven as the gateway drives it: look, pick, on_sent; at the answer on_ended, on_cached and
     on_served. Only kv_aware's affinity (the gateway's shared state) is kept here."""
 
-    def __init__(self, name: str, prefix_aware: dict[str, object] | None = None) -> None:
+    def __init__(
+        self, name: str, prefix_aware: dict[str, object] | None = None, precise: bool = False
+    ) -> None:
         model = ModelConfig.model_validate(
             {
                 "name": "m",
@@ -116,7 +139,10 @@ class Strategy(Router):
                 "prefix_aware": prefix_aware or {},
             }
         )
-        self.balancer = Balancer(model)
+        # precise: the workers' caches publish their events to the balancer (prefix_aware's
+        # precise mode), at once: the sim has no network
+        self.balancer = Balancer(model, tokens=WORDS if precise else None)  # type: ignore[arg-type]
+        self.seqs: dict[str, int] = {}
         self.prefix_chars = model.kv_aware.prefix_chars
         self.affinity: dict[str, str] = {}
         # job -> (worker, kv_aware's cache hit, the prompt's chunks, the service sample)
@@ -127,7 +153,11 @@ class Strategy(Router):
         job = jobs[index]
         request = job.request
         names = [w.name for w in cluster.workers]
-        view = self.balancer.look(request.prompt, names, now) if self.prefix and request.prompt else None
+        view = (
+            self.balancer.look(request.prompt, names, now, request.fields)
+            if self.prefix and request.prompt
+            else None
+        )
         ctx = RoutingContext(
             request,
             index,
@@ -143,6 +173,15 @@ class Strategy(Router):
         sample = self.balancer.on_sent(name, index, ctx, now) if self.balancer.tracks else None
         self.sent[index] = (name, pick.cache_hit, view.chunks if view else None, sample)
         return pick.index
+
+    def prefilled(self, worker: Worker, job: Job, prefill: Prefill, now: float) -> None:
+        kv = self.balancer.kv
+        if kv is None:
+            return
+        seq = self.seqs.get(worker.name, 0)
+        self.seqs[worker.name] = seq + 1
+        events = prefill_events(prefill, job.ids, BLOCK_TOKENS)
+        kv.apply(worker.name, seq, encode_batch(KVEventBatch(ts=now, events=list(events))), now)
 
     def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
         name, cache_hit, chunks, sample = self.sent.pop(index)
@@ -194,13 +233,16 @@ def simulate(
     answer's length is drawn uniformly within that share of `spec.output_tokens` either side (a
     server stops at the end of a sentence, not at max_tokens), which the router cannot know."""
     jobs = []
+    WORDS.by_body.clear()  # (the bodies of this run only: an id may be reused once one is gone)
     lengths = random.Random(seed + 7919)
     for r in requests:
         request = routing_request(orjson.dumps(r.body("m", spec)), "chat")
         tokens = prompt_tokens(r)
         spread = lengths.uniform(1 - output_spread, 1 + output_spread) if output_spread else 1.0
         output = max(1, round(spec.output_tokens * spread))
-        jobs.append(Job(request.prompt, len(tokens), block_hashes(tokens, BLOCK_TOKENS), request, output))
+        ids = [_WORD_IDS.setdefault(word, len(_WORD_IDS)) for word in tokens]
+        WORDS.by_body[id(request.fields)] = ids
+        jobs.append(Job(request.prompt, len(tokens), block_hashes(ids, BLOCK_TOKENS), request, output, ids))
     slots = shape.max_concurrency
     workers = [Worker(f"w{i}", PrefixCache(shape.cache_blocks), slots) for i in range(workers_count)]
     cluster = Cluster(workers, shape.prefill_ms_per_token / 1000, shape.decode_ms_per_token / 1000)
@@ -216,7 +258,9 @@ def simulate(
         nonlocal cached, total
         worker, job = workers[w], jobs[index]
         seconds = cluster.service(worker, job)
-        hit = min(job.tokens, worker.cache.match_and_insert(job.blocks) * BLOCK_TOKENS)
+        prefill = plan_prefill(worker.cache, job.ids, BLOCK_TOKENS)
+        router.prefilled(worker, job, prefill, now)
+        hit = min(job.tokens, prefill.cached_tokens)
         cached, total = cached + hit, total + job.tokens
         worker.running += 1
         worker.ends.append(now + seconds)
@@ -313,18 +357,20 @@ def point_shape(
     return spec, shape, settings if point["config"] == "sized" else {}
 
 
-def run_point(point: dict[str, object], seeds: int, requests: int = 300) -> dict[str, dict[str, float]]:
-    """least_pending and prefix_aware at one grid point: medians over `seeds` of P95, mean, cached."""
+def run_point(
+    point: dict[str, object], seeds: int, requests: int = 300, precise: bool = False
+) -> dict[str, dict[str, float]]:
+    """least_pending and prefix_aware (and, with `precise`, prefix_aware fed the workers' KV
+    events) at one grid point: medians over `seeds` of P95, mean, cached."""
     spec, shape, settings = point_shape(point, requests)
     rows = {}
-    for name in ("least_pending", "prefix_aware"):
+    for name in ("least_pending", "prefix_aware", *(("prefix_aware:precise",) if precise else ())):
         runs = []
         for seed in range(seeds):
             sent = build_requests(spec.model_copy(update={"seed": seed}))
+            strategy = Strategy(name.split(":")[0], settings, precise=name.endswith(":precise"))
             runs.append(
-                simulate(
-                    Strategy(name, settings), sent, spec, shape, GRID_WORKERS, seed, float(point["spread"])
-                )  # type: ignore[arg-type]
+                simulate(strategy, sent, spec, shape, GRID_WORKERS, seed, float(point["spread"]))  # type: ignore[arg-type]
             )
         rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     return rows
@@ -335,19 +381,30 @@ def grid(args: argparse.Namespace) -> None:
     print(f"$ {' '.join(sys.argv)}")
     print(f"{len(points)} grid points, {GRID_WORKERS} workers, medians of {args.seeds} seeds")
     header = "".join(f"{n:>14}" for n in GRID)
-    print(f"{header}{'P95/LP':>8}{'mean/LP':>8}{'cached':>8}{'LP':>7}")
-    worst_p95 = worst_mean = 0.0
-    over = 0
+    precise = (
+        "".join(f"{c:>8}" for c in ("P95/LP", "mean/LP", "cached")) + "  (precise)" if args.precise else ""
+    )
+    print(f"{header}{'P95/LP':>8}{'mean/LP':>8}{'cached':>8}{'LP':>7}{precise}")
+    worst = {"prefix_aware": [0.0, 0.0, 0], "prefix_aware:precise": [0.0, 0.0, 0]}
     for point in points:
-        rows = run_point(point, args.seeds)
-        lp, pa = rows["least_pending"], rows["prefix_aware"]
-        p95, mean = pa["p95"] / lp["p95"], pa["mean"] / lp["mean"]
-        worst_p95, worst_mean = max(worst_p95, p95), max(worst_mean, mean)
-        flag = " <" if p95 > 1.03 or mean > 1.03 else ""
-        over += bool(flag)
+        rows = run_point(point, args.seeds, precise=args.precise)
+        lp = rows["least_pending"]
         cells = "".join(f"{point[n]!s:>14}" for n in GRID)
-        print(f"{cells}{p95:>8.2f}{mean:>8.2f}{pa['cached'] * 100:>7.0f}%{lp['cached'] * 100:>6.0f}%{flag}")
-    print(f"worst P95/LP {worst_p95:.2f}, worst mean/LP {worst_mean:.2f}; {over} of {len(points)} over 1.03")
+        for name in ("prefix_aware", *(("prefix_aware:precise",) if args.precise else ())):
+            row = rows[name]
+            p95, mean = row["p95"] / lp["p95"], row["mean"] / lp["mean"]
+            kept = worst[name]
+            kept[0], kept[1] = max(kept[0], p95), max(kept[1], mean)
+            flag = " <" if p95 > 1.03 or mean > 1.03 else ""
+            kept[2] += bool(flag)
+            cells += f"{p95:>8.2f}{mean:>8.2f}{row['cached'] * 100:>7.0f}%"
+            cells += f"{lp['cached'] * 100:>6.0f}%{flag}" if name == "prefix_aware" else flag
+        print(cells)
+    for name, (p95, mean, over) in worst.items():
+        if name == "prefix_aware" or args.precise:
+            print(
+                f"{name}: worst P95/LP {p95:.2f}, worst mean/LP {mean:.2f}; {over} of {len(points)} over 1.03"
+            )
 
 
 def main() -> None:
@@ -357,13 +414,18 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=1, help="request slots per worker")
     parser.add_argument("--concurrency", type=int, default=None, help="default: the profile's")
     parser.add_argument("--seeds", type=int, default=5, help="workload seeds; the table shows medians")
-    parser.add_argument("--strategies", default="least_pending,kv_aware,prefix_aware")
+    parser.add_argument(
+        "--strategies",
+        default="least_pending,kv_aware,prefix_aware,prefix_aware:precise",
+        help="prefix_aware:precise: prefix_aware fed the workers' KV-cache events",
+    )
     parser.add_argument(
         "--grid",
         type=int,
         default=None,
         help="prefix_aware against least_pending over N points of GRID (0: all)",
     )
+    parser.add_argument("--precise", action="store_true", help="with --grid: prefix_aware:precise too")
     args = parser.parse_args()
     if args.grid is not None:
         grid(args)
@@ -373,7 +435,8 @@ def main() -> None:
     shape = dataclasses.replace(PROFILES[args.profile].sims, max_concurrency=args.slots)
     settings = gateway_config("prefix_aware", [], shape, 0)["models"][0]["prefix_aware"]  # as bench --spawn
     routers: dict[str, Callable[[], Router]] = {
-        n: (lambda n=n: Strategy(n, settings)) for n in args.strategies.split(",")
+        n: (lambda n=n: Strategy(n.split(":")[0], settings, precise=n.endswith(":precise")))
+        for n in args.strategies.split(",")
     }
     routers["oracle"] = Oracle
     print(f"$ {' '.join(sys.argv)}")

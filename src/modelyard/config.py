@@ -351,6 +351,7 @@ class PrefixAwareConfig(_Strict):
     )
     kv_stale_after: Seconds = Field(
         5.0,
+        gt=0,
         description="precise mode: an endpoint that answered 8 requests and sent no event for this long is "
         "routed approximately until its events resume",
     )
@@ -529,6 +530,10 @@ class ModelConfig(_Strict):
     @model_validator(mode="after")
     def _kv_events_need_a_tokenizer(self) -> ModelConfig:
         named = [i for i, e in enumerate(self.endpoints) if e.kv_events]
+        if self.prefix_aware.chat_template and not self.prefix_aware.tokenizer:
+            raise ValueError(
+                "prefix_aware.chat_template is set but prefix_aware.tokenizer is not: it renders for it"
+            )
         if named and not self.prefix_aware.tokenizer:
             raise ValueError(
                 f"endpoints[{named[0]}].kv_events is set but prefix_aware.tokenizer is not: the gateway "

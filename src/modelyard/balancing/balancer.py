@@ -146,29 +146,31 @@ class Balancer:
         most: int,
     ) -> None:
         """Replace, in `held`, the approximate index's guess by what the KV events say, for each
-        endpoint whose event index is usable now. The blocks held, in tokens, are turned into the
-        prompt's chunks pro rata (the strategy weighs uncached characters)."""
-        assert self.kv is not None and self.tokens is not None
-        usable = [(name, blocks) for name in names if (blocks := self.kv.usable(name, now)) is not None]
-        if not usable:
+        endpoint whose event index is usable now; where it is not (rebuilding after lost events,
+        or quiet), what the events said still counts where it says more than the guess (it
+        misses what was lost, the guess misses what others sent). The blocks held, in tokens, are
+        turned into the prompt's chunks pro rata (the strategy weighs uncached characters)."""
+        kv, tokens = self.kv, self.tokens
+        assert kv is not None and tokens is not None
+        known = [(name, blocks) for name in names if (blocks := kv.endpoints.get(name)) and blocks.block_size]
+        if not known or chars > PRECISE_MAX_CHARS:  # (a longer prompt would hold the event loop)
             return
-        if chars > PRECISE_MAX_CHARS:
-            return  # tokenizing it would hold the event loop too long: approximate
         try:
-            ids = self.tokens.ids(body)
+            ids = tokens.ids(body)
         except Exception:  # (precise routing never fails a request: approximate instead)
             return
         if not ids:
             return  # a request the gateway cannot tokenize as the server does: approximate
         keys: dict[int, list[int]] = {}
         per_chunk = len(ids) * self._chunk_chars
-        for name, blocks in usable:
+        for name, blocks in known:
             size = blocks.block_size
             assert size is not None
             named = keys.get(size)
             if named is None:
                 named = keys[size] = block_keys(ids, size)
-            held[name] = min(most, blocks.match(named) * size * chars // per_chunk)
+            count = min(most, blocks.match(named) * size * chars // per_chunk)
+            held[name] = count if kv.usable(name, now) is not None else max(held[name], count)
 
     def on_sent(self, endpoint: str, key: int, ctx: RoutingContext | None, now: float) -> Sample | None:
         """A try of the request `ctx` (under `key`, its exchange) was sent to `endpoint` at `now`:

@@ -91,12 +91,20 @@ END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 _ROOT = bytes(8)
 
 
-def block_keys(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+def block_keys(
+    token_ids: Sequence[int], block_size: int, parent: int | None = None, lora: int | None = None
+) -> list[int]:
     """The index's keys of the full blocks of `token_ids` (a partial tail block has none, as in
     vLLM's prefix cache), chained from `parent` (the key of the block before the first; None: the
-    prompt's start). Raises OverflowError for a token id outside 64 bits."""
+    prompt's start, of the base model or of the LoRA adapter `lora`). Raises OverflowError for a
+    token id outside 64 bits."""
     keys: list[int] = []
-    previous = parent.to_bytes(8, "big") if parent is not None else _ROOT
+    if parent is not None:
+        previous = parent.to_bytes(8, "big")
+    elif lora is not None:
+        previous = _blake2b(b"lora:%d" % lora, digest_size=8).digest()
+    else:
+        previous = _ROOT
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         tokens = array("q", token_ids[start : start + block_size]).tobytes()
         previous = _blake2b(previous + tokens, digest_size=8).digest()
@@ -130,11 +138,15 @@ class EndpointBlocks:
         # our key -> the server's hash, least recently stored first
         self.held: OrderedDict[int, BlockHash] = OrderedDict()
         self.keys: dict[BlockHash, int] = {}  # the server's hash -> our key
+        # Blocks the index dropped itself (over max_blocks) that the server may still hold: their
+        # keys, so that blocks stored on them later still chain (bounded too).
+        self.forgotten: OrderedDict[BlockHash, int] = OrderedDict()
         self.counts: Counter[str] = Counter()  # events by kind, and faults
 
     def clear(self) -> None:
         self.held.clear()
         self.keys.clear()
+        self.forgotten.clear()
 
     def store(self, event: BlockStored) -> bool:
         """False when the event builds on a parent the index does not know (its blocks cannot be
@@ -148,16 +160,22 @@ class EndpointBlocks:
         else:
             key = self.keys.get(parent)
             if key is None:
-                return False
+                key = self.forgotten.get(parent)
+                if key is None:
+                    return False
         size = event.block_size
         if size < 1:
             raise ValueError(f"block_size {size}")
         self.block_size = size
-        named = block_keys(event.token_ids, size, key)
+        # A LoRA adapter's blocks chain from a root of their own: a base model's prompt never
+        # matches them (the gateway does not know which adapter a request names).
+        named = block_keys(event.token_ids, size, key, event.lora_id)
         if len(named) != len(event.block_hashes):
             raise ValueError(f"{len(event.block_hashes)} block hashes for {len(event.token_ids)} tokens")
         held, keys = self.held, self.keys
-        for block, name in zip(event.block_hashes, named, strict=True):
+        # Tail first, so that a prompt's head is the most recently stored of its blocks: the
+        # index's own bound then drops tails before the heads others build on, as vLLM evicts.
+        for block, name in zip(reversed(event.block_hashes), reversed(named), strict=True):
             if type(block) is bytes and len(block) > _MAX_HASH_BYTES:
                 raise ValueError("a block hash over 64 bytes")
             old = held.pop(name, None)
@@ -168,10 +186,14 @@ class EndpointBlocks:
                 held.pop(other, None)  # one server hash, one key: the older one goes
             held[name] = block
             keys[block] = name
+        forgotten = self.forgotten
         while len(held) > self.max_blocks:  # bounded: one removal per round
             dropped, block = held.popitem(last=False)
             if keys.get(block) == dropped:
                 del keys[block]
+                forgotten[block] = dropped
+                if len(forgotten) > max(1024, self.max_blocks // 8):
+                    forgotten.popitem(last=False)
             self.counts["dropped"] += 1
         return True
 
@@ -181,6 +203,7 @@ class EndpointBlocks:
             return 0
         unknown = 0
         for block in event.block_hashes:
+            self.forgotten.pop(block, None)
             key = self.keys.pop(block, None)
             if key is None:
                 unknown += 1

@@ -15,13 +15,16 @@ fails: TokenizerError); `ids` is pure.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Mapping
+from datetime import datetime
+from hashlib import blake2b as _blake2b
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+if TYPE_CHECKING:  # (imported when a tokenizer is loaded: most gateways load none)
+    from tokenizers import Tokenizer
 
 # Token ids a prompt given as ids may hold (no vocabulary is near this; the server refuses others).
 _TOKEN_IDS = 1 << 32
@@ -37,17 +40,125 @@ class TokenizerError(ValueError):
 
 
 def _raise_exception(message: str) -> None:  # what Hugging Face's templates call to refuse input
+    from jinja2 import TemplateError
+
     raise TemplateError(message)
+
+
+def _strftime_now(format: str) -> str:  # (Llama 3's templates write today's date)
+    return datetime.now().strftime(format)
+
+
+def _tojson(
+    value: object,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' own: Jinja's escapes <, > and & for HTML and sorts keys, which would change
+    # the text (and the blocks) of every prompt that shows tools as JSON
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _flattened(messages: list[Any]) -> list[Any]:
+    """Messages whose content is a list of text parts get it as one string, parts joined by
+    newlines, as vLLM gives templates that expect a string."""
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" for p in content
+        ):
+            message = {**message, "content": "\n".join(str(p.get("text", "")) for p in content)}
+        out.append(message)
+    return out
+
+
+# The token cache: prompts are cut into chunks of this many characters, and a chunk's tokens are
+# kept once they end this many characters before the chunk's end (what follows a chunk can only
+# change how its last characters are tokenized: pre-tokenizers split at spaces and punctuation).
+_CHUNK_CHARS = 256
+_SETTLED_MARGIN = 32
+_CACHED_CHUNKS = 65536
+
+
+def _end(offset: tuple[int, int]) -> int:
+    return offset[1]
+
+
+class TokenCache:
+    """The tokens of prompts' leading text, so that a prompt that starts like one seen before (a
+    system prompt, a conversation's earlier turns, an agent's instructions) is tokenized only
+    from where it differs (llm-d's tokenization prefix cache does the same). Keyed by a chained
+    hash of the text up to each chunk's end; each entry holds the tokens settled in that chunk and
+    where the text goes on after them. Bounded: the least recently used chunks go first."""
+
+    def __init__(self, capacity: int = _CACHED_CHUNKS) -> None:
+        self.capacity = capacity
+        self._chunks: OrderedDict[bytes, tuple[list[int], int]] = OrderedDict()
+        self.found = 0  # chunks found, over every prompt (how much tokenizing it saved)
+
+    def encode(self, tokenizer: Tokenizer, text: str, special: bool) -> list[int]:
+        chunks = self._chunks
+        names = []
+        previous = b"\x01" if special else b"\x00"
+        for start in range(0, len(text) - _CHUNK_CHARS + 1, _CHUNK_CHARS):
+            previous = _blake2b(
+                previous + text[start : start + _CHUNK_CHARS].encode(), digest_size=16
+            ).digest()
+            names.append(previous)
+        ids: list[int] = []
+        resume = 0  # where the text goes on after the tokens found
+        found = 0
+        for name in names:
+            entry = chunks.get(name)
+            if entry is None:
+                break
+            chunks.move_to_end(name)
+            ids.extend(entry[0])
+            resume = entry[1]
+            found += 1
+        self.found += found
+        rest = tokenizer.encode(text[resume:] if resume else text, add_special_tokens=special and not resume)
+        new = rest.ids
+        ids.extend(new)
+        if found < len(names):  # keep the chunks not found, as far as their tokens are settled
+            offsets = rest.offsets
+            taken = 0
+            end = resume
+            for index in range(found, len(names)):
+                limit = (index + 1) * _CHUNK_CHARS - _SETTLED_MARGIN - resume
+                first = taken
+                # (token ends only grow: a bisection, not a loop over every token)
+                taken = bisect_right(offsets, limit, lo=taken, key=_end)
+                if taken > first:
+                    end = resume + offsets[taken - 1][1]
+                chunks[names[index]] = (new[first:taken], end)
+            while len(chunks) > self.capacity:  # bounded: one removal per round
+                chunks.popitem(last=False)
+        return ids
 
 
 class PromptTokens:
     def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None, **specials: str) -> None:
         self.tokenizer = tokenizer
+        self.cache = TokenCache()
         self._specials = specials  # bos_token, eos_token: the names templates use
         self._template = None
         if chat_template is not None:
-            environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            # As transformers renders chat templates (so the text, and its blocks, are vLLM's):
+            # loop controls, its tojson, raise_exception and strftime_now.
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            environment = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
+            environment.filters["tojson"] = _tojson
             environment.globals["raise_exception"] = _raise_exception
+            environment.globals["strftime_now"] = _strftime_now
             self._template = environment.from_string(chat_template)
 
     @classmethod
@@ -58,9 +169,14 @@ class PromptTokens:
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         try:
+            from tokenizers import Tokenizer
+
             tokenizer = Tokenizer.from_file(str(file))
         except Exception as exc:  # (tokenizers raises its own Exception for a bad file)
             raise TokenizerError(f"{file}: cannot load a tokenizer: {exc}") from None
+        # The whole prompt, as the server tokenizes it, not cut or padded to a training length.
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
         template: str | None = None
         specials: dict[str, str] = {}
         settings = file.parent / "tokenizer_config.json"
@@ -71,17 +187,31 @@ class PromptTokens:
                 raise TokenizerError(f"{settings}: {exc}") from None
             if isinstance(data, dict):
                 found = data.get("chat_template")
+                if isinstance(found, list):  # named templates: the default one
+                    found = next(
+                        (
+                            t.get("template")
+                            for t in found
+                            if isinstance(t, dict) and t.get("name") == "default"
+                        ),
+                        None,
+                    )
                 template = found if isinstance(found, str) else None
                 for name in ("bos_token", "eos_token"):
                     token = data.get(name)
                     token = token.get("content") if isinstance(token, dict) else token
                     if isinstance(token, str):
                         specials[name] = token
+        beside = file.parent / "chat_template.jinja"  # (where newer Hugging Face models keep it)
+        if template is None and beside.is_file():
+            chat_template = chat_template or beside
         if chat_template is not None:
             try:
                 template = Path(chat_template).read_text()
             except OSError as exc:
                 raise TokenizerError(f"{chat_template}: {exc.strerror or exc}", "chat_template") from None
+        from jinja2 import TemplateError
+
         try:
             return cls(tokenizer, template, **specials)
         except TemplateError as exc:
@@ -94,12 +224,11 @@ class PromptTokens:
         """The prompt's token ids as the server computes them, or None (see the module's doc)."""
         if not fields:
             return None
-        messages = fields.get("messages")
-        if messages is not None:
-            return self._chat(messages)
         prompt = fields.get("prompt")
+        if prompt is None and (messages := fields.get("messages")) is not None:
+            return self._chat(messages, fields)
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True).ids)
+            return self.cache.encode(self.tokenizer, prompt, True)
         if (
             isinstance(prompt, list)
             and prompt
@@ -108,12 +237,23 @@ class PromptTokens:
             return prompt
         return None
 
-    def _chat(self, messages: object) -> list[int] | None:
+    def _chat(self, messages: object, fields: Mapping[str, Any]) -> list[int] | None:
         template = self._template
         if template is None or not isinstance(messages, list):
             return None
+        # What vLLM gives the template from the body: tools, documents, its chat_template_kwargs.
+        extra = fields.get("chat_template_kwargs")
+        values = {
+            **self._specials,
+            **(extra if isinstance(extra, dict) else {}),
+            "messages": _flattened(messages),
+            "tools": fields.get("tools"),
+            "documents": fields.get("documents"),
+            "add_generation_prompt": fields.get("add_generation_prompt", True) is not False,
+            "continue_final_message": fields.get("continue_final_message") is True,
+        }
         try:
-            text = template.render(messages=messages, add_generation_prompt=True, **self._specials)
+            text = template.render(**values)
         except Exception:  # (a refusal, or a hostile body: nesting that recurses too deep)
             return None  # a chat the template cannot render: routed approximately
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return self.cache.encode(self.tokenizer, text, False)

@@ -22,11 +22,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-
-import zmq
-import zmq.asyncio
+from typing import TYPE_CHECKING
 
 from modelyard.balancing.kv_events import END_OF_REPLAY, Applied, KvIndex
+
+if TYPE_CHECKING:  # (pyzmq is imported when a subscription is made: most gateways make none)
+    import zmq.asyncio
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ REPLAY_WAIT_SECONDS = 1.0
 REPLAY_SECONDS = 5.0
 # The largest message taken from a publisher, and how many wait unread: a hostile or broken one
 # cannot fill a worker's memory.
-MAX_MESSAGE_BYTES = 64 << 20
+MAX_MESSAGE_BYTES = 16 << 20
 RECEIVE_QUEUE = 10_000
 # Messages a subscription takes in a row before it lets the event loop run requests.
 BURST = 64
@@ -58,6 +59,7 @@ class KvSubscriptions:
         self._context: zmq.asyncio.Context | None = None
         self._running: dict[tuple[Wanted, int], asyncio.Task[None]] = {}
         self._logged: set[tuple[str, str, str]] = set()
+        self._sources: dict[tuple[int, str], str] = {}  # (the index's id, endpoint) -> events URL
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -100,8 +102,14 @@ class KvSubscriptions:
         for key, kv in wanted.items():
             if key not in self._running:
                 if self._context is None:
+                    import zmq.asyncio
+
                     self._context = zmq.asyncio.Context()
-                kv.track(key[0][1])
+                model, name, url = key[0][:3]
+                if self._sources.get((key[1], name), url) != url:
+                    kv.endpoints.pop(name, None)  # another server now: nothing it held is known
+                self._sources[key[1], name] = url
+                kv.track(name)
                 self._running[key] = asyncio.create_task(
                     self._subscribe(self._context, *key[0], kv), name=f"kv-events:{key[0][0]}:{key[0][1]}"
                 )
@@ -123,6 +131,8 @@ class KvSubscriptions:
     async def _subscribe_once(
         self, context: zmq.asyncio.Context, model: str, endpoint: str, url: str, replay: str, kv: KvIndex
     ) -> None:
+        import zmq
+
         socket = _socket(context, zmq.SUB)
         try:
             socket.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: vLLM's default topic is ""
@@ -167,6 +177,8 @@ class KvSubscriptions:
     ) -> None:
         """Batches from the one after the last applied to `upto` (not included) were missed: ask
         the replay endpoint for them; what it cannot give is lost."""
+        import zmq
+
         blocks = kv.track(endpoint)
         start = blocks.last_seq + 1
         if replay:
@@ -211,6 +223,8 @@ class KvSubscriptions:
 
 
 def _socket(context: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
+    import zmq
+
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.IPV6, 1)  # (tcp://[::1]:port, and hosts with only an IPv6 address)

@@ -80,6 +80,8 @@ class KvPublisher:
             if self.replay_port is not None:
                 self._router = context.socket(zmq.ROUTER)
                 self._router.setsockopt(zmq.LINGER, 0)
+                # a whole replay (the buffer and its end marker) queues without a drop
+                self._router.setsockopt(zmq.SNDHWM, self._buffer.maxlen + 16 if self._buffer.maxlen else 0)
                 self.replay_url = _bind(self._router, self.host, self.replay_port)
         except BaseException:
             self._close_sockets()

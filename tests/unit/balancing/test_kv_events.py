@@ -166,13 +166,25 @@ def test_an_idle_server_is_not_taken_for_a_dead_one() -> None:
     assert kv.usable("a", 3600.0) is not None  # nothing answered, nothing to report
 
 
-def test_the_index_is_bounded_least_recently_stored_first() -> None:
+def test_the_index_is_bounded_tails_first_and_still_chains_on_what_it_dropped() -> None:
     kv = KvIndex(max_blocks=3)
     kv.apply("a", 0, batch(stored([1, 2, 3, 4], None, PROMPT)), now=0.0)
     blocks = kv.track("a")
     assert len(blocks.held) == 3 and len(blocks.keys) == 3 and blocks.counts["dropped"] == 1
-    assert blocks.match(KEYS) == 0  # the head went first: the chain is broken from the start
-    assert blocks.match(KEYS[1:]) == 3
+    assert blocks.match(KEYS) == 3  # the tail went first: the head others build on stays
+    # a block stored on the one the index dropped still chains: no fault, the endpoint stays live
+    more = [*PROMPT, 5, 5, 5, 5]
+    kv.apply("a", 1, batch(stored([5], 4, more[16:])), now=0.0)
+    assert kv.usable("a", 0.0) is not None and "unknown_parent" not in blocks.counts
+    assert block_keys(more, SIZE)[4] in blocks.held
+
+
+def test_lora_blocks_never_match_a_base_model_prompt() -> None:
+    kv = KvIndex()
+    lora = BlockStored([1, 2], None, PROMPT[:8], SIZE, lora_id=7)
+    kv.apply("a", 0, batch(lora, stored([3], 2, PROMPT[8:12])), now=0.0)
+    blocks = kv.usable("a", 0.0)
+    assert blocks is not None and blocks.match(KEYS) == 0 and len(blocks.held) == 3
 
 
 def test_other_tiers_are_not_the_gpu_prefix_cache() -> None:

@@ -52,7 +52,10 @@ FOUND = [
 
 @pytest.mark.parametrize("point", _one_axis_at_a_time() + FOUND, ids=lambda p: "-".join(map(str, p.values())))
 def test_prefix_aware_is_within_3_percent_of_least_pending_at_p95_and_mean(point):
-    rows = routing_sim.run_point(point, seeds=2)
-    lp, pa = rows["least_pending"], rows["prefix_aware"]
-    assert pa["p95"] <= 1.03 * lp["p95"], (pa, lp)
-    assert pa["mean"] <= 1.03 * lp["mean"], (pa, lp)
+    """Approximate, and precise (fed the simulated servers' KV-cache events)."""
+    rows = routing_sim.run_point(point, seeds=2, precise=True)
+    lp = rows["least_pending"]
+    for name in ("prefix_aware", "prefix_aware:precise"):
+        pa = rows[name]
+        assert pa["p95"] <= 1.03 * lp["p95"], (name, pa, lp)
+        assert pa["mean"] <= 1.03 * lp["mean"], (name, pa, lp)
