@@ -99,6 +99,12 @@ def test_bad_input_is_one_line_and_exit_1():
         (["bench", "http://127.0.0.1:1", "--spawn", "2"], "give a URL, or --spawn N"),
         (["bench", "--spawn", "2", "--strategies", ","], "--strategies: name at least one strategy"),
         (["bench", "--spawn", "2", "--prefix-aware", '{"load_margin": -1}'], "--prefix-aware: load_margin"),
+        (["bench", "http://127.0.0.1:1", "--load", "0.7"], "--load: needs --spawn"),
+        (["bench", "--spawn", "2", "--load", "0.7", "--rate", "3"], "--load and --rate: give one"),
+        (["bench", "--spawn", "2", "--load", "0"], "--load: a share of the capacity"),
+        (["bench", "http://127.0.0.1:1", "--turns", "0.5"], "--turns: "),
+        (["bench", "http://127.0.0.1:1", "--agent-share", "2"], "--agent-share: "),
+        (["bench", "--spawn", "2", "--batch-slowdown", "-1"], "--batch-slowdown: must be 0 or more"),
     ]
     for args, expected in cases:
         result = runner.invoke(app, args)

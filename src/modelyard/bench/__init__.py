@@ -1,7 +1,9 @@
 """`modelyard bench`: a load generator for choosing a routing strategy.
 
-workload  WorkloadSpec (what to send) and the named profiles (`inferflow`, `quick`); the request list
-runner    sending the requests at a concurrency or a rate, recording each outcome
+workload  WorkloadSpec (what to send) and the named profiles (`inferflow`, `quick`, `chat`); the
+          request list, or the conversations (chats and agent loops) and the capacity they are sent at
+runner    sending the requests (or playing the conversations) at a concurrency or a Poisson rate,
+          recording each outcome (latency, time to first token, inter-token latency)
 spawn     sim-workers and a gateway of our own per strategy (`--spawn N`)
 progress  the bars on stderr while it runs: runs done, the run in flight, time left
 report    per-run summaries (latency percentiles, TTFT, req/s, backend split, cached share), their

@@ -42,6 +42,9 @@ class Summary:
     req_per_s: float
     cached_share: float  # prompt tokens served from cache / prompt tokens
     busiest_share: float  # the busiest backend's share of the answered requests
+    ttft_p95_ms: float | None = None
+    itl_p50_ms: float | None = None  # over streams' mean inter-token gaps
+    itl_p95_ms: float | None = None
     backends: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)  # why requests failed: status or error
     # The answered requests' latencies (every run's), in the order answered: the chart's dots, not
@@ -53,6 +56,7 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
     ok = [o for o in outcomes if o.status == 200]
     latencies = [o.latency * 1000 for o in ok]
     ttfts = [o.ttft * 1000 for o in ok if o.ttft is not None]
+    itls = [o.itl * 1000 for o in ok if o.itl is not None]
     prompt = sum(o.prompt_tokens for o in ok)
     split = Counter(o.backend or "?" for o in ok)
     return Summary(
@@ -67,6 +71,9 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
         req_per_s=len(ok) / wall if wall > 0 else 0.0,
         cached_share=sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
         busiest_share=max(split.values()) / len(ok) if ok else 0.0,
+        ttft_p95_ms=percentile(ttfts, 95) if ttfts else None,
+        itl_p50_ms=percentile(itls, 50) if itls else None,
+        itl_p95_ms=percentile(itls, 95) if itls else None,
         backends=dict(sorted(split.items())),
         failures=dict(
             sorted(Counter(o.error or f"HTTP {o.status}" for o in outcomes if o.status != 200).items())
@@ -85,8 +92,9 @@ def median_of_runs(runs: Sequence[Summary]) -> Summary:
     fields: dict[str, Any] = {}
     for name in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "req_per_s", "cached_share", "busiest_share"):
         fields[name] = statistics.median(getattr(s, name) for s in runs)
-    ttfts = [s.ttft_p50_ms for s in runs if s.ttft_p50_ms is not None]
-    fields["ttft_p50_ms"] = statistics.median(ttfts) if ttfts else None
+    for name in ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms"):
+        values = [v for s in runs if (v := getattr(s, name)) is not None]
+        fields[name] = statistics.median(values) if values else None
     fields["errors"] = sum(s.errors for s in runs)
     fields["requests"] = sum(s.requests for s in runs)
     fields["latencies_ms"] = [value for s in runs for value in s.latencies_ms]
@@ -95,7 +103,10 @@ def median_of_runs(runs: Sequence[Summary]) -> Summary:
 
 def table(summaries: Sequence[Summary], title: str) -> Table:
     out = Table(title=title)
-    columns = ("strategy", "P50 ms", "P95 ms", "P99 ms", "mean ms", "TTFT p50 ms", "req/s", "errors")
+    columns = (
+        "strategy", "P50 ms", "P95 ms", "P99 ms", "mean ms", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms",
+        "req/s", "errors",
+    )  # fmt: skip
     for column in (*columns, "cached", "busiest", "backend split"):
         out.add_column(column, justify="left" if column in ("strategy", "backend split") else "right")
     for s in summaries:
@@ -106,6 +117,8 @@ def table(summaries: Sequence[Summary], title: str) -> Table:
             f"{s.p99_ms:.0f}",
             f"{s.mean_ms:.0f}",
             "-" if s.ttft_p50_ms is None else f"{s.ttft_p50_ms:.0f}",
+            "-" if s.ttft_p95_ms is None else f"{s.ttft_p95_ms:.0f}",
+            "-" if s.itl_p50_ms is None else f"{s.itl_p50_ms:.1f}",
             f"{s.req_per_s:.1f}",
             str(s.errors),
             f"{s.cached_share:.0%}",

@@ -1,7 +1,8 @@
 """Sending a workload to an OpenAI-compatible URL and recording what each request saw.
 
 Closed loop (`concurrency` clients, each sending its next request when the last one answered) or
-open loop (`rate` requests per second, at most `concurrency` in flight). Bounded in count and in
+open loop (`rate` requests per second, Poisson arrivals, at most `concurrency` in flight); with
+conversations, the same of whole conversations, each playing its turns in order. Bounded in count and in
 time (`duration`, and a per-request timeout). Each outcome keeps the status, latency, time to
 first token (streams), the backend that answered (`X-Modelyard-Backend`, when a gateway says),
 and the prompt tokens the server served from cache (`usage.prompt_tokens_details.cached_tokens`,
@@ -11,14 +12,15 @@ as vLLM and the sim-worker report it).
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
-from modelyard.bench.workload import BenchRequest, WorkloadSpec
+from modelyard.bench.workload import BenchRequest, Conversation, WorkloadSpec
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -33,6 +35,8 @@ class Outcome:
     cached_tokens: int
     kind: str  # the request's kind: repeat or fresh
     error: str = ""
+    itl: float | None = None  # a stream's mean seconds between chunks after the first (inter-token)
+    text: str = ""  # the answer's text (a conversation's next turn quotes it)
 
 
 def _usage(body: object) -> tuple[int, int]:
@@ -43,6 +47,28 @@ def _usage(body: object) -> tuple[int, int]:
     cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
     prompt = usage.get("prompt_tokens", 0)
     return (prompt if isinstance(prompt, int) else 0, cached if isinstance(cached, int) else 0)
+
+
+def _delta(chunk: object, pieces: list[str]) -> bool:
+    """A stream chunk's text, added to `pieces`; whether it carried any (a token)."""
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choices[0].get("text")
+    if isinstance(text, str) and text:
+        pieces.append(text)
+        return True
+    return False
+
+
+def _message(answer: object, pieces: list[str]) -> None:
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        text = message.get("content") if isinstance(message, dict) else choices[0].get("text")
+        if isinstance(text, str):
+            pieces.append(text)
 
 
 async def _send(
@@ -58,6 +84,9 @@ async def _send(
     # slot shows (coordinated omission); a closed loop's from the send.
     started = scheduled if scheduled is not None else time.perf_counter()
     ttft = None
+    last = first = 0.0
+    chunks = 0
+    pieces: list[str] = []
     try:
         async with http.post(
             url + CHAT_PATH,
@@ -69,19 +98,28 @@ async def _send(
             prompt = cached = 0
             if spec.stream and response.status == 200:
                 async for line in response.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    now = time.perf_counter()
                     if ttft is None:
-                        ttft = time.perf_counter() - started
-                    if line.startswith(b"data: {"):
-                        found = _usage(orjson.loads(line[6:]))
-                        if found != (0, 0):
-                            prompt, cached = found
+                        ttft, first = now - started, now
+                    chunk = orjson.loads(line[6:])
+                    if _delta(chunk, pieces):
+                        last, chunks = now, chunks + 1
+                    found = _usage(chunk)
+                    if found != (0, 0):
+                        prompt, cached = found
             else:
                 data = await response.read()
                 if response.status == 200:
-                    prompt, cached = _usage(orjson.loads(data))
+                    answer = orjson.loads(data)
+                    prompt, cached = _usage(answer)
+                    _message(answer, pieces)
+            itl = (last - first) / (chunks - 1) if chunks > 1 else None
             return Outcome(
-                response.status, time.perf_counter() - started, ttft, backend, prompt, cached, request.kind
-            )
+                response.status, time.perf_counter() - started, ttft, backend, prompt, cached, request.kind,
+                itl=itl, text="".join(pieces),
+            )  # fmt: skip
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as error:
         return Outcome(0, time.perf_counter() - started, ttft, "", 0, 0, request.kind, type(error).__name__)
 
@@ -90,52 +128,77 @@ async def run_workload(
     url: str,
     model: str,
     spec: WorkloadSpec,
-    requests: Iterable[BenchRequest],
+    requests: Iterable[BenchRequest] | Iterable[Conversation],
     *,
     request_timeout: float = 120.0,
     progress: Callable[[Outcome], None] = lambda outcome: None,
 ) -> tuple[list[Outcome], float]:
-    """Send `requests` until they run out or `spec.duration` is over, whichever comes first;
-    returns the outcomes in completion order and the wall time the run took."""
+    """Send `requests` (or play `Conversation`s, turn after turn, each turn carrying the answers
+    before it) until they run out, `spec.requests` requests were sent (conversations), or
+    `spec.duration` is over; returns the outcomes in completion order and the wall time it took.
+    Open loop (`spec.rate`): requests, or conversations, arrive as a Poisson process (seeded)."""
     url = url.rstrip("/")
     outcomes: list[Outcome] = []
     started = time.perf_counter()
     deadline = started + spec.duration if spec.duration else None
+    budget = None if spec.duration or not spec.conversations else spec.requests
+    sent = 0
+    arrivals = random.Random(spec.seed + 1)
     connector = aiohttp.TCPConnector(limit=spec.concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
-        pending = iter(requests)
+        pending: Iterator[BenchRequest | Conversation] = iter(requests)
 
-        def take() -> BenchRequest | None:
+        def running() -> bool:
             if deadline is not None and time.perf_counter() >= deadline:
-                return None
-            return next(pending, None)
+                return False
+            return budget is None or sent < budget
 
-        async def record(request: BenchRequest, scheduled: float | None = None) -> None:
+        def take() -> BenchRequest | Conversation | None:
+            return next(pending, None) if running() else None
+
+        async def record(request: BenchRequest, scheduled: float | None = None) -> Outcome:
+            nonlocal sent
+            sent += 1
             outcome = await _send(http, url, model, spec, request, request_timeout, scheduled)
             outcomes.append(outcome)
             progress(outcome)
+            return outcome
+
+        async def play(item: BenchRequest | Conversation, scheduled: float | None = None) -> None:
+            if isinstance(item, BenchRequest):
+                await record(item, scheduled)
+                return
+            answers: list[str] = []
+            for index in range(len(item.messages)):
+                if index and spec.think_seconds:
+                    await asyncio.sleep(arrivals.expovariate(1.0 / spec.think_seconds))
+                if not running():
+                    return
+                outcome = await record(item.turn(index, answers), scheduled if not index else None)
+                if outcome.status != 200:
+                    return  # a user whose turn failed does not go on
+                answers.append(outcome.text)
 
         if spec.rate is None:
 
             async def client() -> None:
-                while (request := take()) is not None:
-                    await record(request)
+                while (item := take()) is not None:
+                    await play(item)
 
             await asyncio.gather(*(client() for _ in range(spec.concurrency)))
         else:
             slots = asyncio.Semaphore(spec.concurrency)
             tasks: set[asyncio.Task[None]] = set()
-            interval = 1.0 / spec.rate
             due = time.perf_counter()
-            while (request := take()) is not None:
+            while (item := take()) is not None:
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))  # the open loop's pace
                 scheduled = due
-                due += interval
+                due += arrivals.expovariate(spec.rate)  # Poisson arrivals
                 await slots.acquire()  # at most `concurrency` in flight: later ones wait, and it shows
 
-                async def one(request: BenchRequest = request, scheduled: float = scheduled) -> None:
+                async def one(item: BenchRequest | Conversation = item, scheduled: float = scheduled) -> None:
                     try:
-                        await record(request, scheduled)
+                        await play(item, scheduled)
                     finally:
                         slots.release()
 

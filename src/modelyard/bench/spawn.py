@@ -127,6 +127,7 @@ def _launch_workers(
             "--decode-ms-per-token", str(sims.decode_ms_per_token),
             "--cache-blocks", str(sims.cache_blocks),
             "--block-tokens", str(sims.block_tokens),
+            "--batch-slowdown", str(sims.batch_slowdown),
             "--seed", str(seed + i),
         ]  # fmt: skip
         processes.append(_child(args, log))

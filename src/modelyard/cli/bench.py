@@ -7,6 +7,7 @@ import asyncio
 import shlex
 import signal
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,7 +31,15 @@ from modelyard.bench import chart as charts
 from modelyard.bench.progress import BenchProgress
 from modelyard.bench.report import median_of_runs, table, write
 from modelyard.bench.spawn import MODEL, spawned
-from modelyard.bench.workload import SimShape, cacheable_share
+from modelyard.bench.workload import (
+    BenchRequest,
+    Conversation,
+    SimShape,
+    cacheable_share,
+    capacity,
+    iter_conversations,
+    mean_turns,
+)
 from modelyard.config import PrefixAwareConfig
 from modelyard.errors import ModelyardError, UnknownStrategy
 
@@ -49,6 +58,11 @@ _WORKLOAD_FLAGS = {
     "output_tokens": "--output-tokens",
     "stream": "--stream",
     "seed": "--seed",
+    "turns": "--turns",
+    "prompt_spread": "--prompt-spread",
+    "output_spread": "--output-spread",
+    "think_seconds": "--think-seconds",
+    "agent_share": "--agent-share",
 }
 
 
@@ -86,6 +100,33 @@ def bench(
     output_tokens: Annotated[int | None, typer.Option(help="max_tokens of each request.")] = None,
     stream: Annotated[bool | None, typer.Option("--stream/--no-stream", help="Stream the answers.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the prompts.")] = None,
+    turns: Annotated[
+        float | None,
+        typer.Option(help="Mean turns of a conversation; above 1 each turn resends the conversation so far."),
+    ] = None,
+    prompt_spread: Annotated[
+        float | None, typer.Option(help="Lognormal sigma of a message's words around --prompt-tokens.")
+    ] = None,
+    output_spread: Annotated[
+        float | None, typer.Option(help="Lognormal sigma of a turn's max_tokens around --output-tokens.")
+    ] = None,
+    think_seconds: Annotated[
+        float | None, typer.Option(help="Mean pause before a conversation's next turn (exponential).")
+    ] = None,
+    agent_share: Annotated[
+        float | None, typer.Option(help="Share of conversations that are agent loops over long instructions.")
+    ] = None,
+    load: Annotated[
+        float | None,
+        typer.Option(
+            help="With --spawn: send open loop at this share of the workers' capacity (requests per "
+            "second they serve with every slot busy and nothing cached), instead of --rate."
+        ),
+    ] = None,
+    batch_slowdown: Annotated[
+        float | None,
+        typer.Option(help="With --spawn: a decode step's extra cost per other request in the batch."),
+    ] = None,
     slots: Annotated[int | None, typer.Option(help="With --spawn: request slots per worker.")] = None,
     prefill_ms: Annotated[
         float | None, typer.Option(help="With --spawn: prefill ms per uncached token.")
@@ -151,6 +192,11 @@ def bench(
         "output_tokens": output_tokens,
         "stream": stream,
         "seed": seed,
+        "turns": turns,
+        "prompt_spread": prompt_spread,
+        "output_spread": output_spread,
+        "think_seconds": think_seconds,
+        "agent_share": agent_share,
     }
     try:
         spec = WorkloadSpec.model_validate(
@@ -169,8 +215,24 @@ def bench(
         "prefill_ms_per_token": prefill_ms,
         "decode_ms_per_token": decode_ms,
         "cache_blocks": cache_blocks,
+        "batch_slowdown": batch_slowdown,
     }
+    if batch_slowdown is not None and batch_slowdown < 0:
+        _fail("--batch-slowdown: must be 0 or more")
     sims = replace(sims, **{k: v for k, v in shape.items() if v is not None})
+    if load is None and rate is None and spawn and chosen is not None:
+        load = chosen.load
+    if load is not None:
+        if not spawn:
+            _fail(
+                "--load: needs --spawn (the capacity of servers it did not start is not known); give --rate"
+            )
+        if rate is not None:
+            _fail("--load and --rate: give one")
+        if not 0 < load <= 10:
+            _fail("--load: a share of the capacity, above 0 (e.g. 0.7)")
+        # (conversations arrive at `rate`; each is mean_turns requests)
+        spec = spec.model_copy(update={"rate": load * capacity(spec, sims, spawn) / mean_turns(spec)})
     if runs < 1:
         _fail("--runs: must be at least 1")
     if gateway_workers < 1:
@@ -217,7 +279,12 @@ def bench(
             )
     except ModelyardError as error:
         _fail(error.message)
-    pace = f", {spec.rate:g} req/s" if spec.rate else ""
+    if spec.conversations:
+        pace = f", {spec.rate:.3g} conversations/s" if spec.rate else ""
+        pace += f" ({load:g} of capacity)" if load is not None else ""
+        pace += f", conversations of {mean_turns(spec):.1f} turns"
+    else:
+        pace = f", {spec.rate:g} req/s" if spec.rate else ""
     where = f"{spawn} spawned sim-workers" if spawn else str(url)
     if spawn and gateway_workers > 1:
         where += f" (gateway: {gateway_workers} workers)"
@@ -227,7 +294,7 @@ def bench(
     )
     console.print(table(summaries, title + (f" (median of {runs} runs)" if runs > 1 else "")))
     bound = None
-    if not spec.duration:
+    if not spec.duration and not spec.conversations:  # (a conversation's prompts quote its answers)
         # The bound on the "cached" column: what this workload repeats at all.
         bound = cacheable_share(build_requests(spec), sims.block_tokens)
         console.print(f"an unbounded prefix cache would serve {bound:.0%} of these prompt tokens")
@@ -297,7 +364,11 @@ async def _bench(
         per_run = []
         for number in range(1, runs + 1):
             title = f"{label} run {number}/{runs}" if runs > 1 else label
-            requests = iter_requests(spec) if spec.duration else build_requests(spec)
+            requests: Iterable[BenchRequest] | Iterable[Conversation]
+            if spec.conversations:
+                requests = iter_conversations(spec)  # (the runner stops at spec.requests turns)
+            else:
+                requests = iter_requests(spec) if spec.duration else build_requests(spec)
             with bars.run(title) as run:
                 if spawn:
                     async with spawned(

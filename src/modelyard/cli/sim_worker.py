@@ -47,6 +47,13 @@ def sim_worker(
         float, typer.Option(help="Decode cost in ms per output token; streams emit each token after it.")
     ] = 5.0,
     slowdown: Annotated[float, typer.Option(help="Multiplier on prefill and decode costs.")] = 1.0,
+    batch_slowdown: Annotated[
+        float,
+        typer.Option(
+            help="A decode step costs this share of --decode-ms-per-token more per other request running "
+            "(a batching server slows as its batch grows); 0: slots run as if alone."
+        ),
+    ] = 0.0,
     cache_blocks: Annotated[
         int, typer.Option(help="Prefix cache capacity in blocks (LRU); 0 disables the cache.")
     ] = 256,
@@ -133,6 +140,7 @@ def sim_worker(
             prefill_ms_per_token=prefill_ms_per_token,
             decode_ms_per_token=decode_ms_per_token,
             slowdown=slowdown,
+            batch_slowdown=batch_slowdown,
             cache_blocks=cache_blocks,
             block_tokens=block_tokens,
             fail_rate=fail_rate,

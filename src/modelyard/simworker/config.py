@@ -11,7 +11,14 @@ from modelyard.simworker.latency import CostModel
 
 # The fields `PUT /sim/config` may change while the worker runs.
 RUNTIME_FIELDS = frozenset(
-    {"prefill_ms_per_token", "decode_ms_per_token", "slowdown", "fail_rate", "max_concurrency"}
+    {
+        "prefill_ms_per_token",
+        "decode_ms_per_token",
+        "slowdown",
+        "fail_rate",
+        "max_concurrency",
+        "batch_slowdown",
+    }
 )
 
 
@@ -29,6 +36,12 @@ class SimWorkerConfig(BaseModel):
     max_concurrency: int = Field(default=8, ge=1, description="slots; excess requests wait in a queue")
     prefill_ms_per_token: float = Field(default=0.05, ge=0, description="cost per uncached prompt token")
     decode_ms_per_token: float = Field(default=5.0, ge=0, description="cost per output token")
+    batch_slowdown: float = Field(
+        default=0.0,
+        ge=0,
+        description="a decode step costs this share of decode_ms_per_token more per other request running "
+        "(a batching server's steps slow as its batch grows); 0: slots run as if alone",
+    )
     slowdown: float = Field(default=1.0, ge=0, description="multiplies prefill and decode costs")
     cache_blocks: int = Field(default=256, ge=0, description="prefix cache capacity in blocks; 0 disables it")
     block_tokens: int = Field(default=16, ge=1, description="tokens per cache block")

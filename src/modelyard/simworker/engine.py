@@ -97,7 +97,7 @@ class Running:
         """Wait out one decode step (one token per choice). Reads the cost now, so a runtime
         slowdown reaches requests already streaming. Catches up at most one step when late."""
         self.steps_done += 1
-        cost = self._engine.config.costs.decode_ms() / 1000.0
+        cost = self._engine.decode_ms(1) / 1000.0
         if cost <= 0:
             return
         now = asyncio.get_running_loop().time()
@@ -107,7 +107,7 @@ class Running:
     async def steps(self, n: int) -> None:
         """Wait out `n` decode steps at once (non-streaming responses)."""
         self.steps_done += n
-        cost = self._engine.config.costs.decode_ms(n) / 1000.0
+        cost = self._engine.decode_ms(n) / 1000.0
         if cost > 0:
             await asyncio.sleep(cost)
 
@@ -126,6 +126,13 @@ class SimEngine:
         self.config = self.config.with_runtime_changes(changes)
         self._slots.set_limit(self.config.max_concurrency)
         return self.config
+
+    def decode_ms(self, steps: int) -> float:
+        """`steps` decode steps at the batch running now: each other request running makes a step
+        `batch_slowdown` of a lone one's cost longer (read at each step: the batch changes)."""
+        config = self.config
+        batch = 1.0 + config.batch_slowdown * max(0, self.stats.running - 1)
+        return config.costs.decode_ms(steps) * batch
 
     def count(self, endpoint: str) -> None:
         self.stats.requests_total += 1

@@ -137,3 +137,14 @@ def test_fail_rate_uses_the_seeded_generator():
     assert 0 < sum(outcomes(1)) < 50
     assert not any(engine(fail_rate=0.0).should_fail() for _ in range(50))
     assert all(engine(fail_rate=1.0).should_fail() for _ in range(50))
+
+
+async def test_a_batching_server_decodes_slower_as_its_batch_grows():
+    engine = SimEngine(SimWorkerConfig(decode_ms_per_token=10.0, batch_slowdown=0.5, max_concurrency=4))
+    assert engine.decode_ms(2) == 20.0  # alone
+    async with engine.admit([["a"]], 1), engine.admit([["b"]], 1), engine.admit([["c"]], 1):
+        assert engine.decode_ms(2) == 20.0 * (1 + 0.5 * 2)  # two others running beside it
+    assert engine.decode_ms(1) == 10.0
+    flat = SimEngine(SimWorkerConfig(decode_ms_per_token=10.0, max_concurrency=4))
+    async with flat.admit([["a"]], 1), flat.admit([["b"]], 1):
+        assert flat.decode_ms(1) == 10.0  # batch_slowdown 0: slots run as if alone
