@@ -59,6 +59,34 @@ def test_spawn_compares_strategies_in_one_table_and_writes_json_and_a_chart(tmp_
     assert all(run["cached_share"] * 100 <= int(bound[1]) + 0.5 for run in runs)
 
 
+def test_conversations_precise_mode_and_another_router_in_one_table(tmp_path):
+    """The chat profile (small), prefix_aware in precise mode (the spawned workers publish their
+    KV-cache events), and a --target command started over fresh workers in our gateway's place
+    (here a stand-in that serves like a server: what is tested is that it is started with the
+    workers' URLs and its port, waited for and benched)."""
+    router = tmp_path / "router.py"
+    router.write_text(
+        "import os, sys\n"
+        "port, workers = sys.argv[1], sys.argv[2:]\n"
+        "assert workers and all(w.startswith('http://127.0.0.1:') for w in workers), workers\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'modelyard', 'sim-worker', '--port', port])\n"
+    )
+    out = tmp_path / "bench.json"
+    done = bench(
+        "--spawn", "2", "--profile", "chat", "--requests", "24", "--strategies", "prefix_aware:precise",
+        "--target", f"stand-in={sys.executable} {router} {{port}} {{workers}}", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "conversations/s (0.7 of capacity)" in done.stdout and "TTFT p95 ms" in done.stdout
+    runs = {r["label"]: r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"prefix_aware:precise", "stand-in"}
+    assert all(r["requests"] == 24 and r["errors"] == 0 for r in runs.values())
+    assert set(runs["prefix_aware:precise"]["backends"]) <= {"w0", "w1"}
+    assert runs["prefix_aware:precise"]["cached_share"] > 0.3  # later turns resend earlier ones
+    assert runs["stand-in"]["backends"] == {"?": 24} and runs["stand-in"]["busiest_share"] == 0
+    assert runs["prefix_aware:precise"]["itl_p50_ms"] is not None
+
+
 async def test_a_url_is_benched_as_it_is_with_a_chart_beside_out(sim_workers, tmp_path):
     pytest.importorskip("matplotlib")
     (worker,) = await sim_workers(1)
@@ -105,6 +133,12 @@ def test_bad_input_is_one_line_and_exit_1():
         (["bench", "http://127.0.0.1:1", "--turns", "0.5"], "--turns: "),
         (["bench", "http://127.0.0.1:1", "--agent-share", "2"], "--agent-share: "),
         (["bench", "--spawn", "2", "--batch-slowdown", "-1"], "--batch-slowdown: must be 0 or more"),
+        (["bench", "--spawn", "2", "--strategies", "least_pending:precise"], "only prefix_aware has a mode"),
+        (["bench", "--spawn", "2", "--target", "x"], "--target: 'x': expected NAME=URL or NAME=COMMAND"),
+        (["bench", "--target", "r=vllm-router --port {port} {workers}"], "a command needs --spawn"),
+        (["bench", "--spawn", "2", "--target", "r=vllm-router --port 9"], "must take {port} and {workers}"),
+        (["bench", "--spawn", "2", "--target", "a=http://x", "--target", "a=http://y"], "'a' is named twice"),
+        (["bench", "--spawn", "2", "--target", "prefix_aware=http://x"], "is also a strategy"),
     ]
     for args, expected in cases:
         result = runner.invoke(app, args)
@@ -177,3 +211,8 @@ def _children(pid: int) -> list[int]:
         if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
             children.append(int(stat.parent.name))
     return children
+
+
+def test_a_target_command_that_cannot_run_is_one_clear_line_and_exit_1():
+    done = bench("--spawn", "1", "--requests", "2", "--target", "r=/nonexistent/router --port {port} {workers}")
+    assert done.returncode == 1 and "cannot run '/nonexistent/router'" in done.stderr + done.stdout

@@ -70,7 +70,8 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
         ttft_p50_ms=percentile(ttfts, 50) if ttfts else None,
         req_per_s=len(ok) / wall if wall > 0 else 0.0,
         cached_share=sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
-        busiest_share=max(split.values()) / len(ok) if ok else 0.0,
+        # (a router that does not say which backend answered: no split to show)
+        busiest_share=max(split.values()) / len(ok) if ok and set(split) != {"?"} else 0.0,
         ttft_p95_ms=percentile(ttfts, 95) if ttfts else None,
         itl_p50_ms=percentile(itls, 50) if itls else None,
         itl_p95_ms=percentile(itls, 95) if itls else None,
@@ -122,8 +123,8 @@ def table(summaries: Sequence[Summary], title: str) -> Table:
             f"{s.req_per_s:.1f}",
             str(s.errors),
             f"{s.cached_share:.0%}",
-            f"{s.busiest_share:.0%}",
-            " ".join(f"{name}:{count}" for name, count in s.backends.items()),
+            f"{s.busiest_share:.0%}" if s.busiest_share else "-",
+            " ".join(f"{name}:{count}" for name, count in s.backends.items()) if s.busiest_share else "-",
         )
     return out
 

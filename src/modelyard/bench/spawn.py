@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
+from modelyard.bench.tokenizer import write_word_tokenizer
 from modelyard.bench.workload import SimShape
 from modelyard.config import PrefixAwareConfig
 from modelyard.errors import ModelyardError
@@ -51,6 +53,8 @@ def gateway_config(
     sims: SimShape,
     port: int,
     prefix_aware: dict[str, object] | None = None,
+    kv_events: list[tuple[str, str]] | None = None,
+    tokenizer: Path | None = None,
 ) -> dict[str, object]:
     """The gateway's config for one run: one model over the workers, the strategy under test, and
     prefix_aware told what the workers are: its index sized like their prefix caches, its queue
@@ -64,13 +68,18 @@ def gateway_config(
         "max_chunks_per_endpoint": max(1, cache_chars // chunk_chars),
         "slots": sims.max_concurrency,
     }
+    endpoints: list[dict[str, object]] = [{"url": url, "name": f"w{i}"} for i, url in enumerate(worker_urls)]
+    if kv_events is not None and tokenizer is not None:  # precise mode: the workers' KV-cache events
+        for endpoint, (events, replay) in zip(endpoints, kv_events, strict=True):
+            endpoint["kv_events"], endpoint["kv_replay"] = events, replay
+        sized["tokenizer"] = str(tokenizer)
     return {
         "listen": {"host": "127.0.0.1", "port": port, "drain_seconds": 0},
         "models": [
             {
                 "name": MODEL,
                 "strategy": strategy,
-                "endpoints": [{"url": url, "name": f"w{i}"} for i, url in enumerate(worker_urls)],
+                "endpoints": endpoints,
                 "prefix_aware": sized | (prefix_aware or {}),
             }
         ],
@@ -113,10 +122,17 @@ def _child(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _launch_workers(
-    workers: int, sims: SimShape, seed: int, log: Path, processes: list[subprocess.Popen[bytes]]
-) -> list[str]:
-    """Start the workers (appended to `processes` as they start); their URLs."""
+    workers: int,
+    sims: SimShape,
+    seed: int,
+    log: Path,
+    processes: list[subprocess.Popen[bytes]],
+    tokenizer: Path | None = None,
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Start the workers (appended to `processes` as they start); their URLs and, with a
+    tokenizer, their KV-event and replay endpoints."""
     urls = []
+    events: list[tuple[str, str]] = []
     for i, port in enumerate(_free_ports(workers)):
         args = [
             "sim-worker",
@@ -130,9 +146,34 @@ def _launch_workers(
             "--batch-slowdown", str(sims.batch_slowdown),
             "--seed", str(seed + i),
         ]  # fmt: skip
+        if tokenizer is not None:
+            publish, replay = _free_ports(2)
+            args += [
+                "--tokenizer",
+                str(tokenizer),
+                "--kv-events-port",
+                str(publish),
+                "--kv-replay-port",
+                str(replay),
+            ]
+            events.append((f"tcp://127.0.0.1:{publish}", f"tcp://127.0.0.1:{replay}"))
         processes.append(_child(args, log))
         urls.append(f"http://127.0.0.1:{port}")
-    return urls
+    return urls, events
+
+
+def _launch_target(template: str, worker_urls: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    args: list[str] = []
+    for word in shlex.split(template):
+        if word == "{workers}":
+            args += worker_urls
+        else:
+            args.append(word.replace("{port}", str(port)).replace("{workers}", ",".join(worker_urls)))
+    try:
+        with log.open("ab") as out:
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        raise ModelyardError(f"cannot run {args[0]!r}: {exc.strerror or exc}") from None
 
 
 def _launch_gateway(
@@ -151,23 +192,33 @@ async def spawned(
     seed: int = 0,
     prefix_aware: dict[str, object] | None = None,
     gateway_workers: int = 1,
+    target: str | None = None,
 ) -> AsyncIterator[str]:
     """Start the workers, then (once they answer, so its first health checks pass) a gateway
-    routing with `strategy` (as `gateway_workers` processes); yields the gateway's URL."""
+    routing with `strategy` (as `gateway_workers` processes); yields the gateway's URL.
+    `prefix_aware:precise`: prefix_aware fed the workers' KV-cache events (bench/tokenizer.py).
+    `target`: instead of our gateway, this command (another router), its `{port}` and `{workers}`
+    (the workers' URLs, as separate arguments) filled in; ready once its /health answers 200."""
     with tempfile.TemporaryDirectory(prefix="modelyard-bench-") as tmp:
         log = Path(tmp) / "children.log"
         processes: list[subprocess.Popen[bytes]] = []
+        strategy, _, mode = strategy.partition(":")
+        tokenizer = write_word_tokenizer(Path(tmp) / "tokenizer") if mode == "precise" else None
         try:
-            urls = _launch_workers(workers, sims, seed, log, processes)
+            urls, events = _launch_workers(workers, sims, seed, log, processes, tokenizer)
             for url, process in zip(urls, processes, strict=True):
                 await _wait_ready(url + "/health", process)
             (port,) = _free_ports(1)
-            gateway = _launch_gateway(
-                gateway_config(strategy, urls, sims, port, prefix_aware), Path(tmp), log, gateway_workers
-            )
-            processes.append(gateway)
             gateway_url = f"http://127.0.0.1:{port}"
-            await _wait_ready(gateway_url + "/readyz", gateway)
+            if target is not None:
+                front = _launch_target(target, urls, port, log)
+                processes.append(front)
+                await _wait_ready(gateway_url + "/health", front, within=60.0)
+            else:
+                config = gateway_config(strategy, urls, sims, port, prefix_aware, events or None, tokenizer)
+                gateway = _launch_gateway(config, Path(tmp), log, gateway_workers)
+                processes.append(gateway)
+                await _wait_ready(gateway_url + "/readyz", gateway)
             yield gateway_url
         except ModelyardError as error:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""

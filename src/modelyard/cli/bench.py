@@ -80,6 +80,16 @@ def bench(
     gateway_workers: Annotated[
         int, typer.Option(help="With --spawn: the spawned gateway's --workers (processes on its port).")
     ] = 1,
+    target: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=URL: also run the workload against this OpenAI-compatible URL, as it is. "
+            "NAME=COMMAND (with --spawn): start fresh workers and this router over them instead of "
+            "our gateway, e.g. 'vllm-router=vllm-router --worker-urls {workers} --port {port}' "
+            "({workers}: the workers' URLs, as separate arguments, or comma-separated inside a word). "
+            "Repeatable; one row each.",
+        ),
+    ] = None,
     profile: Annotated[
         str | None, typer.Option(help=f"A named workload and worker shape: {', '.join(PROFILES)}.")
     ] = None,
@@ -245,15 +255,21 @@ def bench(
             problem = exc.errors()[0]
             where = ".".join(str(p) for p in problem["loc"])
             _fail(f"--prefix-aware: {where + ': ' if where else ''}{problem['msg']}")
-    if spawn < 0 or (spawn == 0) == (url is None):
+    targets = _targets(target or [], spawn)
+    if spawn < 0 or (spawn and url is not None) or (not spawn and url is None and not targets):
         _fail("give a URL, or --spawn N (N >= 1) to start workers and a gateway per strategy")
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     if spawn and not names:
         _fail("--strategies: name at least one strategy")
+    if spawn and (clash := sorted(set(names) & set(targets))):
+        _fail(f"--target: {clash[0]!r} is also a strategy: name it otherwise")
     if spawn:
         try:
             for name in names:
-                check_strategy_name(name)
+                named, _, mode = name.partition(":")
+                check_strategy_name(named)
+                if mode and (mode != "precise" or named != "prefix_aware"):
+                    _fail(f"--strategies: {name!r}: only prefix_aware has a mode (prefix_aware:precise)")
         except UnknownStrategy as error:
             _fail(f"--strategies: {error.message}")
     if chart is not None and not charts.available():
@@ -275,7 +291,7 @@ def bench(
     try:
         with bars:
             summaries: list[Summary] = asyncio.run(
-                _bench(bars, url, model, spawn, names, spec, sims, runs, settings, gateway_workers)
+                _bench(bars, url, model, spawn, names, spec, sims, runs, settings, gateway_workers, targets)
             )
     except ModelyardError as error:
         _fail(error.message)
@@ -285,7 +301,7 @@ def bench(
         pace += f", conversations of {mean_turns(spec):.1f} turns"
     else:
         pace = f", {spec.rate:g} req/s" if spec.rate else ""
-    where = f"{spawn} spawned sim-workers" if spawn else str(url)
+    where = f"{spawn} spawned sim-workers" if spawn else str(url or ", ".join(targets))
     if spawn and gateway_workers > 1:
         where += f" (gateway: {gateway_workers} workers)"
     title = (
@@ -346,6 +362,29 @@ def _fail(line: str) -> None:
     raise typer.Exit(1)
 
 
+def _is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://"))
+
+
+def _targets(given: list[str], spawn: int) -> dict[str, str]:
+    """--target NAME=URL or NAME=COMMAND, by name (one line and exit 1 for a bad one)."""
+    targets: dict[str, str] = {}
+    for entry in given:
+        name, _, aim = entry.partition("=")
+        name, aim = name.strip(), aim.strip()
+        if not name or not aim:
+            _fail(f"--target: {entry!r}: expected NAME=URL or NAME=COMMAND")
+        if name in targets:
+            _fail(f"--target: {name!r} is named twice")
+        if not _is_url(aim):
+            if not spawn:
+                _fail(f"--target {name}: a command needs --spawn (the workers it routes to)")
+            if "{port}" not in aim or "{workers}" not in aim:
+                _fail(f"--target {name}: the command must take {{port}} and {{workers}}")
+        targets[name] = aim
+    return targets
+
+
 async def _bench(
     bars: BenchProgress,
     url: str | None,
@@ -357,10 +396,13 @@ async def _bench(
     runs: int,
     prefix_settings: dict[str, object] | None = None,
     gateway_workers: int = 1,
+    targets: dict[str, str] | None = None,
 ) -> list[Summary]:
     summaries = []
-    labels = strategies if spawn else [url or ""]
+    targets = targets or {}
+    labels = (strategies if spawn else [url] if url else []) + list(targets)
     for label in labels:
+        aimed = targets.get(label)
         per_run = []
         for number in range(1, runs + 1):
             title = f"{label} run {number}/{runs}" if runs > 1 else label
@@ -370,7 +412,10 @@ async def _bench(
             else:
                 requests = iter_requests(spec) if spec.duration else build_requests(spec)
             with bars.run(title) as run:
-                if spawn:
+                if aimed is not None and _is_url(aimed):
+                    run.sending()
+                    outcomes, wall = await run_workload(aimed, model, spec, requests, progress=run.sent)
+                elif spawn:
                     async with spawned(
                         label,
                         spawn,
@@ -378,6 +423,7 @@ async def _bench(
                         seed=spec.seed,
                         prefix_aware=prefix_settings,
                         gateway_workers=gateway_workers,
+                        target=aimed,
                     ) as gateway:
                         run.sending()
                         outcomes, wall = await run_workload(gateway, MODEL, spec, requests, progress=run.sent)
