@@ -29,7 +29,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from modelyard.balancing.kv_events import KvIndex, block_keys
+from modelyard.balancing.kv_events import REBUILDING, KvIndex, block_keys
 from modelyard.balancing.prefix import Flights, PrefixIndex, RecentQuantile, ServiceModel
 from modelyard.balancing.strategies import Need, Pick, RoutingContext, Strategy, build_strategy
 from modelyard.cluster import EndpointView
@@ -146,13 +146,20 @@ class Balancer:
         most: int,
     ) -> None:
         """Replace, in `held`, the approximate index's guess by what the KV events say, for each
-        endpoint whose event index is usable now; where it is not (rebuilding after lost events,
-        or quiet), what the events said still counts where it says more than the guess (it
-        misses what was lost, the guess misses what others sent). The blocks held, in tokens, are
+        endpoint whose event index is usable now; where it is rebuilding (events were lost, and
+        keep coming), what they say still counts where it says more than the guess (it misses
+        what was lost, the guess misses what others sent). A quiet endpoint's events stopped: what
+        they said may be long gone, and the guess alone counts. The blocks held, in tokens, are
         turned into the prompt's chunks pro rata (the strategy weighs uncached characters)."""
         kv, tokens = self.kv, self.tokens
         assert kv is not None and tokens is not None
-        known = [(name, blocks) for name in names if (blocks := kv.endpoints.get(name)) and blocks.block_size]
+        known = []
+        for name in names:
+            blocks = kv.usable(name, now)
+            if blocks is not None:
+                known.append((name, blocks, True))
+            elif (blocks := kv.endpoints.get(name)) and blocks.state == REBUILDING and blocks.block_size:
+                known.append((name, blocks, False))
         if not known or chars > PRECISE_MAX_CHARS:  # (a longer prompt would hold the event loop)
             return
         try:
@@ -163,14 +170,14 @@ class Balancer:
             return  # a request the gateway cannot tokenize as the server does: approximate
         keys: dict[int, list[int]] = {}
         per_chunk = len(ids) * self._chunk_chars
-        for name, blocks in known:
+        for name, blocks, live in known:
             size = blocks.block_size
             assert size is not None
             named = keys.get(size)
             if named is None:
                 named = keys[size] = block_keys(ids, size)
             count = min(most, blocks.match(named) * size * chars // per_chunk)
-            held[name] = count if kv.usable(name, now) is not None else max(held[name], count)
+            held[name] = count if live else max(held[name], count)
 
     def on_sent(self, endpoint: str, key: int, ctx: RoutingContext | None, now: float) -> Sample | None:
         """A try of the request `ctx` (under `key`, its exchange) was sent to `endpoint` at `now`:

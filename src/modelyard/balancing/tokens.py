@@ -15,6 +15,7 @@ fails: TokenizerError); `ids` is pure.
 from __future__ import annotations
 
 import json
+from array import array
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -98,8 +99,29 @@ class TokenCache:
 
     def __init__(self, capacity: int = _CACHED_CHUNKS) -> None:
         self.capacity = capacity
-        self._chunks: OrderedDict[bytes, tuple[list[int], int]] = OrderedDict()
+        # (ids as array('I'): a tenth of a list of ints' memory; 65,536 chunks of about 60 tokens
+        # are then about 25 MB, not 170)
+        self._chunks: OrderedDict[bytes, tuple[array[int], int]] = OrderedDict()
         self.found = 0  # chunks found, over every prompt (how much tokenizing it saved)
+
+    @classmethod
+    def agrees_with(cls, tokenizer: Tokenizer) -> bool:
+        """Whether the cache gives exactly `tokenizer`'s ids on prompts cut mid-word, mid-character
+        and at punctuation. A tokenizer that marks where a text starts (SentencePiece's "▁" put in
+        front, a byte-level one's add_prefix_space) tokenizes a prompt's rest differently from the
+        same text inside the prompt: it gets no cache, rather than wrong ids."""
+        cache = cls(capacity=4096)
+        words = ["alpha", "be-ta", "gam.ma", "日本語", "naïve", "x", "(delta)", "42,7", "éé", "\n", "  "]
+        base = "".join(words[(i * 7) % len(words)] + " " * (i % 3 != 0) for i in range(400))
+        for cut in (100, 257, 300, 515, 600, 777, 1100):
+            for special in (True, False):
+                for text in (base, base[:cut] + "zeta omega 語 " + base[cut:]):
+                    if (
+                        cache.encode(tokenizer, text, special)
+                        != tokenizer.encode(text, add_special_tokens=special).ids
+                    ):
+                        return False
+        return cache.found > 0
 
     def encode(self, tokenizer: Tokenizer, text: str, special: bool) -> list[int]:
         chunks = self._chunks
@@ -134,9 +156,13 @@ class TokenCache:
                 first = taken
                 # (token ends only grow: a bisection, not a loop over every token)
                 taken = bisect_right(offsets, limit, lo=taken, key=_end)
+                # never between two tokens that share a character (a byte-level token holding the
+                # end of one character and the start of the next)
+                while taken > first and taken < len(offsets) and offsets[taken][0] < offsets[taken - 1][1]:
+                    taken -= 1
                 if taken > first:
                     end = resume + offsets[taken - 1][1]
-                chunks[names[index]] = (new[first:taken], end)
+                chunks[names[index]] = (array("I", new[first:taken]), end)
             while len(chunks) > self.capacity:  # bounded: one removal per round
                 chunks.popitem(last=False)
         return ids
@@ -145,7 +171,7 @@ class TokenCache:
 class PromptTokens:
     def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None, **specials: str) -> None:
         self.tokenizer = tokenizer
-        self.cache = TokenCache()
+        self.cache = TokenCache() if TokenCache.agrees_with(tokenizer) else None
         self._specials = specials  # bos_token, eos_token: the names templates use
         self._template = None
         if chat_template is not None:
@@ -228,7 +254,7 @@ class PromptTokens:
         if prompt is None and (messages := fields.get("messages")) is not None:
             return self._chat(messages, fields)
         if isinstance(prompt, str):
-            return self.cache.encode(self.tokenizer, prompt, True)
+            return self._encode(prompt, True)
         if (
             isinstance(prompt, list)
             and prompt
@@ -256,4 +282,9 @@ class PromptTokens:
             text = template.render(**values)
         except Exception:  # (a refusal, or a hostile body: nesting that recurses too deep)
             return None  # a chat the template cannot render: routed approximately
-        return self.cache.encode(self.tokenizer, text, False)
+        return self._encode(text, False)
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        if self.cache is not None:
+            return self.cache.encode(self.tokenizer, text, special)
+        return list(self.tokenizer.encode(text, add_special_tokens=special).ids)

@@ -41,7 +41,7 @@ class Summary:
     ttft_p50_ms: float | None
     req_per_s: float
     cached_share: float  # prompt tokens served from cache / prompt tokens
-    busiest_share: float  # the busiest backend's share of the answered requests
+    busiest_share: float | None  # the busiest backend's share of the answered ones; None: not said
     ttft_p95_ms: float | None = None
     itl_p50_ms: float | None = None  # over streams' mean inter-token gaps
     itl_p95_ms: float | None = None
@@ -52,7 +52,11 @@ class Summary:
     latencies_ms: list[float] = field(default_factory=list, repr=False)
 
 
-def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
+def summarize(label: str, outcomes: Sequence[Outcome], wall: float, warmup: float = 0.0) -> Summary:
+    """The requests sent after the first `warmup` seconds (all of them, for the chart too)."""
+    if warmup:
+        outcomes = [o for o in outcomes if o.sent >= warmup]
+        wall = max(0.0, wall - warmup)
     ok = [o for o in outcomes if o.status == 200]
     latencies = [o.latency * 1000 for o in ok]
     ttfts = [o.ttft * 1000 for o in ok if o.ttft is not None]
@@ -71,7 +75,7 @@ def summarize(label: str, outcomes: Sequence[Outcome], wall: float) -> Summary:
         req_per_s=len(ok) / wall if wall > 0 else 0.0,
         cached_share=sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
         # (a router that does not say which backend answered: no split to show)
-        busiest_share=max(split.values()) / len(ok) if ok and set(split) != {"?"} else 0.0,
+        busiest_share=(max(split.values()) / len(ok) if ok else 0.0) if set(split) != {"?"} else None,
         ttft_p95_ms=percentile(ttfts, 95) if ttfts else None,
         itl_p50_ms=percentile(itls, 50) if itls else None,
         itl_p95_ms=percentile(itls, 95) if itls else None,
@@ -91,9 +95,9 @@ def median_of_runs(runs: Sequence[Summary]) -> Summary:
         return runs[0]
     middle = sorted(runs, key=lambda s: s.p95_ms)[len(runs) // 2]
     fields: dict[str, Any] = {}
-    for name in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "req_per_s", "cached_share", "busiest_share"):
+    for name in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "req_per_s", "cached_share"):
         fields[name] = statistics.median(getattr(s, name) for s in runs)
-    for name in ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms"):
+    for name in ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "busiest_share"):
         values = [v for s in runs if (v := getattr(s, name)) is not None]
         fields[name] = statistics.median(values) if values else None
     fields["errors"] = sum(s.errors for s in runs)
@@ -123,8 +127,10 @@ def table(summaries: Sequence[Summary], title: str) -> Table:
             f"{s.req_per_s:.1f}",
             str(s.errors),
             f"{s.cached_share:.0%}",
-            f"{s.busiest_share:.0%}" if s.busiest_share else "-",
-            " ".join(f"{name}:{count}" for name, count in s.backends.items()) if s.busiest_share else "-",
+            "-" if s.busiest_share is None else f"{s.busiest_share:.0%}",
+            "-"
+            if s.busiest_share is None
+            else " ".join(f"{name}:{count}" for name, count in s.backends.items()),
         )
     return out
 

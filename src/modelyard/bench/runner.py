@@ -15,7 +15,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 import orjson
@@ -37,6 +37,7 @@ class Outcome:
     error: str = ""
     itl: float | None = None  # a stream's mean seconds between chunks after the first (inter-token)
     text: str = ""  # the answer's text (a conversation's next turn quotes it)
+    sent: float = 0.0  # seconds after the run started that it was sent (the warm-up is left out)
 
 
 def _usage(body: object) -> tuple[int, int]:
@@ -101,10 +102,10 @@ async def _send(
                     if not line.startswith(b"data: {"):
                         continue
                     now = time.perf_counter()
-                    if ttft is None:
-                        ttft, first = now - started, now
                     chunk = orjson.loads(line[6:])
-                    if _delta(chunk, pieces):
+                    if _delta(chunk, pieces):  # (from the first token: not a chunk with only a role)
+                        if ttft is None:
+                            ttft, first = now - started, now
                         last, chunks = now, chunks + 1
                     found = _usage(chunk)
                     if found != (0, 0):
@@ -143,7 +144,7 @@ async def run_workload(
     deadline = started + spec.duration if spec.duration else None
     budget = None if spec.duration or not spec.conversations else spec.requests
     sent = 0
-    arrivals = random.Random(spec.seed + 1)
+    arrivals = random.Random(spec.seed + 1)  # (the gaps only: a conversation's pauses are its own)
     connector = aiohttp.TCPConnector(limit=spec.concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
         pending: Iterator[BenchRequest | Conversation] = iter(requests)
@@ -156,27 +157,40 @@ async def run_workload(
         def take() -> BenchRequest | Conversation | None:
             return next(pending, None) if running() else None
 
-        async def record(request: BenchRequest, scheduled: float | None = None) -> Outcome:
+        # Open loop: at most `concurrency` requests in flight (a user thinking holds none); one
+        # that waits for room counts its latency from when it was due, so the wait shows.
+        slots = asyncio.Semaphore(spec.concurrency) if spec.rate is not None else None
+
+        async def record(request: BenchRequest, due: float | None = None) -> Outcome | None:
             nonlocal sent
-            sent += 1
-            outcome = await _send(http, url, model, spec, request, request_timeout, scheduled)
+            if slots is not None:
+                await slots.acquire()
+            try:
+                if not running():  # (checked with the slot held: the budget is never overrun)
+                    return None
+                sent += 1
+                at = time.perf_counter() - started
+                outcome = replace(await _send(http, url, model, spec, request, request_timeout, due), sent=at)
+            finally:
+                if slots is not None:
+                    slots.release()
             outcomes.append(outcome)
             progress(outcome)
             return outcome
 
-        async def play(item: BenchRequest | Conversation, scheduled: float | None = None) -> None:
+        async def play(item: BenchRequest | Conversation, due: float | None = None) -> None:
             if isinstance(item, BenchRequest):
-                await record(item, scheduled)
+                await record(item, due)
                 return
             answers: list[str] = []
             for index in range(len(item.messages)):
-                if index and spec.think_seconds:
-                    await asyncio.sleep(arrivals.expovariate(1.0 / spec.think_seconds))
-                if not running():
-                    return
-                outcome = await record(item.turn(index, answers), scheduled if not index else None)
-                if outcome.status != 200:
-                    return  # a user whose turn failed does not go on
+                if index:
+                    if item.pauses[index - 1]:
+                        await asyncio.sleep(item.pauses[index - 1])  # the user reads, then writes
+                    due = time.perf_counter() if due is not None else None  # (sent now, in an open loop)
+                outcome = await record(item.turn(index, answers), due)
+                if outcome is None or outcome.status != 200:
+                    return  # the run is over, or a user whose turn failed does not go on
                 answers.append(outcome.text)
 
         if spec.rate is None:
@@ -187,22 +201,12 @@ async def run_workload(
 
             await asyncio.gather(*(client() for _ in range(spec.concurrency)))
         else:
-            slots = asyncio.Semaphore(spec.concurrency)
             tasks: set[asyncio.Task[None]] = set()
             due = time.perf_counter()
             while (item := take()) is not None:
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))  # the open loop's pace
-                scheduled = due
+                task = asyncio.create_task(play(item, due))
                 due += arrivals.expovariate(spec.rate)  # Poisson arrivals
-                await slots.acquire()  # at most `concurrency` in flight: later ones wait, and it shows
-
-                async def one(item: BenchRequest | Conversation = item, scheduled: float = scheduled) -> None:
-                    try:
-                        await play(item, scheduled)
-                    finally:
-                        slots.release()
-
-                task = asyncio.create_task(one())
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks)

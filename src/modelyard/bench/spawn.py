@@ -100,15 +100,24 @@ async def _wait_ready(url: str, process: subprocess.Popen[bytes], within: float 
     raise ModelyardError(f"{url} was not ready within {within:g}s")
 
 
+def _signal(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """To the process, or to its whole session when it leads one (a --target command)."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+
+
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
     for process in processes:
         if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+            _signal(process, signal.SIGTERM)
     for process in processes:
         try:
             process.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            process.kill()
+            _signal(process, signal.SIGKILL)
             process.wait(timeout=5)
 
 
@@ -171,7 +180,8 @@ def _launch_target(template: str, worker_urls: list[str], port: int, log: Path) 
             args.append(word.replace("{port}", str(port)).replace("{workers}", ",".join(worker_urls)))
     try:
         with log.open("ab") as out:
-            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            # a session of its own: a wrapper (bash -c, uv run) and the router it starts stop together
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         raise ModelyardError(f"cannot run {args[0]!r}: {exc.strerror or exc}") from None
 

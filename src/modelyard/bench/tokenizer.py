@@ -4,7 +4,9 @@ Precise mode needs the servers' token ids; the sim-workers count whitespace word
 real `tokenizers` tokenizer whose tokens are exactly those words (split at whitespace only, a
 vocabulary of every word the bench and the sim-workers write; any other word, such as a prompt's
 number, is [UNK]) and a chat template whose role markers stand where the sim-worker writes the
-role: a prompt is as many tokens in both, so precise runs cost the servers what the others do.
+role: a prompt is as many tokens in both but one (the template's generation prompt), so precise
+runs cost the servers what the others do. Distinct numbers in prompts ("chat 3.1:") are one
+[UNK]: a prompt's other words tell it apart.
 """
 
 from __future__ import annotations

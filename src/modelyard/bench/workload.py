@@ -94,7 +94,9 @@ class WorkloadSpec(BaseModel):
     requests: int = Field(300, ge=1, description="requests to send (unless duration is set)")
     duration: float | None = Field(None, gt=0, description="send for this many seconds instead")
     concurrency: int = Field(3, ge=1, description="requests in flight at once (closed loop)")
-    rate: float | None = Field(None, gt=0, description="requests per second (open loop) instead")
+    rate: float | None = Field(
+        None, gt=0, description="requests (or conversations) per second, open loop, instead"
+    )
     repeat_share: float = Field(0.5, ge=0, le=1, description="share of user prompts drawn from the pool")
     pool_size: int = Field(40, ge=1, description="prompts in the repeated pool")
     zipf_s: float = Field(1.1, ge=0, description="Zipf exponent of the pool's popularity")
@@ -126,6 +128,12 @@ class WorkloadSpec(BaseModel):
     agent_prompt_tokens: int = Field(1500, ge=0, description="words of an agent's tools and instructions")
     agent_steps: float = Field(5.0, ge=1, description="mean steps of an agent loop (geometric)")
     tool_result_tokens: int = Field(150, ge=1, description="words of each tool result an agent is sent")
+    warmup: float = Field(
+        0.0,
+        ge=0,
+        description="seconds from the start whose requests are sent but not counted (an open loop of "
+        "conversations takes about a conversation's length to reach its rate)",
+    )
 
     @property
     def conversations(self) -> bool:
@@ -170,10 +178,10 @@ PROFILES: dict[str, Profile] = {
 # beside it, with prefix caches of 32k tokens. Sent at 70% of the servers' capacity (`--load`).
 PROFILES["chat"] = Profile(
     WorkloadSpec(
-        requests=400, concurrency=256, system_prompts=4, system_prompt_tokens=200, shared_prefix_share=0.75,
+        concurrency=256, system_prompts=4, system_prompt_tokens=200, shared_prefix_share=0.75,
         prompt_tokens=40, prompt_spread=1.0, output_tokens=120, output_spread=0.6, turns=3.5,
         think_seconds=1.0, agent_share=0.3, agents=2, agent_prompt_tokens=1500, agent_steps=5.0,
-        tool_result_tokens=150, stream=True,
+        tool_result_tokens=150, stream=True, requests=800, warmup=5.0,
     ),
     SimShape(
         max_concurrency=8, prefill_ms_per_token=0.1, decode_ms_per_token=2.0, cache_blocks=2048,
@@ -248,6 +256,7 @@ class Conversation:
     messages: tuple[str, ...]
     max_tokens: tuple[int, ...]
     kind: str  # "chat" or "agent"
+    pauses: tuple[float, ...] = ()  # seconds the user thinks before each turn after the first
 
     def turn(self, index: int, answers: list[str]) -> BenchRequest:
         history = tuple(zip(self.messages[:index], answers[:index], strict=True))
@@ -297,7 +306,9 @@ def iter_conversations(spec: WorkloadSpec) -> Iterator[Conversation]:
             system = rng.choice(systems) if rng.random() < spec.shared_prefix_share else ""
             kind = "chat"
         outputs = tuple(_length(rng, spec.output_tokens, spec.output_spread) for _ in messages)
-        yield Conversation(system, messages, outputs, kind)
+        think = spec.think_seconds
+        pauses = tuple(rng.expovariate(1.0 / think) if think else 0.0 for _ in messages[1:])
+        yield Conversation(system, messages, outputs, kind, pauses)
 
 
 def request_tokens(spec: WorkloadSpec, sample: int = 200) -> tuple[float, float]:

@@ -63,6 +63,7 @@ _WORKLOAD_FLAGS = {
     "output_spread": "--output-spread",
     "think_seconds": "--think-seconds",
     "agent_share": "--agent-share",
+    "warmup": "--warmup",
 }
 
 
@@ -97,7 +98,12 @@ def bench(
     requests: Annotated[int | None, typer.Option(help="Requests per run.")] = None,
     duration: Annotated[float | None, typer.Option(help="Seconds per run instead of a count.")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Requests in flight (closed loop).")] = None,
-    rate: Annotated[float | None, typer.Option(help="Requests per second (open loop).")] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="Requests per second, open loop (Poisson); with conversations, conversations per second."
+        ),
+    ] = None,
     repeat_share: Annotated[float | None, typer.Option(help="Share of prompts repeated from a pool.")] = None,
     pool_size: Annotated[int | None, typer.Option(help="Prompts in the repeated pool.")] = None,
     zipf: Annotated[float | None, typer.Option(help="Zipf exponent of the pool's popularity.")] = None,
@@ -125,6 +131,9 @@ def bench(
     ] = None,
     agent_share: Annotated[
         float | None, typer.Option(help="Share of conversations that are agent loops over long instructions.")
+    ] = None,
+    warmup: Annotated[
+        float | None, typer.Option(help="Seconds from the start whose requests are sent but not counted.")
     ] = None,
     load: Annotated[
         float | None,
@@ -207,6 +216,7 @@ def bench(
         "output_spread": output_spread,
         "think_seconds": think_seconds,
         "agent_share": agent_share,
+        "warmup": warmup,
     }
     try:
         spec = WorkloadSpec.model_validate(
@@ -230,7 +240,12 @@ def bench(
     if batch_slowdown is not None and batch_slowdown < 0:
         _fail("--batch-slowdown: must be 0 or more")
     sims = replace(sims, **{k: v for k, v in shape.items() if v is not None})
-    if load is None and rate is None and spawn and chosen is not None:
+    if load is None and rate is None and chosen is not None and chosen.load is not None:
+        if not spawn:
+            _fail(
+                f"--profile {profile}: sent open loop at a share of the servers' capacity, which is "
+                "known only for workers it starts (--spawn); against a URL give --rate"
+            )
         load = chosen.load
     if load is not None:
         if not spawn:
@@ -304,6 +319,8 @@ def bench(
     where = f"{spawn} spawned sim-workers" if spawn else str(url or ", ".join(targets))
     if spawn and gateway_workers > 1:
         where += f" (gateway: {gateway_workers} workers)"
+    if spec.warmup:
+        pace += f", the first {spec.warmup:g} s not counted"
     title = (
         f"{spec.requests if not spec.duration else f'{spec.duration:g}s of'} requests, "
         f"concurrency {spec.concurrency}{pace}, against {where}"
@@ -431,6 +448,6 @@ async def _bench(
                     assert url is not None
                     run.sending()
                     outcomes, wall = await run_workload(url, model, spec, requests, progress=run.sent)
-            per_run.append(summarize(label, outcomes, wall))
+            per_run.append(summarize(label, outcomes, wall, spec.warmup))
         summaries.append(median_of_runs(per_run))
     return summaries

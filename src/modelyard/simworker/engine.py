@@ -129,7 +129,8 @@ class SimEngine:
 
     def decode_ms(self, steps: int) -> float:
         """`steps` decode steps at the batch running now: each other request running makes a step
-        `batch_slowdown` of a lone one's cost longer (read at each step: the batch changes)."""
+        `batch_slowdown` of a lone one's cost longer (a stream reads it at each step, as the batch
+        changes; an answer sent whole, once, when its steps start)."""
         config = self.config
         batch = 1.0 + config.batch_slowdown * max(0, self.stats.running - 1)
         return config.costs.decode_ms(steps) * batch

@@ -103,3 +103,16 @@ def test_a_template_that_fails_on_a_hostile_body_is_not_an_error(tmp_path: Path)
         nested = [nested]
     view = b.look("x" * 100, NAMES, 0.0, {"messages": [{"role": "user", "content": nested}]})
     assert view.held == {"a": 0, "b": 0}
+
+
+def test_a_quiet_endpoints_frozen_events_do_not_count(tokens: PromptTokens) -> None:
+    b = balancer(tokens)
+    body = chat(words(80, 300))
+    ids = tokens.ids(body)
+    assert ids is not None and b.kv is not None
+    store(b, "a", ids, len(ids) // SIZE)
+    prompt = prompt_of(body)
+    assert b.look(prompt, NAMES, 0.0, body).held["a"] > 0
+    for _ in range(8):
+        b.kv.answered("a")  # answers go on, events stopped: what they said may be long gone
+    assert b.look(prompt, NAMES, 3600.0, body).held["a"] == 0

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from kv_tokenizer import ids, make_tokenizer, words
 from modelyard.balancing.tokens import PromptTokens, TokenCache, TokenizerError
@@ -134,6 +134,7 @@ def test_the_token_cache_gives_what_the_tokenizer_gives(kind: str) -> None:
         tokenizer.post_processor = processors.TemplateProcessing(
             single="<s> $A", special_tokens=[("<s>", tokenizer.token_to_id("<s>"))]
         )
+    assert TokenCache.agrees_with(tokenizer)
     cache = TokenCache(capacity=5000)
     heads = [" ".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 400))) for _ in range(8)]
     for _ in range(120):
@@ -146,3 +147,24 @@ def test_the_token_cache_gives_what_the_tokenizer_gives(kind: str) -> None:
             cache.encode(tokenizer, text, special) == tokenizer.encode(text, add_special_tokens=special).ids
         )
     assert cache.found > 50  # (the cache was used: many prompts started with chunks seen before)
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "prepend"])
+def test_a_tokenizer_that_marks_where_a_text_starts_gets_no_cache_and_its_own_ids(kind: str) -> None:
+    """SentencePiece's tokenizers (Llama 2, Mistral) put "▁" in front of the text they are given,
+    so a prompt's rest tokenizes differently from the same text inside the prompt."""
+    rng = random.Random(6)
+    corpus = [" ".join(f"w{rng.randrange(300)}" for _ in range(30)) for _ in range(300)]
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    if kind == "metaspace":
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    else:
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]"], show_progress=False)
+    )
+    assert not TokenCache.agrees_with(tokenizer)
+    tokens = PromptTokens(tokenizer)
+    assert tokens.cache is None
+    text = " ".join(corpus[:40])
+    assert tokens.ids({"prompt": text}) == tokenizer.encode(text).ids

@@ -73,3 +73,14 @@ def test_capacity_is_what_full_slots_serve_with_nothing_cached():
     longer, _ = request_tokens(chat.workload)
     single, _ = request_tokens(chat.workload.model_copy(update={"turns": 1.0, "agent_share": 0.0}))
     assert longer > 2 * single
+
+
+def test_the_warm_up_is_sent_but_not_counted():
+    from modelyard.bench import Outcome, summarize
+
+    early = Outcome(200, 5.0, None, "w0", 10, 0, "chat", sent=1.0)
+    late = [Outcome(200, 0.1, None, "w1", 10, 5, "chat", sent=6.0 + i) for i in range(4)]
+    counted = summarize("s", [early, *late], wall=10.0, warmup=5.0)
+    assert counted.requests == 4 and counted.p99_ms == 100.0 and counted.backends == {"w1": 4}
+    assert counted.req_per_s == 4 / 5.0 and counted.cached_share == 0.5
+    assert summarize("s", [early, *late], wall=10.0).requests == 5

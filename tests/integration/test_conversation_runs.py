@@ -37,3 +37,13 @@ async def test_an_open_loop_of_conversations_stops_at_the_requests_asked_for(sim
     )
     outcomes, _ = await run_workload(worker.url, "sim-model", spec, iter_conversations(spec))
     assert len(outcomes) == 25 and {o.kind for o in outcomes} == {"chat", "agent"}
+
+
+async def test_a_user_thinking_holds_no_request_slot_and_later_turns_count_from_when_sent(sim_workers):
+    """Open loop, one request in flight at most: conversations whose users think for a while
+    between turns do not keep the others out, and no turn's latency includes a think pause."""
+    (worker,) = await sim_workers(1)
+    spec = WorkloadSpec(requests=12, concurrency=1, rate=100.0, turns=3.0, think_seconds=0.2, output_tokens=2)
+    outcomes, _ = await run_workload(worker.url, "sim-model", spec, iter_conversations(spec))
+    assert len(outcomes) == 12
+    assert max(o.latency for o in outcomes) < 0.15  # (a pause is 0.2 s on average)
