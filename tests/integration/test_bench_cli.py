@@ -73,7 +73,8 @@ def test_conversations_precise_mode_and_another_router_in_one_table(tmp_path):
     )
     out = tmp_path / "bench.json"
     done = bench(
-        "--spawn", "2", "--profile", "chat", "--requests", "24", "--warmup", "0", "--strategies", "prefix_aware:precise",
+        "--spawn", "2", "--profile", "chat", "--requests", "24", "--warmup", "0",
+        "--strategies", "prefix_aware:precise",
         "--target", f"stand-in={sys.executable} {router} {{port}} {{workers}}", "--out", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
