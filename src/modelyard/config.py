@@ -190,6 +190,17 @@ class ListenConfig(_Strict):
     )
 
 
+def _host_and_port(url: str, schemes: tuple[str, ...]) -> bool:
+    """Whether `url` is scheme://host:port and nothing more (no path, query, fragment or user)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    extra = parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc
+    return parts.scheme in schemes and bool(parts.hostname) and bool(port) and not extra
+
+
 class EndpointConfig(_Strict):
     """One upstream inference server serving the model."""
 
@@ -229,13 +240,7 @@ class EndpointConfig(_Strict):
     def _zmq_tcp_url(cls, url: str | None) -> str | None:
         if not url:
             return url
-        parts = urlsplit(url)
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        extra = parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc
-        if parts.scheme != "tcp" or not parts.hostname or parts.hostname == "*" or not port or extra:
+        if not _host_and_port(url, ("tcp",)) or urlsplit(url).hostname == "*":
             raise ValueError(
                 "expected tcp://host:port with the server's host (not vLLM's bind address tcp://*:port), "
                 "e.g. tcp://127.0.0.1:5557"
@@ -261,13 +266,7 @@ class EndpointConfig(_Strict):
     def _grpc_url(cls, url: str) -> str:
         if not url:
             return url
-        parts = urlsplit(url)
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        extra = parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc
-        if parts.scheme not in ("grpc", "grpcs") or not parts.hostname or not port or extra:
+        if not _host_and_port(url, ("grpc", "grpcs")):
             raise ValueError("expected grpc://host:port (grpcs:// over TLS), e.g. grpc://127.0.0.1:8081")
         return url.rstrip("/")
 

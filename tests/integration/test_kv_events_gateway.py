@@ -118,6 +118,22 @@ async def until_live(http, gateway, vllm: FakeVllm, name: str) -> None:
     await wait_until(live, interval=0.02)
 
 
+@pytest.fixture
+def one_live(sim_workers, gateways, http, vllms, tmp_path):
+    """`await one_live(**prefix_aware)`: a gateway in precise mode over one sim-worker (w0) whose
+    events a FakeVllm publishes, its index live; (gateway, that publisher, the PromptTokens)."""
+
+    async def make(**prefix: Any) -> tuple[Any, FakeVllm, PromptTokens]:
+        folder = make_tokenizer(tmp_path)
+        workers = await sim_workers(1)
+        (vllm,) = vllms(1)
+        gateway = await gateways([precise_model(workers, [vllm], folder, **prefix)])
+        await until_live(http, gateway, vllm, "w0")
+        return gateway, vllm, PromptTokens.load(folder)
+
+    return make
+
+
 def precise_model(workers, vllms_: list[FakeVllm], folder: Path, **prefix: Any) -> dict[str, Any]:
     config = model_config("m", workers, strategy="prefix_aware")
     for endpoint, vllm in zip(config["endpoints"], vllms_, strict=False):
@@ -164,13 +180,8 @@ async def test_requests_go_where_the_events_say_their_prompt_is_cached(
     )
 
 
-async def test_a_gap_is_filled_from_the_replay_endpoint(sim_workers, gateways, http, vllms, tmp_path):
-    folder = make_tokenizer(tmp_path)
-    tokens = PromptTokens.load(folder)
-    workers = await sim_workers(1)
-    (a,) = vllms(1)
-    gateway = await gateways([precise_model(workers, [a], folder)])
-    await until_live(http, gateway, a, "w0")
+async def test_a_gap_is_filled_from_the_replay_endpoint(one_live, http):
+    gateway, a, tokens = await one_live()
     await a.publish(stored_for(tokens, chat(1), 4, 10), send=False)  # lost on the way
     await a.publish(stored_for(tokens, chat(2), 4, 20))
 
@@ -182,15 +193,8 @@ async def test_a_gap_is_filled_from_the_replay_endpoint(sim_workers, gateways, h
     assert state["state"] == "live" and state["precise"] and "gaps" not in state["counts"]
 
 
-async def test_a_gap_nothing_can_fill_falls_back_and_rebuilds(
-    sim_workers, gateways, http, vllms, tmp_path, caplog
-):
-    folder = make_tokenizer(tmp_path)
-    tokens = PromptTokens.load(folder)
-    workers = await sim_workers(1)
-    (a,) = vllms(1)
-    gateway = await gateways([precise_model(workers, [a], folder)])
-    await until_live(http, gateway, a, "w0")
+async def test_a_gap_nothing_can_fill_falls_back_and_rebuilds(one_live, http, caplog):
+    gateway, a, tokens = await one_live()
     a.seq += 3  # three batches neither sent nor kept for replay
     await a.publish(stored_for(tokens, chat(1), 4, 10))
 
@@ -213,14 +217,8 @@ async def test_a_gap_nothing_can_fill_falls_back_and_rebuilds(
     await wait_until(live)
 
 
-async def test_garbage_and_malformed_messages_are_counted_and_never_stop_the_gateway(
-    sim_workers, gateways, http, vllms, tmp_path
-):
-    folder = make_tokenizer(tmp_path)
-    workers = await sim_workers(1)
-    (a,) = vllms(1)
-    gateway = await gateways([precise_model(workers, [a], folder)])
-    await until_live(http, gateway, a, "w0")
+async def test_garbage_and_malformed_messages_are_counted_and_never_stop_the_gateway(one_live, http):
+    gateway, a, _ = await one_live()
     await a.publish(payload=b"\xc1\xc1 not msgpack")
     await a.pub.send_multipart([b"only one frame"])
     await a.pub.send_multipart([b"", b"short", b"x"])
@@ -235,14 +233,8 @@ async def test_garbage_and_malformed_messages_are_counted_and_never_stop_the_gat
     assert (await overview_kv(http, gateway))["w0"]["state"] == "rebuilding"
 
 
-async def test_events_that_stop_while_answers_go_on_fall_back_until_they_resume(
-    sim_workers, gateways, http, vllms, tmp_path
-):
-    folder = make_tokenizer(tmp_path)
-    workers = await sim_workers(1)
-    (a,) = vllms(1)
-    gateway = await gateways([precise_model(workers, [a], folder, kv_stale_after="200ms")])
-    await until_live(http, gateway, a, "w0")
+async def test_events_that_stop_while_answers_go_on_fall_back_until_they_resume(one_live, http):
+    gateway, a, _ = await one_live(kv_stale_after="200ms")
     await a.publish(BlockStored([1], None, [1] * BLOCK, BLOCK))  # (a block size: the index is usable)
 
     async def stored() -> bool:  # (before the answers: a batch resets their count)
@@ -340,14 +332,8 @@ async def test_the_whole_loop_on_sim_workers_that_publish_their_cache(sim_worker
     )
 
 
-async def test_a_hostile_chat_body_is_routed_approximately_not_failed(
-    sim_workers, gateways, http, vllms, tmp_path
-):
-    folder = make_tokenizer(tmp_path)
-    workers = await sim_workers(1)
-    (a,) = vllms(1)
-    gateway = await gateways([precise_model(workers, [a], folder)])
-    await until_live(http, gateway, a, "w0")
+async def test_a_hostile_chat_body_is_routed_approximately_not_failed(one_live, http):
+    gateway, a, _ = await one_live()
     await a.publish(BlockStored([1], None, [1] * BLOCK, BLOCK))
     nested = "[" * 1000 + '"x"' + "]" * 1000  # deeper than the template's renderer recurses
     body = '{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": ' + nested + "}]}"

@@ -47,28 +47,16 @@ def tokenizer(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def start_sim(tokenizer: Path) -> AsyncIterator[StartSim]:
-    """`await start_sim(**config)`: a worker publishing events on free ports, blocks of BLOCK."""
-    started: list[SimWorker] = []
+def start_sim(tokenizer: Path, sim_workers: Any) -> StartSim:
+    """`await start_sim(**config)`: a worker publishing events on free ports, blocks of BLOCK
+    (conftest's `sim_workers`, which stops it)."""
 
     async def start(**overrides: Any) -> SimWorker:
-        settings = {
-            **FAST,
-            "port": 0,
-            "tokenizer": tokenizer,
-            "kv_events_port": 0,
-            "kv_replay_port": 0,
-            "block_tokens": BLOCK,
-            **overrides,
-        }
-        worker = SimWorker(SimWorkerConfig(**settings))
-        await worker.start()
-        started.append(worker)
+        settings = {"tokenizer": tokenizer, "kv_events_port": 0, "kv_replay_port": 0, "block_tokens": BLOCK}
+        (worker,) = await sim_workers(1, **{**settings, **overrides})
         return worker
 
-    yield start
-    for worker in started:
-        await worker.stop()
+    return start
 
 
 class Sockets:
