@@ -11,6 +11,7 @@ the HTTP round trips. The clients are a closed loop of `concurrency`, as `modely
     .venv/bin/python benchmarks/routing_sim.py                      # inferflow: c=3, 1 slot each
     .venv/bin/python benchmarks/routing_sim.py --concurrency 6 --slots 2
     .venv/bin/python benchmarks/routing_sim.py --grid 300 --seeds 3   # prefix_aware vs least_pending
+    .venv/bin/python benchmarks/routing_sim.py --profile chat --load 0.9  # conversations: chat_sim.py
 
 `--grid N` runs prefix_aware against least_pending at N points of GRID, a grid of workload shapes
 (slots, load, prompt and output lengths, the spread of answer lengths, cache size, costs, repeat
@@ -122,6 +123,9 @@ class Router:
     def prefilled(self, worker: Worker, job: Job, prefill: Prefill, now: float) -> None:
         """The worker admitted `job`: what its cache stored and evicted (its KV events)."""
 
+    def answering(self, worker: Worker, index: int, job: Job) -> None:
+        """The worker's headers for `index` came (a stream's: before its first token)."""
+
 
 class Strategy(Router):
     """A modelyard strategy by name, through the gateway's own Balancer (balancing/balancer.py),
@@ -147,6 +151,7 @@ class Strategy(Router):
         self.affinity: dict[str, str] = {}
         # job -> (worker, kv_aware's cache hit, the prompt's chunks, the service sample)
         self.sent: dict[int, tuple[str, bool | None, list[int] | None, Sample | None]] = {}
+        self.answered: set[int] = set()  # jobs whose headers came (their prefix is remembered)
         self.prefix = Need.PREFIX in self.balancer.strategy.needs
 
     def pick(self, cluster: Cluster, jobs: Sequence[Job], index: int, now: float, rng: random.Random) -> int:
@@ -183,13 +188,21 @@ class Strategy(Router):
         events = prefill_events(prefill, job.ids, BLOCK_TOKENS)
         kv.apply(worker.name, seq, encode_batch(KVEventBatch(ts=now, events=list(events))), now)
 
-    def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
-        name, cache_hit, chunks, sample = self.sent.pop(index)
+    def answering(self, worker: Worker, index: int, job: Job) -> None:
+        # As the proxy does once the server's 200 came: a stream's before it is relayed.
+        name, cache_hit, chunks, _ = self.sent[index]
+        self.answered.add(index)
         if not cache_hit:  # proxy._remember: a miss (a new prefix, or the guard's detour) remembers
             self.affinity[job.prompt[: self.prefix_chars]] = name
-        self.balancer.on_ended(name, index)
         if chunks is not None:
             self.balancer.on_cached(name, chunks)  # every simulated answer is a 200
+
+    def ended(self, worker: Worker, index: int, now: float, job: Job) -> None:
+        if index not in self.answered:  # (an answer sent whole: its headers come with it)
+            self.answering(worker, index, job)
+        self.answered.discard(index)
+        name, _, _, sample = self.sent.pop(index)
+        self.balancer.on_ended(name, index)
         self.balancer.on_served(sample, now)
 
 
@@ -426,7 +439,14 @@ def main() -> None:
         help="prefix_aware against least_pending over N points of GRID (0: all)",
     )
     parser.add_argument("--precise", action="store_true", help="with --grid: prefix_aware:precise too")
-    args = parser.parse_args()
+    args, rest = parser.parse_known_args()
+    if PROFILES[args.profile].workload.conversations:  # (open loop, batching servers: chat_sim.py)
+        import chat_sim
+
+        chat_sim.main(sys.argv[1:])
+        return
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.grid is not None:
         grid(args)
         return

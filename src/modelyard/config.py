@@ -321,12 +321,12 @@ class PrefixAwareConfig(_Strict):
         description="chunks remembered per endpoint, least recently used dropped: size it "
         "like a server's prefix cache (its tokens x about 4 characters / chunk_chars)",
     )
-    load_margin: int = Field(
-        1,
+    load_margin: int | None = Field(
+        None,
         ge=0,
         description="requests in flight an endpoint may have beyond the least loaded one and still be "
         "chosen for the prefix it holds, when it would finish the request first (0: the cache only "
-        "decides among the least loaded)",
+        "decides among the least loaded; null: half of `slots`, at least 1)",
     )
     slots: int = Field(
         1,

@@ -102,6 +102,24 @@ def test_an_endpoint_beyond_the_margin_is_never_chosen_however_much_it_holds():
     assert views[strategy.pick(views, ctx, random.Random(0)).index].name == "a"
 
 
+@pytest.mark.parametrize(("slots", "busier", "chosen"), [(1, 2, "a"), (8, 4, "b"), (8, 5, "a"), (4, 2, "b")])
+def test_by_default_the_margin_is_half_the_slots_as_one_more_request_is_only_a_larger_batch(
+    slots, busier, chosen
+):
+    """A server that works on 8 requests at once: 4 more in flight is a larger batch, not a queue,
+    and the chat's history it holds is worth that (benchmarks/chat_sim.py)."""
+    model = ModelConfig(name="m", endpoints=[{"url": "http://127.0.0.1:1"}], prefix_aware={"slots": slots})
+    strategy = build_strategy("prefix_aware", model)
+    views = [FakeEndpoint("a", 0), FakeEndpoint("b", busier)]
+    ctx = RoutingContext(
+        RoutingRequest("m", prompt="x" * 6400),
+        prefix={"b": 100},
+        waits={"a": 0.0, "b": 0.0},
+        service=(1.0, 0.0, 10_000.0),
+    )
+    assert views[strategy.pick(views, ctx, random.Random(0)).index].name == chosen
+
+
 def test_with_no_prefix_held_it_is_least_pending_and_says_no_hit():
     assert pick({"a": 3, "b": 1, "c": 2}, {}) == ("b", False)
     assert pick({"a": 3, "b": 1, "c": 2}, {"a": 5}) == ("b", False)  # a is beyond the margin
