@@ -948,7 +948,9 @@ async def test_the_retry_budget_counts_retries_in_flight(upstreams, gateways, ht
         await first
 
 
-async def test_a_client_leaving_during_the_affinity_write_frees_the_endpoint(sim_workers, http):
+async def test_a_client_leaving_during_the_affinity_write_frees_the_endpoint_and_is_logged_once(
+    sim_workers, http
+):
     from modelyard.config import validate_config
     from modelyard.gateway import start_gateway
     from modelyard.state import MemoryState
@@ -972,6 +974,9 @@ async def test_a_client_leaving_during_the_affinity_write_frees_the_endpoint(sim
             return await metric_value(http, gateway.url, "modelyard_backend_in_flight", backend="w0") == 0
 
         await wait_until(freed)
+        async with http.get(gateway.url + "/admin/log") as response:
+            records = (await response.json())["records"]
+        assert [(r["backend"], r["status"]) for r in records] == [("w0", 499)]  # closed once, as a 499
     finally:
         await gateway.stop()
 

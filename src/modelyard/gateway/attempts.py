@@ -35,10 +35,9 @@ from modelyard.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
+from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger
 from modelyard.gateway.metrics import GatewayMetrics
-from modelyard.gateway.routing_log import Entry, RoutingRecord
 from modelyard.protocols.http import RawHeaders
 from modelyard.rpc import OipChannels
 from modelyard.telemetry import Span, safe_text
@@ -56,7 +55,6 @@ def grpc_metadata(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k.lower(), v) for k, v in headers if k.lower() not in _NOT_METADATA]
 
 
-CLIENT_CLOSED = 499  # nginx's code for "client closed the request": metrics, routing and access log
 WARN_EVERY = 10.0  # seconds between warnings about requests failed on one endpoint
 _MAX_WARNED = 1024  # endpoints remembered for that; more (placed models coming and going) start afresh
 
@@ -120,19 +118,19 @@ class AttemptLoop:
         grpc: OipChannels,
         metrics: GatewayMetrics,
         rng: random.Random,
-        access: AccessLog | None = None,
+        ledger: Ledger,
     ) -> None:
         self._pool = pool
         self._grpc = grpc
         self._metrics = metrics
-        self._log = metrics.routing_log
         self._rng = rng
-        self._access = access  # None: logging.access_log is off
+        self._ledger = ledger  # where a try or the exchange is counted and its endpoint freed
         self._warned: dict[tuple[str, str], tuple[float, int]] = {}  # (model, endpoint): (when, not logged)
 
     async def run(self, ex: Exchange) -> Attempt:
-        """Try, and retry as the route allows. Returns with the endpoint acquired and the response
-        head received; the caller ends the exchange with `finish`."""
+        """Try, and retry as the route allows. Returns with the endpoint held and the answer's
+        head received (also `ex.held`, `ex.answer`), for the caller to relay and close the
+        exchange (the ledger's `close`); a request that fails for good is closed here, then raised."""
         cluster, route = ex.cluster, ex.route
         retries_policy = route.retries
         # The route's timeout covers every try, the waits and the answer's body: each try gets what
@@ -150,6 +148,7 @@ class AttemptLoop:
                     chosen if chosen is not None else await self._wait_for_room(ex, tried, deadline, None)
                 )
                 started = time.perf_counter()
+                ex.held = (endpoint, pick, started)
                 ex.tries += 1
                 span = None
                 headers = ex.headers
@@ -162,12 +161,11 @@ class AttemptLoop:
                 try:
                     outcome = await self._try(ex, endpoint, deadline, flight, headers)
                 except BaseException as exc:  # cancelled (the client left), or the route's time is up
-                    cluster.release(endpoint, ex.tokens, id(ex))
                     code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
                     if span is not None:
                         span.answered(code, exc if isinstance(exc, ModelyardError) else None)
                         span.end()
-                    self._observe(ex, endpoint, code, started, pick.cache_hit, final=True)
+                    self._ledger.close(ex, code)
                     raise
                 finally:
                     cluster.answered(endpoint, flight)
@@ -185,8 +183,9 @@ class AttemptLoop:
                     latency = None if failed else time.perf_counter() - started
                     cluster.record_outcome(endpoint, not failed, latency, time.monotonic())
                 if not outcome.reason:
-                    assert outcome.response is not None
-                    return Attempt(endpoint, pick, outcome.response)
+                    answer = ex.answer = outcome.response
+                    assert answer is not None
+                    return tuple.__new__(Attempt, (endpoint, pick, answer))
                 # A failed try: free the endpoint and decide whether to go again. It is counted here
                 # when it ends here (retried or raised); an answer relayed as it is counts once, later.
                 tried.append(endpoint)
@@ -199,12 +198,11 @@ class AttemptLoop:
                 ):
                     charge = policy.charged_to_budget(outcome.error)
                     if not charge or self._budget_allows(ex):
-                        self._observe(ex, endpoint, outcome.code, started, pick.cache_hit, final=False)
                         retries += 1
                         self._metrics.retries.labels(cluster.name, route.name, outcome.reason).inc()
                         if outcome.response is not None:
                             outcome.response.close()
-                        cluster.release(endpoint, ex.tokens, id(ex))
+                        self._ledger.try_ended(ex, outcome.code)
                         if charge:
                             cluster.budget.retry_started()
                             charged = True
@@ -214,16 +212,15 @@ class AttemptLoop:
                         try:
                             await asyncio.sleep(pause)
                         except asyncio.CancelledError:  # the client left between tries
-                            self._given_up(ex, CLIENT_CLOSED)
+                            self._give_up(ex, CLIENT_CLOSED)
                             raise
                         continue
                 if outcome.response is not None and not out_of_time:
-                    return Attempt(endpoint, pick, outcome.response)  # not retried: relay it as it is
+                    ex.answer = outcome.response  # not retried: relay it as it is
+                    return Attempt(endpoint, pick, outcome.response)
                 if outcome.response is not None:
                     outcome.response.close()
-                cluster.release(endpoint, ex.tokens, id(ex))
-                code = 504 if out_of_time else outcome.code
-                self._observe(ex, endpoint, code, started, pick.cache_hit, final=True)
+                self._ledger.close(ex, 504 if out_of_time else outcome.code)
                 failure = _out_of_time(ex) if out_of_time else outcome.error
                 assert failure is not None
                 if outcome.reason == "connect-failure" and len(tried) > 1 and not out_of_time:
@@ -238,13 +235,6 @@ class AttemptLoop:
         finally:
             if charged:
                 cluster.budget.retry_ended()
-
-    def finish(self, ex: Exchange, attempt: Attempt, code: int) -> None:
-        """The end of an exchange that got an answer: the connection back to its pool (or closed),
-        the endpoint's slot freed, the request counted once with the status it really ended with."""
-        attempt.response.close()
-        ex.cluster.release(attempt.endpoint, ex.tokens, id(ex))
-        self._observe(ex, attempt.endpoint, code, ex.started, attempt.pick.cache_hit, final=True)
 
     async def _try(
         self,
@@ -305,14 +295,12 @@ class AttemptLoop:
 
     async def hold(self, ex: Exchange, only: Callable[[Endpoint], bool]) -> tuple[Endpoint, Pick]:
         """An endpoint for a whole stream (a relayed gRPC ModelStreamInfer), among those `only`
-        admits, chosen and waited for as a try is; it holds a slot until `let_go`. No retries: once
-        the stream has begun, its answers may already be on their way."""
-        return await self._choose(ex, [], None, only)
-
-    def let_go(self, ex: Exchange, endpoint: Endpoint, pick: Pick, code: int) -> None:
-        """The end of a held stream: the slot freed, the stream counted once with how it ended."""
-        ex.cluster.release(endpoint, ex.tokens, id(ex))
-        self._observe(ex, endpoint, code, ex.started, pick.cache_hit, final=True)
+        admits, chosen and waited for as a try is; it holds a slot (`ex.held`, timed from the
+        exchange's start) until the exchange is closed. No retries: once the stream has begun, its
+        answers may already be on their way."""
+        endpoint, pick = await self._choose(ex, [], None, only)
+        ex.held = (endpoint, pick, ex.started)
+        return endpoint, pick
 
     async def _choose(
         self,
@@ -346,7 +334,7 @@ class AttemptLoop:
         if not healthy:
             if ex.counted:
                 self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, 503, 0.0)
-                self._unrouted(ex, 503)
+            self._ledger.close(ex, 503)
             raise NoHealthyEndpoint(
                 f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
                 headers={"Retry-After": "1"},
@@ -369,7 +357,7 @@ class AttemptLoop:
             return endpoint, pick
         if only is not None:  # a stream does not wait in the queue: the requests there want any
             self._metrics.overloaded.labels(cluster.name).inc()
-            self._unrouted(ex, Overloaded.status)
+            self._ledger.close(ex, Overloaded.status)
             raise Overloaded(f"model {cluster.name!r} is at capacity: every endpoint it could go to is full")
         return None
 
@@ -393,10 +381,10 @@ class AttemptLoop:
             except ModelyardError as exc:
                 if ex.counted:
                     self._metrics.overloaded.labels(cluster.name).inc()
-                    self._unrouted(ex, exc.status)
+                self._ledger.close(ex, exc.status)
                 raise
             except asyncio.CancelledError:  # the client left while its request waited for room
-                self._given_up(ex, CLIENT_CLOSED)
+                self._give_up(ex, CLIENT_CLOSED)
                 raise
             chosen = self._pick_now(ex, tried, only, queued_first=False)
             if chosen is not None:
@@ -408,42 +396,14 @@ class AttemptLoop:
         self._metrics.retry_budget_exhausted.labels(ex.cluster.name, ex.route.name).inc()
         return False
 
-    def _observe(
-        self,
-        ex: Exchange,
-        endpoint: Endpoint,
-        code: int,
-        started: float,
-        cache_hit: bool | None,
-        *,
-        final: bool,
-    ) -> None:
-        """Count a try that ended here, or an answer: metrics and the routing log; `final`: the
-        exchange ends with it (its access log line and its span's outcome)."""
-        if ex.counted:
-            now = time.perf_counter()
-            seconds = now - started
-            cluster = ex.cluster
-            strategy = cluster.balancer.strategy.name
-            self._metrics.observe_request(cluster.name, endpoint.name, strategy, code, seconds)
-            record = self._log.record(
-                cluster.name, ex.route.name, ex.subset, endpoint.name, strategy, code, seconds, cache_hit,
-                ex.request_id,
-            )  # fmt: skip
-            if final and (ex.span is not None or self._access is not None):
-                self._ended(ex, record, now - ex.started)
-
-    def _given_up(self, ex: Exchange, code: int) -> None:
+    def _give_up(self, ex: Exchange, code: int) -> None:
         """A request that ended between tries or before its first (cancelled while it waited for
-        room or for its backoff): counted, unless a try of it already was, and logged without an
-        endpoint."""
-        if ex.counted:
-            if ex.tries == 0:
-                seconds = time.perf_counter() - ex.started
-                self._metrics.observe_request(
-                    ex.cluster.name, "", ex.cluster.balancer.strategy.name, code, seconds
-                )
-            self._unrouted(ex, code)
+        room or for its backoff): counted, unless a try of it already was, and closed."""
+        if ex.counted and ex.tries == 0:
+            cluster = ex.cluster
+            seconds = time.perf_counter() - ex.started
+            self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, code, seconds)
+        self._ledger.close(ex, code)
 
     def _warn_failed(self, ex: Exchange, endpoint: Endpoint, failure: ModelyardError) -> None:
         """A request that failed for good: a warning, at most one per endpoint every WARN_EVERY
@@ -464,33 +424,6 @@ class AttemptLoop:
             ex.cluster.name, safe_text(ex.request_id) or "-", ex.tries, "y" if ex.tries == 1 else "ies",
             endpoint.name, failure.message, more, extra={"request_id": safe_text(ex.request_id)},
         )  # fmt: skip
-
-    def _unrouted(self, ex: Exchange, code: int) -> None:
-        """A request that got no endpoint (none healthy, or no room in time): logged without one."""
-        cluster = ex.cluster
-        seconds = time.perf_counter() - ex.started
-        record = self._log.record(
-            cluster.name, ex.route.name, ex.subset, "", cluster.balancer.strategy.name, code, seconds, None,
-            ex.request_id,
-        )  # fmt: skip
-        if ex.span is not None or self._access is not None:
-            self._ended(ex, record, seconds)
-
-    def _ended(self, ex: Exchange, entry: Entry, seconds: float) -> None:
-        """The request's outcome, as the routing log recorded it, for its span and the access log:
-        one record, so the three never disagree. `seconds`: the whole request's (the record's
-        latency is its last try's, which is the dashboard's)."""
-        record = RoutingRecord(*entry)
-        span = ex.span
-        if span is not None:
-            span.set("modelyard.route", record.route)
-            span.set("modelyard.subset", record.subset)
-            span.set("modelyard.backend", record.backend)
-            span.set("modelyard.attempts", ex.tries)
-            span.answered(record.status)
-        if self._access is not None:
-            trace_id = span.trace_id if span is not None else None
-            self._access.write(record, ex.method, ex.path, ex.tries, ex.sent_bytes, trace_id, seconds * 1000)
 
 
 def try_span(parent: Span, ex: Exchange, endpoint: Endpoint, retry: int, grpc_method: str | None) -> Span:

@@ -1,19 +1,20 @@
 """One exchange in flight: what was asked, where it is going, when it started.
 
 Built once per request by the proxy and handed along (attempt loop, relay, shadow copy) instead of
-long parameter lists.
+long parameter lists; opened and closed once by the ledger (ledger.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from modelyard.balancing import Pick, RoutingContext
 from modelyard.balancing.balancer import Sample
 from modelyard.cluster import Endpoint
 from modelyard.config import RouteConfig
+from modelyard.gateway.capture import Capture
 from modelyard.gateway.cluster import Cluster
 from modelyard.protocols.http import RawHeaders
 from modelyard.rpc import OipCall
@@ -55,7 +56,9 @@ class Exchange:
     tokens: int  # the request's estimated cost, counted on the endpoint while it runs
     started: float  # perf_counter
     request_id: str = ""
-    counted: bool = True  # False for shadow copies: client metrics describe what clients got
+    # False for shadow copies: client metrics describe what clients got, and the retry budget counts
+    # clients' requests only
+    counted: bool = True
     # prefix_aware: the last try's sample, for learning the service time (Balancer.on_served)
     service_sample: Sample | None = None
     # An OIP gRPC call: relayed as it is to an endpoint with a grpc_url; to the others as the REST
@@ -65,6 +68,13 @@ class Exchange:
     tries: int = 0  # endpoints tried so far (the access log's and the span's attempts)
     sent_bytes: int = 0  # body bytes relayed to the client (or read, for the gateway's own calls)
     span: Span | None = None  # tracing on: the request's span, the parent of each try's span
+    # What the ledger (ledger.py) closes: the endpoint whose slot the exchange holds now, with its
+    # pick and when its try started; the answer being relayed from it; the shadow comparison's
+    # capture of the primary answer, told when the exchange ended.
+    held: tuple[Endpoint, Pick, float] | None = None
+    answer: Answer | None = None
+    capture: Capture | None = None
+    closed: bool = False
 
     def shadow(self, route: RouteConfig, subset: str) -> Exchange:
         """A copy of this exchange for the mirror subset (marked, so servers can tell). It has no
@@ -76,12 +86,16 @@ class Exchange:
             headers=[*self.headers, ("X-Modelyard-Shadow", "true")],
             counted=False,
             span=None,
+            held=None,
+            answer=None,
+            capture=None,
+            closed=False,
         )
 
 
-@dataclass(slots=True)
-class Attempt:
-    """The try that answered: the endpoint holds a slot until the exchange ends."""
+class Attempt(NamedTuple):
+    """The try that answered: the endpoint holds a slot until the exchange is closed. (A tuple:
+    made with tuple.__new__, without a Python-level __init__.)"""
 
     endpoint: Endpoint
     pick: Pick

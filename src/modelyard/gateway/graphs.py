@@ -19,8 +19,8 @@ from aiohttp import web
 
 from modelyard.errors import GraphInvalid, ModelNotPlaced, ModelyardError, NotFound
 from modelyard.gateway.access_log import AccessLog
-from modelyard.gateway.attempts import CLIENT_CLOSED
 from modelyard.gateway.cluster import Cluster
+from modelyard.gateway.ledger import CLIENT_CLOSED
 from modelyard.gateway.proxy import REQUEST_ID_HEADER, Proxy
 from modelyard.graph import (
     Graph,

@@ -15,10 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
 from modelyard.errors import BadRequest, ModelyardError, PayloadTooLarge
-from modelyard.gateway.attempts import CLIENT_CLOSED
 from modelyard.gateway.errors import REQUEST_ID, error_answer, internal_error
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
+from modelyard.gateway.ledger import CLIENT_CLOSED
 from modelyard.protocols import oip, openai
 from modelyard.serving import draining
 from modelyard.serving.h1 import H1Request, Handler

@@ -15,7 +15,7 @@ import itertools
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NamedTuple
 
 from multidict import CIMultiDict
@@ -24,15 +24,10 @@ from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
 from modelyard.errors import ModelyardError, UpstreamError, UpstreamUnreachable
 from modelyard.gateway.access_log import AccessLog
-from modelyard.gateway.attempts import (
-    CLIENT_CLOSED,
-    GRPC_CONTENT_TYPE,
-    AttemptLoop,
-    grpc_metadata,
-    try_span,
-)
+from modelyard.gateway.attempts import GRPC_CONTENT_TYPE, AttemptLoop, grpc_metadata, try_span
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
+from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger, ended_with
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.relay import Relay
 from modelyard.gateway.shadow import ShadowTraffic
@@ -42,7 +37,7 @@ from modelyard.rpc import OipCall, OipChannels
 from modelyard.serving.h1 import H1Request
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
-from modelyard.telemetry import Kind, Span, Tracer
+from modelyard.telemetry import Kind, Tracer
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool, forwarded_headers, not_relayed
 
@@ -89,15 +84,15 @@ class Proxy:
         if not NOT_RELAYED.issubset(pool.relay_drop):  # answers' `relayed` leave out what is set here
             raise ValueError("the proxy's upstream pool must drop at least proxy.NOT_RELAYED")
         self._state = state
-        self._tracer = tracer  # None: tracing off, and no span is made
         # What prefix_aware records goes to the other gateways too (prefix_sharing.py).
         self._share_prefix = share_prefix or _not_shared
         self._metrics = metrics
         self._rng = rng
         self._grpc = grpc
-        self._attempts = AttemptLoop(pool, grpc, metrics, rng, access)
-        self._relay = Relay(self._attempts, metrics)
-        self._shadows = ShadowTraffic(self._attempts, metrics, rng, share_canary)
+        self._ledger = Ledger(metrics, tracer, access)
+        self._attempts = AttemptLoop(pool, grpc, metrics, rng, self._ledger)
+        self._relay = Relay(self._ledger, metrics)
+        self._shadows = ShadowTraffic(self._attempts, self._ledger, metrics, rng, share_canary)
         # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
         self._id_prefix = os.urandom(8).hex()
         self._id_counter = itertools.count(1)
@@ -157,10 +152,9 @@ class Proxy:
             started,
             request_id,
         )
-        if self._tracer is not None:
-            ex.span = _request_span(self._tracer, ex, request.headers.items(), "server")
-        capture = self._shadows.start(ex)
-        cluster.budget.request_started()
+        ledger = self._ledger
+        ledger.open(ex, request.headers.items() if ledger.tracing else None)
+        ex.capture = self._shadows.start(ex)
         try:
             attempt = await self._attempts.run(ex)
             if key is not None:
@@ -180,17 +174,10 @@ class Proxy:
                 self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
             )
             headers.fields.append((b"X-Request-Id", raw_id))
-            ended = await self._relay.respond(reply, ex, attempt, headers, capture)
-            # Only an answer relayed whole times the server: a stream that went idle or broke off
-            # after its 200 would teach the service model its timeout.
-            if ex.service_sample is not None and ended == 200:
-                cluster.balancer.on_served(ex.service_sample, time.monotonic())
-        finally:
-            cluster.budget.request_ended()
-            if capture is not None:
-                capture.ended(time.perf_counter() - started)
-            if ex.span is not None:  # after the relay: a stream's span ends with the stream
-                ex.span.end()
+            await self._relay.respond(reply, ex, attempt, headers)  # (closes the exchange)
+        except BaseException as exc:  # (a failed request is closed already: this does nothing)
+            ledger.close(ex, ended_with(exc))
+            raise
 
     async def call(
         self,
@@ -212,26 +199,19 @@ class Proxy:
         tokens = tokens_in_bytes(len(body) if body is not None else len(grpc.message) if grpc else 0)
         ex = self._own_exchange(cluster, method, path, headers, body, tokens)
         ex.grpc, ex.rest_body = grpc, rest_body
-        if self._tracer is not None:
-            ex.span = _request_span(self._tracer, ex, headers, span_kind)
-        cluster.budget.request_started()
+        self._ledger.open(ex, headers, span_kind)
+        code = CLIENT_CLOSED
         try:
             attempt = await self._attempts.run(ex)
-            code = CLIENT_CLOSED
-            try:
-                data = await attempt.response.read()
-                ex.sent_bytes = len(data)
-                code = attempt.response.status
-                return Called(code, data, attempt.response.content_type == GRPC_CONTENT_TYPE)
-            except UpstreamError as exc:
-                code = exc.status
-                raise
-            finally:
-                self._attempts.finish(ex, attempt, code)
+            data = await attempt.response.read()
+            ex.sent_bytes = len(data)
+            code = attempt.response.status
+            return Called(code, data, attempt.response.content_type == GRPC_CONTENT_TYPE)
+        except UpstreamError as exc:
+            code = exc.status  # (the answer's body broke off; a failed request is closed already)
+            raise
         finally:
-            cluster.budget.request_ended()
-            if ex.span is not None:
-                ex.span.end()
+            self._ledger.close(ex, code)
 
     async def stream(
         self,
@@ -246,13 +226,11 @@ class Proxy:
         counted then, once, with how it ended. `path` is the REST path the log and routes see."""
         ex = self._own_exchange(cluster, "POST", path, headers, None, 0)
         span = None
-        if self._tracer is not None:
-            ex.span = _request_span(self._tracer, ex, headers, "server")
-        cluster.budget.request_started()
+        self._ledger.open(ex, headers)
+        code = CLIENT_CLOSED
         try:
-            endpoint, pick = await self._attempts.hold(ex, lambda e: bool(e.grpc_url))
+            endpoint, _ = await self._attempts.hold(ex, lambda e: bool(e.grpc_url))
             ex.tries = 1
-            code = CLIENT_CLOSED
             try:
                 sent = headers
                 if ex.span is not None:  # the one try, the whole stream: its own client span
@@ -272,13 +250,10 @@ class Proxy:
                 if span is not None:
                     span.answered(code)
                     span.end()
-                self._attempts.let_go(ex, endpoint, pick, code)
                 if code != CLIENT_CLOSED:  # 5xx and failures count against it, as a request's do
                     cluster.record_outcome(endpoint, code < 500, None, time.monotonic())
         finally:
-            cluster.budget.request_ended()
-            if ex.span is not None:
-                ex.span.end()
+            self._ledger.close(ex, code)
 
     def _own_exchange(
         self,
@@ -319,11 +294,7 @@ class Proxy:
         self._metrics.kv_affinity.labels("hit" if attempt.pick.cache_hit else "miss").inc()
         if attempt.pick.cache_hit:
             return
-        try:
-            await self._state.set(key, attempt.endpoint.name, ex.cluster.config.kv_aware.ttl)
-        except BaseException:  # the client left while we wrote: free what we hold
-            self._attempts.finish(ex, attempt, CLIENT_CLOSED)
-            raise
+        await self._state.set(key, attempt.endpoint.name, ex.cluster.config.kv_aware.ttl)
 
     def _answer_fields(
         self, backend: str, cluster: Cluster, route: str, subset: str, cache_hit: bool | None
@@ -348,27 +319,6 @@ class Proxy:
     def new_request_id(self) -> str:
         """A fresh request id, for a request that came without one (HTTP here, gRPC in oip_grpc)."""
         return f"{self._id_prefix}{next(self._id_counter):016x}"
-
-
-def _request_span(tracer: Tracer, ex: Exchange, headers: Iterable[tuple[str, str]], kind: Kind) -> Span:
-    """The span of one routed request, a child of the caller's traceparent when it sent one; what
-    only its end knows (backend, attempts, status) is set by the attempt loop (`_ended`)."""
-    cluster = ex.cluster
-    return tracer.start(
-        f"{ex.method} {cluster.name}",
-        headers,
-        kind,
-        {
-            "http.request.method": ex.method,
-            "url.path": ex.path.partition("?")[0],
-            "modelyard.model": cluster.name,
-            "modelyard.route": ex.route.name,
-            "modelyard.subset": ex.subset,
-            "modelyard.strategy": cluster.balancer.strategy.name,
-            "modelyard.request_id": ex.request_id,
-        },
-        started=ex.started,  # the whole request's time: the affinity lookup before it too
-    )
 
 
 def _not_shared(model: str, endpoint: str, chunks: Sequence[int]) -> None:

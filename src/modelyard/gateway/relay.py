@@ -14,10 +14,10 @@ import logging
 import time
 
 from modelyard.errors import UpstreamError, UpstreamTimeout
-from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
+from modelyard.gateway.capture import Capture
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
+from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger
 from modelyard.gateway.metrics import GatewayMetrics
-from modelyard.gateway.shadow import Capture
 from modelyard.protocols import error_body, protocol_for_path
 from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
 
@@ -25,8 +25,8 @@ log = logging.getLogger("modelyard.gateway")
 
 
 class Relay:
-    def __init__(self, attempts: AttemptLoop, metrics: GatewayMetrics) -> None:
-        self._attempts = attempts
+    def __init__(self, ledger: Ledger, metrics: GatewayMetrics) -> None:
+        self._ledger = ledger
         self._metrics = metrics
 
     async def respond(
@@ -35,12 +35,12 @@ class Relay:
         ex: Exchange,
         attempt: Attempt,
         headers: ReplyHeaders,
-        capture: Capture | None,
     ) -> int:
-        """Relay the answer and end the exchange, counted with the status it really ended with,
+        """Relay the answer and close the exchange, counted with the status it really ended with,
         which it returns (a stream that broke off or went idle ends 502/504 after a 200 was sent;
-        a client that left, CLIENT_CLOSED)."""
+        a client that left, CLIENT_CLOSED). The shadow comparison's capture gets the answer."""
         upstream = attempt.response
+        capture = ex.capture
         code = CLIENT_CLOSED
         try:
             if upstream.content_type == "text/event-stream":
@@ -58,7 +58,7 @@ class Relay:
             code = exc.status
             raise
         finally:
-            self._attempts.finish(ex, attempt, code)
+            self._ledger.close(ex, code)
         return code
 
     async def _stream(

@@ -10,56 +10,22 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from modelyard.balancing.routes import mirrors
-from modelyard.cluster.canary import answer_text, exact_match, rouge_l
+from modelyard.cluster.canary import exact_match, rouge_l
 from modelyard.config import RetryPolicy
 from modelyard.errors import ModelyardError
-from modelyard.gateway.attempts import CLIENT_CLOSED, AttemptLoop
+from modelyard.gateway.attempts import AttemptLoop
+from modelyard.gateway.capture import Capture
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Exchange
+from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.telemetry import Span
 
 log = logging.getLogger("modelyard.gateway")
 
-_CAPTURE_LIMIT = 1024 * 1024  # bytes of an answer kept for comparing with its shadow
 _NO_RETRIES = RetryPolicy(attempts=0)
-
-
-@dataclass(slots=True)
-class Capture:
-    """An answer kept for the comparison (bounded), with how it went."""
-
-    subset: str
-    status: int = 0
-    content_type: str | None = None
-    seconds: float = 0.0
-    parts: list[bytes] = field(default_factory=list)
-    size: int = 0
-    done: asyncio.Future[None] | None = None  # set when the primary exchange has ended
-
-    def add(self, data: bytes) -> None:
-        if self.size < _CAPTURE_LIMIT:
-            self.parts.append(data[: _CAPTURE_LIMIT - self.size])
-            self.size += len(self.parts[-1])
-
-    def finish(self, status: int, content_type: str | None) -> None:
-        self.status = status
-        self.content_type = content_type
-
-    def ended(self, seconds: float) -> None:
-        self.seconds = seconds
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 400
-
-    def text(self) -> str | None:
-        return answer_text(b"".join(self.parts), self.content_type)
 
 
 class ShadowTraffic:
@@ -70,11 +36,13 @@ class ShadowTraffic:
     def __init__(
         self,
         attempts: AttemptLoop,
+        ledger: Ledger,
         metrics: GatewayMetrics,
         rng: random.Random,
         share: Callable[[list[object]], None] | None = None,
     ) -> None:
         self._attempts = attempts
+        self._ledger = ledger
         self._metrics = metrics
         self._rng = rng
         self._share = share
@@ -82,8 +50,8 @@ class ShadowTraffic:
 
     def start(self, ex: Exchange) -> Capture | None:
         """Mirror `ex` when its route says so; returns the capture the primary's answer goes into
-        (the caller calls `ended` on it), or None. A request already going to the mirror subset
-        has nothing to be compared with."""
+        (the exchange's `capture`: told when `ex` closes), or None. A request already going to the
+        mirror subset has nothing to be compared with."""
         mirror = ex.route.mirror
         if mirror is None or mirror.subset == ex.subset or not mirrors(ex.route, self._rng):
             return None
@@ -119,7 +87,7 @@ class ShadowTraffic:
                     mirrored.add(await attempt.response.read())
                     mirrored.finish(attempt.response.status, attempt.response.header("Content-Type"))
                 finally:
-                    self._attempts.finish(ex, attempt, attempt.response.status)
+                    self._ledger.close(ex, attempt.response.status)
         except (ModelyardError, TimeoutError) as exc:
             log.debug("model %s: shadow request to %s failed: %s", cluster.name, ex.subset, exc)
             mirrored.status = exc.status if isinstance(exc, ModelyardError) else 504
