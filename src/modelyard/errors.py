@@ -1,4 +1,4 @@
-"""One error tree; the gateway translates it into each protocol's envelope at the edge.
+"""One error tree; each service translates it into its envelope at the edge (serving/errors.py).
 
     ModelyardError                      500 internal_error
     ├── ConfigError                     (startup: one line, exit 1)

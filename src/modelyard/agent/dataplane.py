@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -43,8 +43,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelyard.agent.metrics import AgentMetrics
 from modelyard.agent.residency import Residency
 from modelyard.agent.state import LocalState, ModelStatus
-from modelyard.errors import ModelNotResident, ModelyardError, NotFound, PayloadTooLarge, UpstreamError
-from modelyard.serving import envelope
+from modelyard.errors import ModelNotResident, ModelyardError, NotFound, UpstreamError
+from modelyard.serving.errors import ServiceErrors
 from modelyard.upstream.headers import forwarded_request_headers, relayed_response_headers
 from modelyard.upstream.http1 import Http1Client, UpstreamResponse
 
@@ -56,7 +56,8 @@ _OIP_VERBS = frozenset({"infer", "generate", "generate_stream", "explain"})
 _V1_VERBS = frozenset({"predict", "explain"})
 _OPENAI_PATHS = frozenset({("v1", "chat", "completions"), ("v1", "completions"), ("v1", "embeddings")})
 _JSON = "application/json"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Each error in the envelope of the protocol the path speaks.
+_ERRORS = ServiceErrors("agent", body_limit="the agent's max_body_bytes")
 
 
 @dataclass(frozen=True)
@@ -120,23 +121,6 @@ def model_in_body(body: bytes) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The data plane's one error handler: modelyard's errors, and a body over the limit, in the
-    envelope of the protocol the path speaks (`serving.envelope`)."""
-    try:
-        return await handler(request)
-    except web.HTTPRequestEntityTooLarge:
-        error: ModelyardError = PayloadTooLarge(
-            f"request body is larger than the agent's max_body_bytes ({request.client_max_size} bytes)"
-        )
-    except ModelyardError as caught:
-        error = caught
-    return web.Response(
-        body=envelope(request.path, error), status=error.status, content_type=_JSON, headers=error.headers
-    )
-
-
 class DataPlane:
     def __init__(
         self,
@@ -160,7 +144,7 @@ class DataPlane:
         self._client = Http1Client(max_connections=max_connections, connect_timeout=5.0)
 
     def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[_ERRORS.middleware])
         app.router.add_get("/metrics", self._metrics_page)
         # The agent's own probes (Kubernetes), under /agent/ so no server path is shadowed.
         app.router.add_get("/agent/livez", self._live)
@@ -226,7 +210,7 @@ class DataPlane:
                 else:  # the 404 is about something else (a path, a version): it is the answer
                     return self._answer_bytes(label, 404, answer, upstream)
             return await self._relay(request, label, upstream)
-        except ModelyardError as error:  # counted here; `_errors` renders it
+        except ModelyardError as error:  # counted here; `_ERRORS.middleware` renders it
             if isinstance(error, UpstreamError):
                 log.warning("%s %s: %s", request.method, path, error.message)
             self._metrics.requests.labels(label, str(error.status)).inc()

@@ -6,7 +6,6 @@ from aiohttp import web
 
 from modelyard.config import GatewayConfig
 from modelyard.gateway import admin, inference
-from modelyard.gateway.errors import error_middleware
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.oip_grpc import GatewayOip
 from modelyard.gateway.openapi import openapi_handler
@@ -37,7 +36,9 @@ def create_app(
 ) -> web.Application:
     """Build a gateway application. `state` overrides the configured store (tests); `seed` fixes the
     RNG; `graphs` are already-loaded graphs (else the config's are loaded, ConfigError if invalid)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.limits.max_body_bytes)
+    app = web.Application(
+        middlewares=[inference.ERRORS.middleware], client_max_size=config.limits.max_body_bytes
+    )
     gateway = Gateway(config, state=state, seed=seed, graphs=graphs, siblings=siblings)
     app[GATEWAY] = gateway
 

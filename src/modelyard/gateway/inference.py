@@ -14,16 +14,19 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
-from modelyard.errors import BadRequest, ModelyardError, PayloadTooLarge
-from modelyard.gateway.errors import REQUEST_ID, error_answer, internal_error
+from modelyard.errors import BadRequest, ModelyardError
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
 from modelyard.gateway.ledger import CLIENT_CLOSED
 from modelyard.protocols import oip, openai
 from modelyard.serving import draining
+from modelyard.serving.errors import REQUEST_ID, ServiceErrors
 from modelyard.serving.h1 import H1Request, Handler
 from modelyard.serving.reply import AiohttpReply, Inbound, Reply
 from modelyard.types import RoutingRequest
+
+# The gateway's errors: the error middleware's, and the lean listener's (`lean_handler`).
+ERRORS = ServiceErrors("gateway", body_limit="limits.max_body_bytes", request_ids=True)
 
 
 def json_response(data: object, status: int = 200) -> web.Response:
@@ -35,7 +38,7 @@ async def read_body(request: Inbound) -> bytes:
     (which the server itself enforces while reading a chunked body)."""
     limit = request.client_max_size
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large("limits.max_body_bytes", limit)
+        raise ERRORS.too_large(limit)
     return await request.read()
 
 
@@ -44,18 +47,14 @@ async def read_limited_body(request: web.Request, limit: int, setting: str) -> b
     if limit >= request.client_max_size:
         return await read_body(request)
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large(setting, limit)
+        raise ERRORS.too_large(limit, setting)
     parts, size = [], 0
     while chunk := await request.content.readany():  # a chunked body: stop as soon as it is over
         parts.append(chunk)
         size += len(chunk)
         if size > limit:
-            raise _too_large(setting, limit)
+            raise ERRORS.too_large(limit, setting)
     return b"".join(parts)
-
-
-def _too_large(setting: str, limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"request body is larger than {setting} ({limit} bytes)")
 
 
 # --- the proxied routes: served by aiohttp or by the lean HTTP/1.1 connection -----------------
@@ -150,10 +149,10 @@ def lean_handler(gateway: Gateway, route: ProxiedRoute) -> Handler:
             if reply.started:
                 raise
             request_id = reply.request_id or refused(gateway, request, 500, started)
-            error = internal_error(request.method, request.path, request_id)
+            error = ERRORS.internal_error(request.method, request.path, request_id)
         else:
             return
-        headers, body = error_answer(request.path, error, request_id)
+        headers, body = ERRORS.answer(request.path, error, request_id)
         reply.whole(error.status, headers, body)
 
     return handle

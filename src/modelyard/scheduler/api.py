@@ -22,18 +22,15 @@ from modelyard.documents import DocumentError, parse_document
 from modelyard.errors import (
     BadRequest,
     MalformedBody,
-    MethodNotAllowed,
     ModelSpecInvalid,
     ModelyardError,
-    NotFound,
-    PayloadTooLarge,
     SchedulerUnavailable,
 )
 from modelyard.placement import ModelSpec
 from modelyard.placement.manifest import spec_from_manifest
-from modelyard.protocols import error_body
 from modelyard.scheduler.access import OPEN_PATHS, RestAccess
 from modelyard.scheduler.views import model_view, servers_view
+from modelyard.serving.errors import ServiceErrors
 from modelyard.types import Protocol
 
 if TYPE_CHECKING:
@@ -42,67 +39,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("modelyard.scheduler")
 SERVICE: web.AppKey[SchedulerService] = web.AppKey("scheduler_service")
 ACCESS: web.AppKey[RestAccess | None] = web.AppKey("scheduler_access")
+ERRORS = ServiceErrors("scheduler", protocol=Protocol.PLAIN)  # every path: `{"error": {...}}`
 
 
 def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _render(error: ModelyardError) -> web.Response:
-    return web.Response(
-        status=error.status,
-        body=error_body(Protocol.PLAIN, error),
-        content_type="application/json",
-        headers=error.headers,
-    )
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except ModelyardError as error:
-        return _render(error)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _render(_from_aiohttp(exc, request))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _render(ModelyardError("internal scheduler error; see the scheduler log"))
-
-
 @web.middleware
 async def _admit(request: web.Request, handler: Any) -> web.StreamResponse:
     access = request.app[ACCESS]
     if access is not None and request.path not in OPEN_PATHS:
-        access.check(request)  # 401 or 403, rendered by _errors
+        access.check(request)  # 401 or 403, rendered by ERRORS.middleware
     response: web.StreamResponse = await handler(request)
     return response
-
-
-def _from_aiohttp(exc: web.HTTPException, request: web.Request) -> ModelyardError:
-    if isinstance(exc, web.HTTPMethodNotAllowed):
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        return MethodNotAllowed(
-            f"method {request.method} is not allowed on {request.path}; allowed: {allowed}"
-        )
-    if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return PayloadTooLarge(f"request body is larger than {request.client_max_size} bytes")
-    if isinstance(exc, web.HTTPNotFound):
-        return NotFound(f"no route for {request.method} {request.path}")
-    error = ModelyardError(exc.reason or "error")
-    error.status = exc.status
-    return error
 
 
 async def _read_document(request: web.Request) -> Any:
     limit = request.client_max_size
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        raise ERRORS.too_large(limit)
     body = await request.read()  # aiohttp refuses a longer chunked body with 413 itself
     if request.content_type == "application/json":
         try:  # said to be JSON: say what is wrong with it as JSON, not as the YAML it is not
@@ -242,7 +198,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def create_app(service: SchedulerService, access: RestAccess | None = None) -> web.Application:
-    app = web.Application(middlewares=[_errors, _admit], client_max_size=service.config.max_body_bytes)
+    app = web.Application(
+        middlewares=[ERRORS.middleware, _admit], client_max_size=service.config.max_body_bytes
+    )
     app[SERVICE] = service
     app[ACCESS] = access
     app.router.add_put("/v1/models/{name}", put_model)

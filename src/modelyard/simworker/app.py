@@ -1,7 +1,9 @@
 """HTTP handlers: parse once, ask the engine for slots and delays, render each protocol's shape.
 
-Errors are raised as `Rejected` and rendered at the edge by the route's protocol wrapper:
-OpenAI's `{"error": {"message", "type", "code"}}` or OIP/KServe's `{"error": "..."}`.
+Errors are raised as `Rejected` and rendered at the edge by the route's protocol wrapper, in the
+envelopes modelyard's own errors use (`serving.errors`): OpenAI's `{"error": {"message", "type",
+"param", "code"}}` or OIP/KServe's `{"error": "..."}`. Anything else (no route, a method the route
+does not take, a body over the limit, a bug) is left to aiohttp, as it was.
 
 With a tokenizer (`config.tokenizer`), a prompt's tokens are its token ids, as vLLM computes them
 (balancing/tokens.py); without one, or for a prompt it cannot tokenize so, whitespace-separated
@@ -24,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from modelyard.balancing.tokens import PromptTokens
 from modelyard.errors import ModelyardError
 from modelyard.protocols import oip
+from modelyard.serving.errors import error_response
 from modelyard.simworker.config import SimWorkerConfig
 from modelyard.simworker.engine import Running, SimEngine
 from modelyard.simworker.kv_publisher import STATS_OFF, KvPublisher
@@ -39,6 +42,7 @@ from modelyard.simworker.text import (
     generate_words,
     tokenize,
 )
+from modelyard.types import Protocol
 
 ENGINE = web.AppKey("modelyard_sim_engine", SimEngine)
 _REGISTRY = web.AppKey("modelyard_sim_registry", CollectorRegistry)
@@ -59,7 +63,7 @@ _CREATED = int(time.time())
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Rejected(Exception):
+class Rejected(ModelyardError):
     """A request the simulated server refuses: its status and message (and OpenAI's type, code)."""
 
     def __init__(
@@ -67,7 +71,6 @@ class Rejected(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
         self.error_type = error_type
         self.code = code
 
@@ -80,25 +83,24 @@ def _json(payload: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
 
 
-def _openai_api(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except Rejected as exc:
-            error = {"message": exc.message, "type": exc.error_type, "param": None, "code": exc.code}
-            return _json({"error": error}, exc.status)
+def _answering_in(protocol: Protocol) -> Callable[[Handler], Handler]:
+    """A route whose refusals answer in `protocol`'s envelope (chosen by the route, not its path:
+    `/sim/...` answers as OIP does)."""
 
-    return wrapped
+    def wrap(handler: Handler) -> Handler:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except Rejected as exc:
+                return error_response(protocol, exc)
+
+        return wrapped
+
+    return wrap
 
 
-def _oip_api(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except Rejected as exc:
-            return _json({"error": exc.message}, exc.status)
-
-    return wrapped
+_openai_api = _answering_in(Protocol.OPENAI)
+_oip_api = _answering_in(Protocol.OIP)
 
 
 async def _json_body(request: web.Request) -> dict[str, object]:
