@@ -12,32 +12,33 @@ the statuses the gateway can answer are listed, and `4XX`/`5XX` stand for the ot
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable, Sequence
+import functools
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiohttp import web
 
 from modelyard import __version__
-from modelyard.gateway.openapi.parts import JSON, PARAMETERS
+from modelyard.gateway.openapi.parts import PARAMETERS
 from modelyard.gateway.openapi.paths import Paths
 from modelyard.gateway.openapi.schemas import build_schemas
 
 if TYPE_CHECKING:
-    from modelyard.gateway.gateway import Gateway
+    from modelyard.gateway.route_table import Route
 
-__all__ = ["openapi_document", "openapi_handler"]
+__all__ = ["encoded_document", "openapi_document"]
 
 
 def openapi_document(
+    routes: Iterable[Route],
     models: Sequence[str],
     graphs: Sequence[str],
     *,
     admin_token: bool = False,
     graph_views_protected: bool = False,
 ) -> dict[str, Any]:
-    """The document for a gateway serving `models` and `graphs`; with `admin_token`, the admin
-    calls require a bearer token (and may answer 401)."""
+    """The document of `routes` (route_table.ROUTES) for a gateway serving `models` and `graphs`;
+    with `admin_token`, the admin calls require a bearer token (and may answer 401)."""
     schemas = build_schemas(models, graphs)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -53,7 +54,7 @@ def openapi_document(
             {"name": name}
             for name in ("OpenAI", "OIP v2", "KServe v1", "Graphs", "Admin", "Dashboard", "Operations")
         ],
-        "paths": Paths(models, admin_token, graph_views_protected).build(),
+        "paths": Paths(models, admin_token, graph_views_protected).build(routes),
         "components": {"schemas": schemas, "parameters": PARAMETERS},
     }
     if admin_token:
@@ -63,23 +64,18 @@ def openapi_document(
     return copy.deepcopy(document)  # it shares this module's fragments; the caller's to change
 
 
-def openapi_handler(gateway: Gateway) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """`GET /openapi.json` for one gateway. Its models change only through the scheduler's feed
-    and its graphs only through /admin, so the encoded document is kept until the names change."""
-    cached: list[tuple[tuple[tuple[str, ...], tuple[str, ...]], bytes]] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        models = tuple(gateway.clusters)
-        graphs = tuple(sorted(gateway.graphs.graphs))
-        if not cached or cached[0][0] != (models, graphs):
-            admin = gateway.config.admin
-            document = openapi_document(
-                list(models),
-                graphs,
-                admin_token=admin.token is not None,
-                graph_views_protected=admin.protect_graph_views,
-            )
-            cached[:] = [((models, graphs), orjson.dumps(document))]
-        return web.Response(body=cached[0][1], content_type=JSON)
-
-    return handle
+@functools.lru_cache(maxsize=8)
+def encoded_document(
+    routes: tuple[Route, ...],
+    models: tuple[str, ...],
+    graphs: tuple[str, ...],
+    *,
+    admin_token: bool,
+    graph_views_protected: bool,
+) -> bytes:
+    """`openapi_document` as JSON, kept: a gateway's models change only through the scheduler's
+    feed and its graphs only through /admin, so the same document is asked for again and again."""
+    document = openapi_document(
+        routes, models, graphs, admin_token=admin_token, graph_views_protected=graph_views_protected
+    )
+    return orjson.dumps(document)

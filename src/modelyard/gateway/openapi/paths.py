@@ -1,9 +1,14 @@
-"""The document's paths: every route, what it takes and every status it answers."""
+"""The document's paths: every route, what it takes and every status it answers.
+
+Each operation is described here under its operationId, the key that route_table.ROUTES gives the
+route: the paths and methods are the table's, written there once."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from aiohttp import web
 
 from modelyard.gateway.openapi.parts import (
     ALLOW,
@@ -33,6 +38,19 @@ from modelyard.gateway.openapi.parts import (
 from modelyard.protocols import protocol_for_path
 from modelyard.types import Protocol
 
+if TYPE_CHECKING:
+    from modelyard.gateway.route_table import Route
+
+
+class Description(NamedTuple):
+    operation: Schema
+    path_parameters: Sequence[Schema] = ()  # declared on its path, for every operation there
+
+
+def documented_path(pattern: str) -> str:
+    """A route's path as OpenAPI writes it: aiohttp's pattern without its regular expressions."""
+    return web.DynamicResource(pattern).canonical if "{" in pattern else pattern
+
 
 class Paths:
     def __init__(self, models: Sequence[str], admin_token: bool, graph_views_protected: bool) -> None:
@@ -40,14 +58,41 @@ class Paths:
         self._admin_token = admin_token
         self._graph_views_protected = admin_token and graph_views_protected
 
-    def build(self) -> dict[str, Any]:
+    def descriptions(self) -> dict[str, Description]:
+        """Every operation's description, by its operationId."""
+        described: dict[str, Description] = {}
+        for description in (
+            *self._openai(),
+            *self._kserve(),
+            *self._oip(),
+            *self._graphs(),
+            *self._admin(),
+            *self._operations(),
+        ):
+            key = description.operation["operationId"]
+            if key in described:
+                raise ValueError(f"operationId {key!r} is described twice")
+            described[key] = description
+        return described
+
+    def build(self, routes: Iterable[Route]) -> dict[str, Any]:
+        """The document's paths: each route's, in the routes' order, with its description."""
+        descriptions = self.descriptions()
         paths: dict[str, Any] = {}
-        paths.update(self._openai())
-        paths.update(self._kserve())
-        paths.update(self._oip())
-        paths.update(self._graphs())
-        paths.update(self._admin())
-        paths.update(self._operations())
+        for route in routes:
+            path = documented_path(route.path)
+            description = descriptions.get(route.operation)
+            if description is None:
+                raise ValueError(
+                    f"{route.method} {path}: no description {route.operation!r} in openapi/paths.py"
+                )
+            parameters = list(description.path_parameters)
+            item = paths.get(path)
+            if item is None:
+                item = paths[path] = {"parameters": parameters} if parameters else {}
+            elif item.get("parameters", []) != parameters:
+                raise ValueError(f"{path}: its operations' descriptions declare different path parameters")
+            item[route.method.lower()] = description.operation
         for path, operations in paths.items():
             envelope = INFERENCE if protocol_for_path(path) in (Protocol.OIP, Protocol.KSERVE_V1) else OPENAI
             for method, operation in operations.items():
@@ -64,12 +109,12 @@ class Paths:
 
     # OpenAI -------------------------------------------------------------------------------------
 
-    def _openai(self) -> dict[str, Any]:
+    def _openai(self) -> list[Description]:
         model = self._model
         chat = {"model": model, "messages": [{"role": "user", "content": "Hello!"}]}
-        return {
-            "/v1/chat/completions": {
-                "post": self._proxied_op(
+        return [
+            Description(
+                self._proxied_op(
                     "chatCompletions",
                     "OpenAI",
                     "Chat completion, routed by the body's `model`",
@@ -79,9 +124,9 @@ class Paths:
                     stream=True,
                     bad_body="not JSON, not an object, `model` not a string, or `messages` not a list",
                 )
-            },
-            "/v1/completions": {
-                "post": self._proxied_op(
+            ),
+            Description(
+                self._proxied_op(
                     "completions",
                     "OpenAI",
                     "Text completion, routed by the body's `model`",
@@ -91,9 +136,9 @@ class Paths:
                     stream=True,
                     bad_body="not JSON, not an object, or `model` not a string",
                 )
-            },
-            "/v1/embeddings": {
-                "post": self._proxied_op(
+            ),
+            Description(
+                self._proxied_op(
                     "embeddings",
                     "OpenAI",
                     "Embeddings, routed by the body's `model`",
@@ -102,24 +147,23 @@ class Paths:
                     OPENAI,
                     bad_body="not JSON, not an object, or `model` not a string",
                 )
-            },
-            "/v1/models": {
-                "get": {
+            ),
+            Description(
+                {
                     "operationId": "listModels",
                     "tags": ["OpenAI"],
                     "summary": "The gateway's models, in OpenAI's list shape",
                     "responses": {"200": answer("the models", ref("ModelList"))},
                 }
-            },
-        }
+            ),
+        ]
 
     # KServe v1 ----------------------------------------------------------------------------------
 
-    def _kserve(self) -> dict[str, Any]:
-        return {
-            "/v1/models/{name}:predict": {
-                "parameters": [param("ModelName")],
-                "post": self._proxied_op(
+    def _kserve(self) -> list[Description]:
+        return [
+            Description(
+                self._proxied_op(
                     "kservePredict",
                     "KServe v1",
                     "KServe v1 prediction, routed by the path's model",
@@ -128,10 +172,10 @@ class Paths:
                     INFERENCE,
                     bad_body="not JSON or not an object",
                 ),
-            },
-            "/v1/models/{name}": {
-                "parameters": [param("ModelName")],
-                "get": self._proxied_op(
+                [param("ModelName")],
+            ),
+            Description(
+                self._proxied_op(
                     "kserveModel",
                     "KServe v1",
                     "KServe v1 model status, from a serving endpoint",
@@ -140,12 +184,13 @@ class Paths:
                     INFERENCE,
                     not_allowed=True,
                 ),
-            },
-        }
+                [param("ModelName")],
+            ),
+        ]
 
     # Open Inference Protocol v2 -----------------------------------------------------------------
 
-    def _oip(self) -> dict[str, Any]:
+    def _oip(self) -> list[Description]:
         infer_example = {"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}
         binary_header = {
             "name": "Inference-Header-Content-Length",
@@ -154,11 +199,11 @@ class Paths:
             "description": "binary tensor extension: the length of the JSON header before the raw tensors",
             "schema": {"type": "integer", "minimum": 0},
         }
-        paths: dict[str, Any] = {
-            "/v2": {"get": self._own("oipServer", "OIP v2", "Server metadata", ref("ServerMetadata"))},
-            "/v2/health/live": {"get": self._own("oipLive", "OIP v2", "Liveness", ref("Live"))},
-            "/v2/health/ready": {
-                "get": {
+        described = [
+            Description(self._own("oipServer", "OIP v2", "Server metadata", ref("ServerMetadata"))),
+            Description(self._own("oipLive", "OIP v2", "Liveness", ref("Live"))),
+            Description(
+                {
                     "operationId": "oipReady",
                     "tags": ["OIP v2"],
                     "summary": "Readiness: every model has a healthy endpoint",
@@ -167,35 +212,26 @@ class Paths:
                         "503": answer("a model has no healthy endpoint", ref("Ready")),
                     },
                 }
-            },
-        }
-        for prefix, suffix, what in (
-            ("/v2/models/{name}", "", "the model"),
-            ("/v2/models/{name}/versions/{version}", "Version", "a version of the model"),
-        ):
+            ),
+        ]
+        for suffix, what in (("", "the model"), ("Version", "a version of the model")):
             parameters = [param("ModelName")] + ([param("ModelVersion")] if suffix else [])
-            paths[prefix] = {
-                "parameters": parameters,
-                "get": self._proxied_op(
-                    f"oipModel{suffix}Metadata",
-                    "OIP v2",
-                    f"Metadata of {what}, from a serving endpoint",
-                    None,
-                    ref("ModelMetadata"),
-                    INFERENCE,
-                ),
-            }
-            paths[prefix + "/ready"] = {
-                "parameters": parameters,
-                "get": self._proxied_op(
-                    f"oipModel{suffix}Ready",
-                    "OIP v2",
-                    f"Readiness of {what}, from a serving endpoint",
-                    None,
-                    ref("ModelReady"),
-                    INFERENCE,
-                ),
-            }
+            metadata = self._proxied_op(
+                f"oipModel{suffix}Metadata",
+                "OIP v2",
+                f"Metadata of {what}, from a serving endpoint",
+                None,
+                ref("ModelMetadata"),
+                INFERENCE,
+            )
+            ready = self._proxied_op(
+                f"oipModel{suffix}Ready",
+                "OIP v2",
+                f"Readiness of {what}, from a serving endpoint",
+                None,
+                ref("ModelReady"),
+                INFERENCE,
+            )
             infer = self._proxied_op(
                 f"oipModel{suffix}Infer",
                 "OIP v2",
@@ -218,22 +254,21 @@ class Paths:
                 binary=True,
             )
             infer["parameters"].append(binary_header)
-            paths[prefix + "/infer"] = {"parameters": parameters, "post": infer}
-        return paths
+            described += [Description(operation, parameters) for operation in (metadata, ready, infer)]
+        return described
 
     # graphs -------------------------------------------------------------------------------------
 
-    def _graphs(self) -> dict[str, Any]:
+    def _graphs(self) -> list[Description]:
         any_answer = {  # what KServe's router sends: JSON, or the type Go would sniff
             JSON: {"schema": {}},
             **{media: {"schema": {"type": "string"}} for media in ("text/plain", "text/html", "text/xml")},
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
         }
-        return {
-            "/v1/graphs": {"get": self._own("listGraphs", "Graphs", "The graphs served", ref("GraphList"))},
-            "/v1/graphs/{name}": {
-                "parameters": [param("GraphName")],
-                "get": {
+        return [
+            Description(self._own("listGraphs", "Graphs", "The graphs served", ref("GraphList"))),
+            Description(
+                {
                     "operationId": "getGraph",
                     "tags": ["Graphs"],
                     "summary": "One graph and its spec",
@@ -242,7 +277,10 @@ class Paths:
                         "404": error_response(OPENAI, "no such graph"),
                     },
                 },
-                "post": {
+                [param("GraphName")],
+            ),
+            Description(
+                {
                     "operationId": "runGraph",
                     "tags": ["Graphs"],
                     "summary": "Run a graph, answering as KServe's router does",
@@ -285,9 +323,10 @@ class Paths:
                         "5XX": {"description": STEP, "content": any_answer},
                     },
                 },
-            },
-            "/admin/graphs/{name}": {
-                "put": self._admin_op(
+                [param("GraphName")],
+            ),
+            Description(
+                self._admin_op(
                     "putGraph",
                     "Graphs",
                     "Add or replace a graph, validated first; requests running keep the old one",
@@ -306,8 +345,10 @@ class Paths:
                         "400": error_response(OPENAI, "invalid: every problem is in `error.problems`"),
                         "413": error_response(OPENAI, "the body is larger than limits.max_admin_body_bytes"),
                     },
-                ),
-                "delete": self._admin_op(
+                )
+            ),
+            Description(
+                self._admin_op(
                     "deleteGraph",
                     "Graphs",
                     "Remove a graph",
@@ -315,58 +356,52 @@ class Paths:
                     None,
                     answer("removed", ref("GraphDeleted")),
                     {"404": error_response(OPENAI, "no such graph")},
-                ),
-            },
-        }
+                )
+            ),
+        ]
 
     # admin --------------------------------------------------------------------------------------
 
-    def _admin(self) -> dict[str, Any]:
-        paths: dict[str, Any] = {
-            "/admin/models/{model}/routes": {
-                "get": self._admin_op(
-                    "getRoutes",
-                    "Admin",
-                    "A model's routes and its endpoints' subsets",
-                    [param("AdminModelName")],
-                    None,
-                    answer("the routes", ref("Routes")),
-                    {"404": error_response(OPENAI, "no such model")},
+    def _admin(self) -> list[Description]:
+        described = [
+            self._admin_op(
+                "getRoutes",
+                "Admin",
+                "A model's routes and its endpoints' subsets",
+                [param("AdminModelName")],
+                None,
+                answer("the routes", ref("Routes")),
+                {"404": error_response(OPENAI, "no such model")},
+            ),
+            self._admin_op(
+                "putRoutes",
+                "Admin",
+                "Replace a model's routes, validated first, swapped atomically",
+                [param("AdminModelName")],
+                json_body(
+                    ref("RoutesUpdate"),
+                    {"routes": [{"name": "default", "destinations": [{"subset": "default"}]}]},
+                    media=(JSON, YAML),
                 ),
-                "put": self._admin_op(
-                    "putRoutes",
-                    "Admin",
-                    "Replace a model's routes, validated first, swapped atomically",
-                    [param("AdminModelName")],
-                    json_body(
-                        ref("RoutesUpdate"),
-                        {"routes": [{"name": "default", "destinations": [{"subset": "default"}]}]},
-                        media=(JSON, YAML),
+                answer("the routes now", ref("Routes")),
+                {
+                    "400": error_response(
+                        OPENAI, "not JSON or YAML, or invalid: every problem in `error.problems`"
                     ),
-                    answer("the routes now", ref("Routes")),
-                    {
-                        "400": error_response(
-                            OPENAI, "not JSON or YAML, or invalid: every problem in `error.problems`"
-                        ),
-                        "404": error_response(OPENAI, "no such model"),
-                        "413": error_response(OPENAI, "the body is larger than limits.max_admin_body_bytes"),
-                    },
-                ),
-            },
-            "/admin/models/{model}/canary": {
-                "get": self._admin_op(
-                    "getCanary",
-                    "Admin",
-                    "Per mirrored route: answers compared, and each subset's latency and errors",
-                    [param("AdminModelName")],
-                    None,
-                    answer("the comparison", ref("Canary")),
-                    {"404": error_response(OPENAI, "no such model")},
-                ),
-            },
-        }
-        paths["/admin/overview"] = {
-            "get": self._admin_op(
+                    "404": error_response(OPENAI, "no such model"),
+                    "413": error_response(OPENAI, "the body is larger than limits.max_admin_body_bytes"),
+                },
+            ),
+            self._admin_op(
+                "getCanary",
+                "Admin",
+                "Per mirrored route: answers compared, and each subset's latency and errors",
+                [param("AdminModelName")],
+                None,
+                answer("the comparison", ref("Canary")),
+                {"404": error_response(OPENAI, "no such model")},
+            ),
+            self._admin_op(
                 "getOverview",
                 "Admin",
                 "Per model: its strategy, and each endpoint's health, in-flight (the model's and its "
@@ -375,10 +410,8 @@ class Paths:
                 None,
                 answer("the overview (never the token)", ref("Overview")),
                 {},
-            )
-        }
-        paths["/admin/log"] = {
-            "get": self._admin_op(
+            ),
+            self._admin_op(
                 "getRoutingLog",
                 "Admin",
                 "The routing log's recent records, oldest first: the last routed ones, and apart from "
@@ -387,10 +420,8 @@ class Paths:
                 None,
                 answer("the records kept", ref("RoutingLog")),
                 {},
-            )
-        }
-        paths["/admin/log/stream"] = {
-            "get": self._admin_op(
+            ),
+            self._admin_op(
                 "streamRoutingLog",
                 "Admin",
                 "The routing log as it happens: server-sent events until the gateway stops",
@@ -410,11 +441,11 @@ class Paths:
                         headers=RETRY_AFTER,
                     )
                 },
-            )
-        }
-        for path, suffix in (("/admin/strategy", ""), ("/strategy", "InferFlow")):
-            paths[path] = {
-                "get": self._admin_op(
+            ),
+        ]
+        for suffix in ("", "InferFlow"):  # /admin/strategy, and InferFlow's /strategy
+            described += [
+                self._admin_op(
                     f"getStrategy{suffix}",
                     "Admin",
                     "The strategy every model runs (else the default), the default, each model's, and "
@@ -424,7 +455,7 @@ class Paths:
                     answer("the strategies", ref("Strategies")),
                     {},
                 ),
-                "put": self._admin_op(
+                self._admin_op(
                     f"putStrategy{suffix}",
                     "Admin",
                     "Switch the strategy of one model, or of every model and the default of models that "
@@ -440,84 +471,66 @@ class Paths:
                         "413": error_response(OPENAI, "the body is larger than limits.max_admin_body_bytes"),
                     },
                 ),
-            }
-        return paths
+            ]
+        return [Description(operation) for operation in described]
 
     # operations ---------------------------------------------------------------------------------
 
-    def _operations(self) -> dict[str, Any]:
-        return {
-            "/dashboard": {
-                "get": {
-                    "operationId": "dashboard",
-                    "tags": ["Dashboard"],
-                    "summary": "The dashboard page (public; it asks for the admin token)",
-                    "responses": {"200": answer("the page", {"type": "string"}, HTML)},
-                }
+    def _operations(self) -> list[Description]:
+        operations: list[Schema] = [
+            {
+                "operationId": "dashboard",
+                "tags": ["Dashboard"],
+                "summary": "The dashboard page (public; it asks for the admin token)",
+                "responses": {"200": answer("the page", {"type": "string"}, HTML)},
             },
-            "/dashboard/": {
-                "get": {
-                    "operationId": "dashboardSlash",
-                    "tags": ["Dashboard"],
-                    "summary": "Sends the browser to /dashboard",
-                    "responses": {
-                        "307": answer(
-                            "to the page",
-                            headers={
-                                "Location": string_header("`/dashboard`, the query kept", required=True)
-                            },
-                        )
-                    },
-                }
+            {
+                "operationId": "dashboardSlash",
+                "tags": ["Dashboard"],
+                "summary": "Sends the browser to /dashboard",
+                "responses": {
+                    "307": answer(
+                        "to the page",
+                        headers={"Location": string_header("`/dashboard`, the query kept", required=True)},
+                    )
+                },
             },
-            "/dashboard/{asset}": {
-                "get": {
-                    "operationId": "dashboardAsset",
-                    "tags": ["Dashboard"],
-                    "summary": "The dashboard's script and style",
-                    "parameters": [param("DashboardAsset")],
-                    "responses": {
-                        "200": answer("the file", {"type": "string"}, HTML, "text/javascript", "text/css"),
-                        "404": error_response(OPENAI, "no such file"),
-                    },
-                }
+            {
+                "operationId": "dashboardAsset",
+                "tags": ["Dashboard"],
+                "summary": "The dashboard's script and style",
+                "parameters": [param("DashboardAsset")],
+                "responses": {
+                    "200": answer("the file", {"type": "string"}, HTML, "text/javascript", "text/css"),
+                    "404": error_response(OPENAI, "no such file"),
+                },
             },
-            "/healthz": {"get": self._own("healthz", "Operations", "Liveness", ref("Health"))},
-            "/readyz": {
-                "get": {
-                    "operationId": "readyz",
-                    "tags": ["Operations"],
-                    "summary": "Readiness: every model has a healthy endpoint",
-                    "responses": {
-                        "200": answer("ready", ref("Readiness")),
-                        "503": answer("the models without a healthy endpoint", ref("Readiness")),
-                    },
-                }
+            self._own("healthz", "Operations", "Liveness", ref("Health")),
+            {
+                "operationId": "readyz",
+                "tags": ["Operations"],
+                "summary": "Readiness: every model has a healthy endpoint",
+                "responses": {
+                    "200": answer("ready", ref("Readiness")),
+                    "503": answer("the models without a healthy endpoint", ref("Readiness")),
+                },
             },
-            "/metrics": {
-                "get": {
-                    "operationId": "metrics",
-                    "tags": ["Operations"],
-                    "summary": "Prometheus metrics",
-                    "responses": {
-                        "200": answer("the text exposition format", {"type": "string"}, "text/plain")
-                    },
-                }
+            {
+                "operationId": "metrics",
+                "tags": ["Operations"],
+                "summary": "Prometheus metrics",
+                "responses": {"200": answer("the text exposition format", {"type": "string"}, "text/plain")},
             },
-            "/openapi.json": {
-                "get": {
-                    "operationId": "openapi",
-                    "tags": ["Operations"],
-                    "summary": "This document",
-                    "responses": {
-                        "200": answer(
-                            "OpenAPI 3.1",
-                            {"type": "object", "required": ["openapi", "info", "paths"]},
-                        )
-                    },
-                }
+            {
+                "operationId": "openapi",
+                "tags": ["Operations"],
+                "summary": "This document",
+                "responses": {
+                    "200": answer("OpenAPI 3.1", {"type": "object", "required": ["openapi", "info", "paths"]})
+                },
             },
-        }
+        ]
+        return [Description(operation) for operation in operations]
 
     # operation shapes ---------------------------------------------------------------------------
 
