@@ -172,6 +172,7 @@ class Strategy(Router):
             waits=view.waits if view else None,
             service=view.line if view else None,
             roomy=view.roomy if view else None,
+            tokens=view.tokens if view else None,
         )
         pick = self.balancer.pick(cluster.workers, ctx, rng)
         name = names[pick.index]

@@ -17,6 +17,7 @@ import zmq.asyncio
 from kv_tokenizer import WORDS, make_tokenizer
 from modelyard.balancing.kv_events import (
     END_OF_REPLAY,
+    REBUILT_AFTER,
     BlockStored,
     KVEventBatch,
     encode_batch,
@@ -330,6 +331,55 @@ async def test_the_whole_loop_on_sim_workers_that_publish_their_cache(sim_worker
     assert all(
         s["precise"] and not {"gaps", "garbage", "unknown_parent"} & set(s["counts"]) for s in states.values()
     )
+
+
+async def test_a_gateway_that_joins_after_the_replay_rolled_learns_the_hot_prefix_from_its_own_traffic(
+    sim_workers, gateways, http, tmp_path
+):
+    """A server holds a long conversation's history, stored before the gateway started and long
+    gone from its replay buffer (2 batches here): the blocks it stores for the next turns chain on
+    a parent the gateway never saw. The gateway learns that parent from the prompts it sends there
+    (blocks stored right after one it sent continue it), and the endpoint is trusted again after
+    REBUILT_AFTER such stores, instead of staying approximate for as long as the history is cached."""
+    folder = make_tokenizer(tmp_path)
+    (worker,) = await sim_workers(
+        1, tokenizer=folder, kv_events_port=0, kv_replay_port=0, block_tokens=BLOCK, kv_buffer_steps=2
+    )
+    history = chat(1, words=300)
+    async with http.post(worker.url + CHAT, json=history) as r:  # before the gateway: stored, unseen
+        assert r.status == 200
+    for seed in range(2, 6):  # the replay buffer rolls past it
+        async with http.post(worker.url + CHAT, json=chat(seed, words=40)) as r:
+            assert r.status == 200
+    config = model_config("m", [worker], strategy="prefix_aware")
+    config["endpoints"][0]["kv_events"] = worker.kv_events_url
+    config["endpoints"][0]["kv_replay"] = worker.kv_replay_url
+    config["prefix_aware"] = {"tokenizer": str(folder)}
+    gateway = await gateways([config])
+
+    def turn(n: int) -> dict[str, Any]:  # the history, then a new message of 20 words
+        said = " ".join(WORDS[(n * 11 + i * 5) % len(WORDS)] for i in range(20))
+        return {**history, "messages": [*history["messages"], {"role": "user", "content": f"{n} {said}"}]}
+
+    fresh = iter(range(1000, 2000))
+
+    async def joined() -> bool:  # (new prompts, new batches, until the subscription sees one: a gap)
+        async with http.post(worker.url + CHAT, json=chat(next(fresh), words=40)) as r:
+            assert r.status == 200
+        return (await overview_kv(http, gateway))["w0"]["state"] == "rebuilding"
+
+    await wait_until(joined, interval=0.05)
+    for n in range(REBUILT_AFTER + 8):
+        async with http.post(gateway.url + CHAT, json=turn(n)) as r:
+            assert r.status == 200
+
+    async def trusted() -> bool:
+        state = (await overview_kv(http, gateway))["w0"]
+        return state["state"] == "live" and state["precise"]
+
+    await wait_until(trusted)
+    counts = (await overview_kv(http, gateway))["w0"]["counts"]
+    assert counts["learnt_parents"] >= 1 and counts["gaps"] == 1
 
 
 async def test_a_hostile_chat_body_is_routed_approximately_not_failed(one_live, http):

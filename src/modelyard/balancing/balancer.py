@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from modelyard.balancing.kv_events import REBUILDING, KvIndex, block_keys
 from modelyard.balancing.prefix import Flights, PrefixIndex, RecentQuantile, ServiceModel
-from modelyard.balancing.strategies import Need, Pick, RoutingContext, Strategy, build_strategy
+from modelyard.balancing.strategies import Need, Pick, PromptBlocks, RoutingContext, Strategy, build_strategy
 from modelyard.cluster import EndpointView
 from modelyard.config import ModelConfig
 
@@ -56,6 +56,7 @@ class PrefixView(NamedTuple):
     waits: dict[str, float] | None
     line: tuple[float, float, float] | None
     roomy: frozenset[str] | None
+    tokens: PromptBlocks | None  # precise mode: the prompt's token ids and block keys (on_sent's)
 
 
 # A sent try's sample for the service model: (uncached prompt characters, when it was sent,
@@ -109,8 +110,9 @@ class Balancer:
         chunks = self.prefixes.chunks(prompt)
         held = self.prefixes.matches(chunks, names)
         kv = self.kv
+        tokens = None
         if kv is not None and kv.endpoints and body is not None:
-            self._held_precisely(held, names, now, body, len(prompt), len(chunks))
+            tokens = self._held_precisely(held, names, now, body, len(prompt), len(chunks))
         line = self.service.line()
         waits = roomy = None
         if line is not None:
@@ -134,7 +136,7 @@ class Balancer:
                     n for n, w in waits.items() if not w and index.evicted_age(n, chunks, held[n]) > wanted
                 )
         # (a NamedTuple's __new__ is Python)
-        return tuple.__new__(PrefixView, (chunks, held, waits, line, roomy))
+        return tuple.__new__(PrefixView, (chunks, held, waits, line, roomy, tokens))
 
     def _held_precisely(
         self,
@@ -144,13 +146,15 @@ class Balancer:
         body: Mapping[str, Any],
         chars: int,
         most: int,
-    ) -> None:
+    ) -> PromptBlocks | None:
         """Replace, in `held`, the approximate index's guess by what the KV events say, for each
         endpoint whose event index is usable now; where it is rebuilding (events were lost, and
         keep coming), what they say still counts where it says more than the guess (it misses
         what was lost, the guess misses what others sent). A quiet endpoint's events stopped: what
         they said may be long gone, and the guess alone counts. The blocks held, in tokens, are
-        turned into the prompt's chunks pro rata (the strategy weighs uncached characters)."""
+        turned into the prompt's chunks pro rata (the strategy weighs uncached characters).
+        Returns the prompt's token ids and block keys when there was an index to match them with
+        (None: approximate), for `on_sent`."""
         kv, tokens = self.kv, self.tokens
         assert kv is not None and tokens is not None
         known = []
@@ -161,13 +165,13 @@ class Balancer:
             elif (blocks := kv.endpoints.get(name)) and blocks.state == REBUILDING and blocks.block_size:
                 known.append((name, blocks, False))
         if not known or chars > PRECISE_MAX_CHARS:  # (a longer prompt would hold the event loop)
-            return
+            return None
         try:
             ids = tokens.ids(body)
         except Exception:  # (precise routing never fails a request: approximate instead)
-            return
+            return None
         if not ids:
-            return  # a request the gateway cannot tokenize as the server does: approximate
+            return None  # a request the gateway cannot tokenize as the server does: approximate
         keys: dict[int, list[int]] = {}
         per_chunk = len(ids) * self._chunk_chars
         for name, blocks, live in known:
@@ -178,6 +182,7 @@ class Balancer:
                 named = keys[size] = block_keys(ids, size)
             count = min(most, blocks.match(named) * size * chars // per_chunk)
             held[name] = count if live else max(held[name], count)
+        return ids, keys
 
     def on_sent(self, endpoint: str, key: int, ctx: RoutingContext | None, now: float) -> Sample | None:
         """A try of the request `ctx` (under `key`, its exchange) was sent to `endpoint` at `now`:
@@ -185,6 +190,8 @@ class Balancer:
         and returns its sample for the service model; None for the other strategies."""
         if not self.tracks or ctx is None or ctx.prefix is None:
             return None
+        if ctx.tokens is not None:  # precise mode: an endpoint rebuilding its index learns from it
+            self.kv.sent(endpoint, *ctx.tokens)  # type: ignore[union-attr]
         held = ctx.prefix.get(endpoint, 0) * self._chunk_chars
         uncached = max(0, len(ctx.request.prompt) - held)
         flights, line = self.flights, ctx.service

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from hashlib import blake2b as _blake2b
 from typing import Any
 
@@ -113,6 +113,15 @@ def block_keys(
 
 
 WAITING, LIVE, REBUILDING = "waiting", "live", "rebuilding"
+# What the index holds for a block it learnt is held without its hash (`_learn_parent`): never a
+# server's hash, which are 8 or 32 bytes, or an int.
+_LEARNT = b"learnt:"
+
+
+def _learnt(key: int) -> bytes:
+    return _LEARNT + key.to_bytes(8, "big")
+
+
 # BlockStored events in a row, built on blocks the index knows, after which a rebuilding index is
 # trusted again.
 REBUILT_AFTER = 32
@@ -120,6 +129,9 @@ REBUILT_AFTER = 32
 QUIET_ANSWERS = 8
 # vLLM's hashes are 8 (64-bit algorithms) or 32 bytes (sha256); longer ones are garbage.
 _MAX_HASH_BYTES = 64
+# Blocks of prompts sent to a rebuilding endpoint, kept to learn the parents its events name
+# (`EndpointBlocks.sent`): enough for the prompts of the last few seconds of a busy endpoint.
+_SENT_BLOCKS = 8192
 # Tiers that are not the server's GPU prefix cache (vLLM's CPU offloading): not counted as held.
 _GPU_MEDIUMS = (None, "GPU", "gpu")
 
@@ -141,12 +153,59 @@ class EndpointBlocks:
         # Blocks the index dropped itself (over max_blocks) that the server may still hold: their
         # keys, so that blocks stored on them later still chain (bounded too).
         self.forgotten: OrderedDict[BlockHash, int] = OrderedDict()
+        # While rebuilding: each full block of the prompts sent here, by its tokens -> (the
+        # prompt's token ids, its keys, the block's position), to learn the parents stored before
+        # the index joined (`_learn_parent`).
+        self.recent: OrderedDict[bytes, tuple[Sequence[int], list[int], int]] = OrderedDict()
         self.counts: Counter[str] = Counter()  # events by kind, and faults
 
     def clear(self) -> None:
         self.held.clear()
         self.keys.clear()
         self.forgotten.clear()
+        self.recent.clear()
+
+    def sent(self, token_ids: Sequence[int], keys: list[int]) -> None:
+        """A prompt of these token ids (and these keys, at this endpoint's block size) was sent
+        here: its blocks are kept, by their tokens, for `_learn_parent` (bounded)."""
+        size = self.block_size
+        assert size is not None
+        recent = self.recent
+        for position in range(1, len(keys)):
+            start = position * size
+            recent[array("q", token_ids[start : start + size]).tobytes()] = (token_ids, keys, position)
+        while len(recent) > _SENT_BLOCKS:  # bounded: one removal per round
+            recent.popitem(last=False)
+
+    def _learn_parent(self, event: BlockStored) -> int | None:
+        """The key of the unknown parent of `event`'s blocks, learnt from a prompt sent here: a
+        server stores the blocks of a prompt past the ones it holds, chained on the last one it
+        holds, so blocks whose tokens continue a prompt sent here at block `k` are chained on that
+        prompt's block `k - 1`, and the server holds the prompt's blocks up to it (marked held
+        now, with the parent's hash; the others' hashes are learnt when stored again). None when
+        no prompt sent here continues with these tokens."""
+        size = event.block_size
+        if size != self.block_size or len(event.token_ids) < size:
+            return None
+        found = self.recent.get(array("q", event.token_ids[:size]).tobytes())
+        if found is None:
+            return None
+        token_ids, keys, position = found
+        start = position * size
+        if list(token_ids[start : start + len(event.token_ids)]) != list(event.token_ids):
+            return None  # the same block in another prompt: not this one
+        held = self.held
+        parent = keys[position - 1]
+        for index in range(position - 1, -1, -1):  # (tail first, as `store` does)
+            key = keys[index]
+            if key not in held:
+                held[key] = _learnt(key)
+        old = held[parent]
+        if type(old) is bytes and old.startswith(_LEARNT):
+            held[parent] = event.parent_block_hash  # type: ignore[assignment]
+        self.keys[event.parent_block_hash] = parent  # type: ignore[index]
+        self.counts["learnt_parents"] += 1
+        return parent
 
     def store(self, event: BlockStored) -> bool:
         """False when the event builds on a parent the index does not know (its blocks cannot be
@@ -154,6 +213,10 @@ class EndpointBlocks:
         if event.medium not in _GPU_MEDIUMS:
             self.counts["other_medium"] += 1
             return True
+        size = event.block_size
+        if size < 1:
+            raise ValueError(f"block_size {size}")
+        self.block_size = size  # (the server's, whatever the block chains on: prompts are sent by it)
         parent = event.parent_block_hash
         if parent is None:
             key = None
@@ -162,11 +225,9 @@ class EndpointBlocks:
             if key is None:
                 key = self.forgotten.get(parent)
                 if key is None:
-                    return False
-        size = event.block_size
-        if size < 1:
-            raise ValueError(f"block_size {size}")
-        self.block_size = size
+                    key = self._learn_parent(event) if self.recent else None
+                    if key is None:
+                        return False
         # A LoRA adapter's blocks chain from a root of their own: a base model's prompt never
         # matches them (the gateway does not know which adapter a request names).
         named = block_keys(event.token_ids, size, key, event.lora_id)
@@ -290,6 +351,16 @@ class KvIndex:
         blocks.last_seq = upto - 1
         self._lose(blocks)
 
+    def sent(self, endpoint: str, token_ids: Sequence[int], keys_by_size: Mapping[int, list[int]]) -> None:
+        """A prompt of these token ids (its keys by block size) was sent to `endpoint`: while its
+        index is rebuilding, kept to learn the parents of what it stores next."""
+        blocks = self.endpoints.get(endpoint)
+        if blocks is None or blocks.state != REBUILDING or blocks.block_size is None:
+            return
+        keys = keys_by_size.get(blocks.block_size)
+        if keys:
+            blocks.sent(token_ids, keys)
+
     def answered(self, endpoint: str) -> None:
         """An answer from `endpoint` was relayed (a server that answers stores blocks and says so)."""
         blocks = self.endpoints.get(endpoint)
@@ -340,6 +411,7 @@ class KvIndex:
                     blocks.clean += 1
                     if blocks.clean >= REBUILT_AFTER:
                         blocks.state = LIVE
+                        blocks.recent.clear()  # (only a rebuilding index learns parents)
             else:
                 counts["unknown_parent"] += 1
                 self._lose(blocks)

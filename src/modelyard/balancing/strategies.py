@@ -29,6 +29,9 @@ from modelyard.config import (
 from modelyard.errors import UnknownStrategy
 from modelyard.types import RoutingRequest
 
+# A prompt's token ids and its block keys by block size (precise mode: balancing/kv_events.py).
+PromptBlocks = tuple[Sequence[int], Mapping[int, list[int]]]
+
 
 class RoutingContext(NamedTuple):
     """`seq` counts the model's requests (round_robin's position); `affinity` is the endpoint name
@@ -48,6 +51,9 @@ class RoutingContext(NamedTuple):
     # prefix_aware, when some endpoint has a queue: the free endpoints where a cold start of this
     # prompt evicts nothing wanted more (the tail guard holds where one of them is a candidate)
     roomy: Collection[str] | None = None
+    # prefix_aware in precise mode: the prompt's token ids and its block keys by block size, so
+    # that the index learns what an endpoint rebuilding its index is sent (Balancer.on_sent)
+    tokens: PromptBlocks | None = None
 
 
 @dataclass(slots=True, frozen=True)

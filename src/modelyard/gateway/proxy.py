@@ -106,7 +106,7 @@ class Proxy:
         started = time.perf_counter()
         route = cluster.route_for(request.headers, routing.fields)
         subset = pick_subset(route, request.headers, self._rng)
-        key = remembered = chunks = held = waits = line = roomy = None
+        key = remembered = chunks = held = waits = line = roomy = tokens = None
         needs = cluster.balancer.strategy.needs  # (empty for most strategies: nothing to look up then)
         if needs:
             if Need.AFFINITY in needs:
@@ -114,7 +114,7 @@ class Proxy:
                 remembered = await self._state.get(key)
             now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
             if Need.PREFIX in needs and routing.prompt:
-                chunks, held, waits, line, roomy = cluster.balancer.look(
+                chunks, held, waits, line, roomy, tokens = cluster.balancer.look(
                     routing.prompt, cluster.endpoint_names, now, routing.fields
                 )
         else:
@@ -142,7 +142,8 @@ class Proxy:
             subset,
             # (tuple.__new__: a NamedTuple's own __new__ is a Python function)
             tuple.__new__(
-                RoutingContext, (routing, cluster.next_seq(), remembered, now, held, waits, line, roomy)
+                RoutingContext,
+                (routing, cluster.next_seq(), remembered, now, held, waits, line, roomy, tokens),
             ),
             request.method,
             request.raw_path,

@@ -120,6 +120,62 @@ def test_a_block_built_on_an_unknown_parent_sends_the_endpoint_back_to_approxima
     assert kv.track("a").match(KEYS) == 2  # what it knew stays, for when it is trusted again
 
 
+def rebuilding_after_its_hot_prefix() -> KvIndex:
+    """An index that joined a server after the blocks of a prompt's first two blocks (hashes 1, 2)
+    were stored: the server's replay no longer has them."""
+    kv = KvIndex()
+    assert kv.apply("a", 7, batch(stored([90], None, [9, 9, 9, 9])), now=0.0) == Applied.GAP
+    kv.lost("a", 7)
+    kv.apply("a", 7, batch(stored([90], None, [9, 9, 9, 9])), now=0.0)  # (its block size is known)
+    assert kv.status("a", 0.0) == REBUILDING
+    return kv
+
+
+def test_a_parent_stored_before_the_index_joined_is_learnt_from_a_prompt_sent_there() -> None:
+    """The server holds PROMPT's first two blocks (from before the index joined); the gateway sends
+    it PROMPT, and it stores blocks 3 and 4 on block 2's hash: the index learns that hash is
+    PROMPT's block 2, and that the server holds the whole prompt."""
+    kv = rebuilding_after_its_hot_prefix()
+    kv.sent("a", PROMPT, {SIZE: KEYS})
+    kv.apply("a", 8, batch(stored([3, 4], 2, PROMPT[8:])), now=0.0)
+    blocks = kv.track("a")
+    assert blocks.counts["learnt_parents"] == 1 and blocks.counts["unknown_parent"] == 0
+    assert blocks.match(KEYS) == 4
+    # the learnt parent chains what comes next on it too, without another prompt
+    other = [*PROMPT[:8], 7, 7, 7, 7]
+    kv.apply("a", 9, batch(stored([5], 2, [7, 7, 7, 7])), now=0.0)
+    assert blocks.match(block_keys(other, SIZE)) == 3
+    # and enough such stores make it live again
+    seq = 10
+    for i in range(REBUILT_AFTER):
+        kv.apply("a", seq, batch(stored([600 + i], 4, [i, i, i, i])), now=0.0)
+        seq += 1
+    assert kv.status("a", 0.0) == LIVE and not blocks.recent  # (nothing kept once live)
+
+
+def test_a_block_whose_tokens_continue_no_prompt_sent_there_is_still_unknown() -> None:
+    kv = rebuilding_after_its_hot_prefix()
+    kv.sent("a", PROMPT, {SIZE: KEYS})
+    # block 3's tokens, but going on with others than PROMPT's: not PROMPT's continuation
+    kv.apply("a", 8, batch(stored([3, 4], 2, [*PROMPT[8:12], 1, 1, 1, 1])), now=0.0)
+    # tokens no prompt sent there has
+    kv.apply("a", 9, batch(stored([8], 77, [5, 5, 5, 5])), now=0.0)
+    blocks = kv.track("a")
+    assert blocks.counts["unknown_parent"] == 2 and blocks.counts["learnt_parents"] == 0
+    assert blocks.match(KEYS) == 0
+
+
+def test_prompts_are_kept_to_learn_from_only_while_the_endpoint_rebuilds_and_boundedly() -> None:
+    kv = live_index()
+    kv.sent("a", PROMPT, {SIZE: KEYS})
+    assert not kv.track("a").recent  # live: everything chains, nothing to learn
+    kv = rebuilding_after_its_hot_prefix()
+    for n in range(3000):  # 3 blocks past the first of each: 9,000 kept at most 8,192
+        ids = [n * 16 + t for t in range(16)]
+        kv.sent("a", ids, {SIZE: block_keys(ids, SIZE)})
+    assert len(kv.track("a").recent) == 8192
+
+
 @pytest.mark.parametrize(
     "payload",
     [
