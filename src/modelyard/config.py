@@ -598,6 +598,29 @@ class AdminConfig(_Strict):
     )
 
 
+class AuthConfig(_Strict):
+    """Who may call the inference routes: API keys of tenants (security/api_keys.py)."""
+
+    enabled: bool = Field(
+        False,
+        description="every inference call (OpenAI, OIP over HTTP and gRPC, KServe v1, graphs, "
+        "GET /v1/models) needs an API key from keys_file: 'Authorization: Bearer <key>' or 'api-key: "
+        "<key>'; off: anyone who reaches the port may call (the demo)",
+    )
+    keys_file: str | None = Field(
+        None,
+        description="the tenants and their keys (YAML: tenants: [{name, models}], keys: [{name, "
+        "tenant, key or sha256, models}]), read again when it changes; a Kubernetes Secret mounted "
+        "as a file is one",
+    )
+
+    @model_validator(mode="after")
+    def _needs_keys(self) -> AuthConfig:
+        if self.enabled and self.keys_file is None:
+            raise ValueError("enabled needs keys_file: the file naming the tenants and their keys")
+        return self
+
+
 def on_loopback(host: str) -> bool:
     """Whether `host` is reachable from this machine only."""
     if host == "localhost":
@@ -801,6 +824,7 @@ class GatewayConfig(_Strict):
     state: StateConfig = StateConfig()
     limits: LimitsConfig = LimitsConfig()
     admin: AdminConfig = AdminConfig()
+    auth: AuthConfig = AuthConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     placement: PlacementConfig = PlacementConfig()
     graphs: dict[str, Any] = Field(

@@ -12,8 +12,11 @@
     │   └── ModelSpecInvalid            400 (every problem of a model spec to place, with its path)
     ├── Unauthorized                    401 authentication_error
     │   ├── MissingCredentials          401 (no credential at all)
-    │   └── InvalidToken                401 (a bearer token no table holds)
+    │   ├── InvalidToken                401 (a bearer token no table holds)
+    │   ├── ApiKeyMissing               401 (an inference call without an API key, auth on)
+    │   └── ApiKeyInvalid               401 (an API key no keys file holds, or not a bearer token)
     ├── Forbidden                       403 permission_error (a credential whose role does not allow it)
+    │   └── ModelNotAllowed             403 (an API key whose tenant may not use the model)
     ├── NotFound                        404 not_found_error
     │   └── ModelNotFound               404 model_not_found
     ├── MethodNotAllowed                405 method_not_allowed
@@ -139,10 +142,22 @@ class InvalidToken(Unauthorized):
     code = "invalid_token"
 
 
+class ApiKeyMissing(Unauthorized):
+    code = "missing_api_key"
+
+
+class ApiKeyInvalid(Unauthorized):
+    code = "invalid_api_key"
+
+
 class Forbidden(ModelyardError):
     status = 403
     error_type = "permission_error"
     code = "insufficient_role"
+
+
+class ModelNotAllowed(Forbidden):
+    code = "model_not_allowed"
 
 
 class NotFound(ModelyardError):

@@ -18,6 +18,7 @@ from modelyard.cluster import Load
 from modelyard.config import GATEWAY_SERVICE_NAME, GatewayConfig, ModelConfig
 from modelyard.errors import ModelNotFound, ModelyardError, Overloaded
 from modelyard.gateway.access_log import AccessLog
+from modelyard.gateway.admission import Admission
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.graphs import GatewayInvoker, GraphService
 from modelyard.gateway.health import HealthChecker
@@ -143,6 +144,7 @@ class Gateway:
             share_canary=self._worker_log.share_canary if self._worker_log is not None else None,
             tracer=self.tracer,
             access=self.access,
+            drop_credentials=config.auth.enabled,
         )
         # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
         self._leader = siblings is None or siblings.leader
@@ -167,6 +169,10 @@ class Gateway:
             self.access,
             self.proxy.new_request_id,
         )
+        # auth.enabled: who may call which model (the keys file's names checked against the models
+        # and graphs, unless a scheduler places models not known yet)
+        known = None if config.placement.scheduler else [*self.clusters, *self.graphs.graphs]
+        self.admission = Admission(config.auth, known) if config.auth.enabled else None
         self.created = int(time.time())
         self.placed = PlacedModels(self, config.placement)
         self.follower = (

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
 from modelyard.errors import BadRequest, ModelyardError
+from modelyard.gateway.admission import Admission
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
 from modelyard.gateway.ledger import CLIENT_CLOSED
@@ -64,9 +65,13 @@ ProxiedRoute = Callable[[Gateway, Inbound, Reply], Awaitable[None]]
 
 def openai_route(kind: str) -> ProxiedRoute:
     async def handle(gateway: Gateway, request: Inbound, reply: Reply) -> None:
+        admission = gateway.admission  # (auth.enabled: the key before the body, the model after)
+        caller = admission.caller(request.headers) if admission is not None else None
         # (the lean connection's body is here already: no coroutine to get it)
         body = request.body if type(request) is H1Request else await read_body(request)
         routing = openai.routing_request(body, kind)
+        if caller is not None:
+            Admission.allow(caller, routing.model)
         await gateway.proxy.forward(request, reply, gateway.cluster(routing.model), routing, body)
 
     return handle
@@ -86,6 +91,8 @@ def refuse_unsafe_path(request: Inbound) -> None:
 
 async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     refuse_unsafe_path(request)
+    if gateway.admission is not None:  # (before saying whether the model exists)
+        gateway.admission.admit(request.headers, request.match_info["name"])
     cluster = gateway.admit(request.match_info["name"])  # the model is in the path: before the body
     body = await read_body(request)
     routing = oip.routing_request(
@@ -97,6 +104,8 @@ async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
 async def model_get(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     """OIP model metadata/readiness and KServe v1 model status come from a serving endpoint."""
     refuse_unsafe_path(request)
+    if gateway.admission is not None:
+        gateway.admission.admit(request.headers, request.match_info["name"])
     cluster = gateway.cluster(request.match_info["name"])
     await gateway.proxy.forward(request, reply, cluster, RoutingRequest(model=cluster.name), None)
 
@@ -199,10 +208,13 @@ def _model_named(request: Inbound, error: BaseException) -> str:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The models; with auth on, those the caller's key may use."""
     gateway = request.app[GATEWAY]
+    caller = gateway.admission.caller(request.headers) if gateway.admission is not None else None
     data = [
         {"id": name, "object": "model", "created": gateway.created, "owned_by": "modelyard"}
         for name in gateway.clusters
+        if caller is None or caller.may_use(name)
     ]
     return json_response({"object": "list", "data": data})
 
@@ -230,6 +242,8 @@ async def run_graph(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     started = time.perf_counter()
     try:
+        if gateway.admission is not None:  # (a key may use a graph by its name)
+            gateway.admission.admit(request.headers, name)
         service.get(name)  # 404 before reading the body
         body = await read_body(request)
     except (ModelyardError, web.HTTPException) as exc:  # the graph's run writes its own access line

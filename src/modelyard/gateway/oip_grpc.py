@@ -25,6 +25,7 @@ import orjson
 from modelyard import __version__
 from modelyard.balancing.routes import ALL_SUBSETS
 from modelyard.errors import BadRequest, ModelServerAnswered, ModelyardError, NoHealthyEndpoint, UpstreamError
+from modelyard.gateway.admission import CREDENTIAL_FIELDS
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.proxy import REQUEST_ID_HEADER, Called
@@ -71,6 +72,8 @@ class GatewayOip:
         """ModelNotFound (or the placement error) for an unknown model, Overloaded when every
         endpoint is full: checked before rpc/ converts the call's tensors."""
         try:
+            if self._gateway.admission is not None:
+                self._gateway.admission.admit_metadata(headers, model)
             self._gateway.admit(model)
         except ModelyardError as exc:
             self._refused(headers, model, "POST", _rest_path(model, version, "/infer"), exc)
@@ -100,9 +103,11 @@ class GatewayOip:
         to one of the model's endpoints with a grpc_url (a decoupled model answers a request more
         than once); None when the model has none (each request is then routed on its own)."""
         try:
+            if self._gateway.admission is not None:
+                self._gateway.admission.admit_metadata(headers, model)
             cluster = self._gateway.cluster(model)
         except ModelyardError:
-            return None  # unknown here: each request gets its own error, in the stream
+            return None  # unknown here (or not this caller's): each request gets its own error
         if not cluster.speaks_grpc or not any(
             e.grpc_url for e in cluster.routable(ALL_SUBSETS, time.monotonic())
         ):
@@ -134,6 +139,8 @@ class GatewayOip:
     def _forwarded(self, headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         """The call's metadata as the headers a backend gets, with the caller's x-request-id or a
         new one."""
+        if self._gateway.admission is not None:  # (the caller's key stays here)
+            headers = [(k, v) for k, v in headers if k.lower().encode() not in CREDENTIAL_FIELDS]
         return forwarded_request_headers(headers, self.request_id(headers))
 
     def request_id(self, headers: Sequence[tuple[str, str]]) -> str:
@@ -149,6 +156,8 @@ class GatewayOip:
         """The model's cluster and the REST path a call to it stands for; an unknown model or a
         version not allowed refuses the call (with its access line)."""
         try:
+            if self._gateway.admission is not None:
+                self._gateway.admission.admit_metadata(headers, model)
             cluster = self._gateway.cluster(model)
             return cluster, _path(cluster, version, suffix)
         except ModelyardError as exc:

@@ -24,6 +24,7 @@ from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
 from modelyard.errors import ModelyardError, UpstreamError, UpstreamUnreachable
 from modelyard.gateway.access_log import AccessLog
+from modelyard.gateway.admission import CREDENTIAL_FIELDS
 from modelyard.gateway.attempts import GRPC_CONTENT_TYPE, AttemptLoop, grpc_metadata, try_span
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
@@ -80,10 +81,13 @@ class Proxy:
         share_canary: Callable[[list[object]], None] | None = None,
         tracer: Tracer | None = None,
         access: AccessLog | None = None,
+        drop_credentials: bool = False,
     ) -> None:
         if not NOT_RELAYED.issubset(pool.relay_drop):  # answers' `relayed` leave out what is set here
             raise ValueError("the proxy's upstream pool must drop at least proxy.NOT_RELAYED")
         self._state = state
+        # auth.enabled: a client's API key is the gateway's business, never a server's
+        self._drop_credentials = drop_credentials
         # What prefix_aware records goes to the other gateways too (prefix_sharing.py).
         self._share_prefix = share_prefix or _not_shared
         self._metrics = metrics
@@ -136,6 +140,8 @@ class Proxy:
             sent = RawHeaders(forwarded)
         else:
             sent = forwarded_headers(request.raw_headers, raw_id)
+        if self._drop_credentials:
+            sent = RawHeaders([field for field in sent.fields if field[0].lower() not in CREDENTIAL_FIELDS])
         ex = Exchange(
             cluster,
             route,

@@ -41,6 +41,7 @@ async def openapi_json(request: web.Request) -> web.Response:
         tuple(sorted(gateway.graphs.graphs)),
         admin_token=admin_config.token is not None,
         graph_views_protected=admin_config.protect_graph_views,
+        api_keys=gateway.config.auth.enabled,
     )
     return web.Response(body=body, content_type="application/json")
 

@@ -36,9 +36,12 @@ def openapi_document(
     *,
     admin_token: bool = False,
     graph_views_protected: bool = False,
+    api_keys: bool = False,
 ) -> dict[str, Any]:
     """The document of `routes` (route_table.ROUTES) for a gateway serving `models` and `graphs`;
-    with `admin_token`, the admin calls require a bearer token (and may answer 401)."""
+    with `admin_token`, the admin calls require a bearer token (and may answer 401); with
+    `api_keys` (auth.enabled), the inference calls an API key (401, and 403 for a model not
+    allowed)."""
     schemas = build_schemas(models, graphs)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -54,13 +57,21 @@ def openapi_document(
             {"name": name}
             for name in ("OpenAI", "OIP v2", "KServe v1", "Graphs", "Admin", "Dashboard", "Operations")
         ],
-        "paths": Paths(models, admin_token, graph_views_protected).build(routes),
+        "paths": Paths(models, admin_token, graph_views_protected, api_keys).build(routes),
         "components": {"schemas": schemas, "parameters": PARAMETERS},
     }
+    schemes: dict[str, Any] = {}
     if admin_token:
-        document["components"]["securitySchemes"] = {
-            "adminToken": {"type": "http", "scheme": "bearer", "description": "`admin.token`"}
+        schemes["adminToken"] = {"type": "http", "scheme": "bearer", "description": "`admin.token`"}
+    if api_keys:
+        schemes["apiKey"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "an API key of `auth.keys_file`",
         }
+        schemes["azureApiKey"] = {"type": "apiKey", "in": "header", "name": "api-key"}
+    if schemes:
+        document["components"]["securitySchemes"] = schemes
     return copy.deepcopy(document)  # it shares this module's fragments; the caller's to change
 
 
@@ -72,10 +83,16 @@ def encoded_document(
     *,
     admin_token: bool,
     graph_views_protected: bool,
+    api_keys: bool = False,
 ) -> bytes:
     """`openapi_document` as JSON, kept: a gateway's models change only through the scheduler's
     feed and its graphs only through /admin, so the same document is asked for again and again."""
     document = openapi_document(
-        routes, models, graphs, admin_token=admin_token, graph_views_protected=graph_views_protected
+        routes,
+        models,
+        graphs,
+        admin_token=admin_token,
+        graph_views_protected=graph_views_protected,
+        api_keys=api_keys,
     )
     return orjson.dumps(document)

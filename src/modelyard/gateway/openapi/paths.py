@@ -52,11 +52,25 @@ def documented_path(pattern: str) -> str:
     return web.DynamicResource(pattern).canonical if "{" in pattern else pattern
 
 
+# The operations that need an API key when auth.enabled (gateway/admission.py).
+KEYED = frozenset(
+    {
+        "chatCompletions", "completions", "embeddings", "listModels", "kservePredict", "kserveModel",
+        "oipModelMetadata", "oipModelReady", "oipModelInfer", "oipModelVersionMetadata",
+        "oipModelVersionReady", "oipModelVersionInfer", "runGraph",
+    }
+)  # fmt: skip
+API_KEY_CHALLENGE = {"WWW-Authenticate": string_header('`Bearer realm="modelyard"`', required=True)}
+
+
 class Paths:
-    def __init__(self, models: Sequence[str], admin_token: bool, graph_views_protected: bool) -> None:
+    def __init__(
+        self, models: Sequence[str], admin_token: bool, graph_views_protected: bool, api_keys: bool = False
+    ) -> None:
         self._model = models[0] if models else "my-model"
         self._admin_token = admin_token
         self._graph_views_protected = admin_token and graph_views_protected
+        self._api_keys = api_keys
 
     def descriptions(self) -> dict[str, Description]:
         """Every operation's description, by its operationId."""
@@ -104,6 +118,13 @@ class Paths:
                 if self._graph_views_protected and method == "get" and path.startswith("/v1/graphs"):
                     operation["security"] = [{"adminToken": []}]
                     responses["401"] = unauthorized()
+                if self._api_keys and operation["operationId"] in KEYED:
+                    operation["security"] = [{"apiKey": []}, {"azureApiKey": []}]
+                    responses["401"] = error_response(
+                        envelope, "no API key, or one the keys file does not hold", headers=API_KEY_CHALLENGE
+                    )
+                    if operation["operationId"] != "listModels":
+                        responses["403"] = error_response(envelope, "the key's tenant may not use this model")
                 operation["responses"] = dict(sorted(responses.items()))
         return paths
 
