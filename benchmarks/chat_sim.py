@@ -134,13 +134,17 @@ class Workers:
 
 
 class BatchOracle(Router):
-    """Knows each worker's true cache, batch and queue: the worker where this request ends first
-    (among equals the one caching most). The best a router deciding one request at a time can do."""
+    """Knows each worker's true cache, batch and queue: the worker where this request would end
+    first (among equals the one caching most). Greedy: it does not weigh the slowdown it brings to
+    the requests already in a batch, nor what the cache will hold later, so a router can beat it
+    on some measure; it is a reference, not a bound."""
 
     def __init__(self, workers: Workers) -> None:
         self.at = workers
 
     def pick(self, cluster: object, jobs: Sequence[Job], index: int, now: float, rng: random.Random) -> int:
+        for worker in self.at.workers:  # (each batch as it is now, not as it was at its last event)
+            self.at.advance(worker, now)
         job = jobs[index]
         best = min(
             (self.at.finish_if_sent(w, job, now), -w.cache.match(job.blocks), rng.random(), i)
@@ -272,6 +276,8 @@ def simulate_chat(
             while worker.queue and len(worker.active) < worker.slots:
                 start(w, worker.queue.popleft(), now)
             schedule(w, now)
+    if not counted:
+        raise SystemExit(f"no turn was sent after the {spec.warmup:g} s warm-up: send more (--requests)")
     latencies = [t.ended - t.sent + OVERHEAD for t, _, _ in counted]
     ttfts = [(t.first or t.ended) - t.sent + OVERHEAD for t, _, _ in counted]
     itls = [

@@ -141,8 +141,9 @@ async def one_gateway(
             await asyncio.to_thread(make_live, url, urls, head)
         for connections in args.connections:
             script = tmp / "wrk.lua"
-            script.write_text(lua.replace("{offset}", str(next(OFFSETS))))  # (new messages for every run)
+            script.write_text(lua.replace("{offset}", str(next(OFFSETS))))
             run_wrk(mode, url + CHAT_PATH, script, connections, 1.0)  # warm-up
+            script.write_text(lua.replace("{offset}", str(next(OFFSETS))))  # (no message sent before)
             before = process_tree_cpu(gateway.pid)
             result = run_wrk(mode, url + CHAT_PATH, script, connections, args.duration)
             cpu = process_tree_cpu(gateway.pid) - before

@@ -36,7 +36,7 @@ from modelyard.errors import (
     UpstreamUnreachable,
 )
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
-from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger
+from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger, ended_with
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.protocols.http import RawHeaders
 from modelyard.rpc import OipChannels
@@ -160,8 +160,8 @@ class AttemptLoop:
                 cluster.awaiting_answer(endpoint, flight)
                 try:
                     outcome = await self._try(ex, endpoint, deadline, flight, headers)
-                except BaseException as exc:  # cancelled (the client left), or the route's time is up
-                    code = exc.status if isinstance(exc, ModelyardError) else CLIENT_CLOSED
+                except BaseException as exc:  # cancelled (the client left), the route's time is up, a bug
+                    code = ended_with(exc)
                     if span is not None:
                         span.answered(code, exc if isinstance(exc, ModelyardError) else None)
                         span.end()
@@ -298,9 +298,7 @@ class AttemptLoop:
         admits, chosen and waited for as a try is; it holds a slot (`ex.held`, timed from the
         exchange's start) until the exchange is closed. No retries: once the stream has begun, its
         answers may already be on their way."""
-        endpoint, pick = await self._choose(ex, [], None, only)
-        ex.held = (endpoint, pick, ex.started)
-        return endpoint, pick
+        return await self._choose(ex, [], None, only)  # (`ex.held` timed from the exchange's start)
 
     async def _choose(
         self,
@@ -351,6 +349,7 @@ class AttemptLoop:
             pick = balancer.pick(candidates, ex.ctx, self._rng)
             endpoint = candidates[pick.index]
             cluster.acquire(endpoint, ex.tokens)
+            ex.held = (endpoint, pick, ex.started)  # (held from here: whatever raises, close frees it)
             ex.service_sample = (
                 balancer.on_sent(endpoint.name, id(ex), ex.ctx, time.monotonic()) if balancer.tracks else None
             )

@@ -34,8 +34,8 @@ def ended_with(exc: BaseException) -> int:
     client that went away, 500 for a bug (the error middleware answers it so)."""
     if isinstance(exc, ModelyardError):
         return exc.status
-    if isinstance(exc, (asyncio.CancelledError, ConnectionError)):
-        return CLIENT_CLOSED
+    if isinstance(exc, (asyncio.CancelledError, ConnectionError, GeneratorExit)):
+        return CLIENT_CLOSED  # (GeneratorExit: a relayed stream's reader stopped reading)
     return 500
 
 
@@ -53,9 +53,9 @@ class Ledger:
     def open(self, ex: Exchange, headers: Iterable[tuple[str, str]] | None, kind: Kind = "server") -> None:
         """The request is in: counted in its model's retry budget and, `tracing`, traced (a child
         of the traceparent in `headers` when it has one; the caller need not make them when not)."""
-        ex.cluster.budget.request_started()
-        if self._tracer is not None:
+        if self._tracer is not None:  # (before the count: a tracer that raises leaves none)
             ex.span = _request_span(self._tracer, ex, headers or (), kind)
+        ex.cluster.budget.request_started()
 
     def try_ended(self, ex: Exchange, code: int) -> None:
         """The try holding `ex.held` failed and is retried: counted (not as the request's end),
@@ -79,29 +79,35 @@ class Ledger:
         ex.closed = True
         cluster = ex.cluster
         held = ex.held
-        if held is None:
-            if ex.counted:
-                self._unrouted(ex, code)
+        # (what must happen whatever counting raises is in the `finally`: a second close does
+        # nothing, so nothing else would end the budget's count, the capture or the span)
+        try:
+            if held is None:
+                if ex.counted:
+                    self._unrouted(ex, code)
+            else:
+                endpoint, pick, started = held
+                answer = ex.answer
+                try:
+                    if answer is not None:
+                        answer.close()
+                        started = ex.started  # an answer is timed whole; a try that failed, by itself
+                finally:
+                    cluster.release(endpoint, ex.tokens, id(ex))
+                if ex.counted:
+                    self._observe(ex, endpoint, code, started, pick.cache_hit, final=True)
+                    # Only an answer relayed whole times the server: a stream that went idle or broke
+                    # off after its 200 would teach the service model its timeout.
+                    sample = ex.service_sample
+                    if sample is not None and code == 200 and answer is not None:
+                        cluster.balancer.on_served(sample, time.monotonic())
+        finally:
+            if ex.counted:  # (a shadow copy is not in the budget)
                 cluster.budget.request_ended()
-        else:
-            endpoint, pick, started = held
-            answer = ex.answer
-            if answer is not None:
-                answer.close()
-                started = ex.started  # an answer is timed whole; a try that failed, by itself
-            cluster.release(endpoint, ex.tokens, id(ex))
-            if ex.counted:
-                self._observe(ex, endpoint, code, started, pick.cache_hit, final=True)
-                # Only an answer relayed whole times the server: a stream that went idle or broke
-                # off after its 200 would teach the service model its timeout.
-                sample = ex.service_sample
-                if sample is not None and code == 200 and answer is not None:
-                    cluster.balancer.on_served(sample, time.monotonic())
-                cluster.budget.request_ended()  # (a shadow copy is not in the budget)
-        if ex.capture is not None:
-            ex.capture.ended(time.perf_counter() - ex.started)
-        if ex.span is not None:  # after the relay: a stream's span ends with the stream
-            ex.span.end()
+            if ex.capture is not None:
+                ex.capture.ended(time.perf_counter() - ex.started)
+            if ex.span is not None:  # after the relay: a stream's span ends with the stream
+                ex.span.end()
 
     def _observe(
         self,

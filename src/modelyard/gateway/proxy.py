@@ -22,7 +22,7 @@ from multidict import CIMultiDict
 
 from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
-from modelyard.errors import ModelyardError, UpstreamError, UpstreamUnreachable
+from modelyard.errors import UpstreamUnreachable
 from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.admission import CREDENTIAL_FIELDS
 from modelyard.gateway.attempts import GRPC_CONTENT_TYPE, AttemptLoop, grpc_metadata, try_span
@@ -161,8 +161,8 @@ class Proxy:
         )
         ledger = self._ledger
         ledger.open(ex, request.headers.items() if ledger.tracing else None)
-        ex.capture = self._shadows.start(ex)
         try:
+            ex.capture = self._shadows.start(ex)
             attempt = await self._attempts.run(ex)
             if key is not None:
                 await self._remember(ex, attempt, key)
@@ -214,8 +214,8 @@ class Proxy:
             ex.sent_bytes = len(data)
             code = attempt.response.status
             return Called(code, data, attempt.response.content_type == GRPC_CONTENT_TYPE)
-        except UpstreamError as exc:
-            code = exc.status  # (the answer's body broke off; a failed request is closed already)
+        except BaseException as exc:
+            code = ended_with(exc)  # (the answer's body broke off; a failed request is closed already)
             raise
         finally:
             self._ledger.close(ex, code)
@@ -248,8 +248,8 @@ class Proxy:
                     ex.sent_bytes += len(message)
                     yield message
                 code = 200
-            except ModelyardError as exc:
-                code = exc.status
+            except BaseException as exc:
+                code = ended_with(exc)
                 if isinstance(exc, UpstreamUnreachable):  # nothing listens there: out until a probe passes
                     cluster.record_connection_failure(endpoint, exc.message)
                 raise

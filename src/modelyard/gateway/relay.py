@@ -16,7 +16,7 @@ import time
 from modelyard.errors import UpstreamError, UpstreamTimeout
 from modelyard.gateway.capture import Capture
 from modelyard.gateway.exchange import Answer, Attempt, Exchange
-from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger
+from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger, ended_with
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.protocols import error_body, protocol_for_path
 from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
@@ -54,8 +54,8 @@ class Relay:
                 code = upstream.status
             if capture is not None:
                 capture.finish(code, upstream.header("Content-Type"))
-        except UpstreamError as exc:
-            code = exc.status
+        except BaseException as exc:
+            code = ended_with(exc)
             raise
         finally:
             self._ledger.close(ex, code)

@@ -32,7 +32,7 @@ chat_sim = _load("chat_sim")
 @pytest.mark.parametrize("load", [0.7, 0.9])
 def test_prefix_aware_caches_within_3_points_of_the_oracle_at_the_lowest_time_to_first_token(load):
     names = ["least_pending", "round_robin", "prefix_aware", "prefix_aware:precise"]
-    rows = chat_sim.run(names, "chat", workers=4, load=load, seeds=1, requests=400)
+    rows = chat_sim.run(names, "chat", workers=4, load=load, seeds=2, requests=400)  # (medians of 2)
     oracle = rows["oracle"]
     assert oracle["cached"] <= oracle["ceiling"]  # (no router beats a cache without a size limit)
     for name in ("prefix_aware", "prefix_aware:precise"):

@@ -119,6 +119,7 @@ def test_a_shadow_copy_frees_its_endpoint_but_is_not_counted_nor_in_the_budget()
         (UpstreamTimeout("slow"), 504),
         (asyncio.CancelledError(), CLIENT_CLOSED),
         (ConnectionResetError(), CLIENT_CLOSED),
+        (GeneratorExit(), CLIENT_CLOSED),
         (KeyError("bug"), 500),
     ],
 )
@@ -126,3 +127,24 @@ def test_an_exchange_ended_by_an_exception_is_closed_with_its_status(
     error: BaseException, status: int
 ) -> None:
     assert ended_with(error) == status
+
+
+def test_counting_that_fails_still_frees_the_endpoint_and_ends_the_budgets_count_and_the_capture() -> None:
+    """A bug in what counts the request (here the routing log's sharing) must not leave the model's
+    retry budget one request too high for ever, nor a shadow comparison waiting."""
+    ledger, metrics, cluster = setup()
+
+    def broken(entry: object) -> None:
+        raise RuntimeError("sharing failed")
+
+    metrics.routing_log.share = broken
+    ex = exchange(cluster)
+    ledger.open(ex, None)
+    ended: list[float] = []
+    ex.capture = type("Capture", (), {"ended": lambda self, seconds: ended.append(seconds)})()  # type: ignore[assignment]
+    hold(ex, "a")
+    with pytest.raises(RuntimeError):
+        ledger.close(ex, 200)
+    assert cluster.endpoints[0].load.in_flight == 0 and cluster.budget.active == 0 and len(ended) == 1
+    ledger.close(ex, CLIENT_CLOSED)  # (and a second close still does nothing)
+    assert cluster.budget.active == 0
