@@ -216,3 +216,23 @@ async def test_the_openapi_document_says_which_calls_need_a_key(secured, http):
     schema = infer["responses"]["401"]["content"]["application/json"]["schema"]
     assert schema["$ref"].endswith("InferenceError")  # OIP's envelope
     assert "security" not in document["paths"]["/healthz"]["get"]  # probes need no key
+
+
+async def test_a_key_of_bytes_that_are_not_utf8_is_refused_not_a_crash(secured):
+    """Raw header bytes 0x80-0xFF (what an attacker may send) on both listeners' paths."""
+    gateway, _ = secured
+    host, port = gateway.url.removeprefix("http://").split(":")
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+    for header in (b"Authorization: Bearer sk-\xff\xfe-bytes-000", b"api-key: \xc3\x28\xff0000000"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + header
+            + b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            + body
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert b"invalid_api_key" in answer

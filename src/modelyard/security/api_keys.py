@@ -53,7 +53,8 @@ class Caller(NamedTuple):
 
 
 def key_digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+    # (header values arrive decoded with surrogateescape: a key of stray bytes hashes, never raises)
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
 class KeyTable:
