@@ -330,8 +330,6 @@ class AttemptLoop:
         if only is not None:
             healthy = [e for e in healthy if only(e)]
         if not healthy:
-            if ex.counted:
-                self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, 503, 0.0)
             self._ledger.close(ex, 503)
             raise NoHealthyEndpoint(
                 f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
@@ -397,11 +395,7 @@ class AttemptLoop:
 
     def _give_up(self, ex: Exchange, code: int) -> None:
         """A request that ended between tries or before its first (cancelled while it waited for
-        room or for its backoff): counted, unless a try of it already was, and closed."""
-        if ex.counted and ex.tries == 0:
-            cluster = ex.cluster
-            seconds = time.perf_counter() - ex.started
-            self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, code, seconds)
+        room or for its backoff): closed, holding no endpoint."""
         self._ledger.close(ex, code)
 
     def _warn_failed(self, ex: Exchange, endpoint: Endpoint, failure: ModelyardError) -> None:

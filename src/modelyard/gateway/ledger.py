@@ -135,9 +135,12 @@ class Ledger:
 
     def _unrouted(self, ex: Exchange, code: int) -> None:
         """A request that ended holding no endpoint (none healthy, no room in time, the client
-        left while it waited or between tries): logged without one."""
+        left while it waited or between tries): logged without one, and counted in the request
+        metrics without one unless a try of it already was."""
         cluster = ex.cluster
         seconds = time.perf_counter() - ex.started
+        if ex.tries == 0:
+            self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, code, seconds)
         record = self._log.record(
             cluster.name, ex.route.name, ex.subset, "", cluster.balancer.strategy.name, code, seconds, None,
             ex.request_id,

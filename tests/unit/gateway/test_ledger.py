@@ -148,3 +148,26 @@ def test_counting_that_fails_still_frees_the_endpoint_and_ends_the_budgets_count
     assert cluster.endpoints[0].load.in_flight == 0 and cluster.budget.active == 0 and len(ended) == 1
     ledger.close(ex, CLIENT_CLOSED)  # (and a second close still does nothing)
     assert cluster.budget.active == 0
+
+
+def requests_total(metrics: GatewayMetrics, backend: str, code: int) -> float:
+    metrics.flush()
+    labels = {"model": "m", "backend": backend, "strategy": "round_robin", "code": str(code)}
+    return metrics.registry.get_sample_value("modelyard_requests_total", labels) or 0.0
+
+
+def test_a_request_that_never_reached_an_endpoint_is_in_the_request_metrics_once() -> None:
+    """A 429 from the queue or a 503 with nothing healthy is what a client got: counted, without a
+    backend; one whose earlier try was counted already is not counted again."""
+    ledger, metrics, cluster = setup()
+    ex = exchange(cluster)
+    ledger.open(ex, None)
+    ledger.close(ex, Overloaded.status)
+    assert requests_total(metrics, "", 429) == 1
+    retried = exchange(cluster)
+    ledger.open(retried, None)
+    hold(retried, "a")
+    retried.tries = 1
+    ledger.try_ended(retried, 503)
+    ledger.close(retried, 503)  # then nothing healthy to retry on
+    assert requests_total(metrics, "a", 503) == 1 and requests_total(metrics, "", 503) == 0
