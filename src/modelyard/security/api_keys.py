@@ -19,18 +19,15 @@ editing the file), keeping the last good table when the new file cannot be used.
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
 import re
-import time
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from modelyard.config import read_yaml
 from modelyard.errors import ConfigError
+from modelyard.security.tokens import WatchedFile, bearer_token
 
-log = logging.getLogger("modelyard.security")
 
 ALL_MODELS = "*"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")  # what a label or log line may carry
@@ -208,53 +205,16 @@ def _digest(entry: Mapping[str, Any], where: str, problems: list[str]) -> bytes 
     return bytes.fromhex(hashed)
 
 
-def _stat(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-class ApiKeys:
-    """A keys file's table, read again when the file changes (looked at, at most, every
-    `reload_interval` seconds, when a key is checked). A change that cannot be used is logged once
-    and the table read before stays."""
+class ApiKeys(WatchedFile[KeyTable]):
+    """A keys file's table, read again when it changes (WatchedFile: a change that cannot be used
+    keeps the keys read before)."""
 
     def __init__(
         self, path: str, known_models: Collection[str] | None, *, reload_interval: float = 2.0
     ) -> None:
-        self.path = path
-        self._known = known_models
-        self._interval = reload_interval
-        self._seen = _stat(path)
-        self._table = load_keys(path, known_models)
-        self._checked = time.monotonic()
-        self._failed: tuple[int, int, int, int] | None = None
-
-    @property
-    def table(self) -> KeyTable:
-        now = time.monotonic()
-        if now - self._checked >= self._interval:
-            self._checked = now
-            self.reload()
-        return self._table
-
-    def reload(self) -> bool:
-        """Read the file again if it changed and can be used; True if it did."""
-        seen = _stat(self.path)
-        if seen == self._seen or seen is None:
-            return False
-        try:
-            table = load_keys(self.path, self._known)
-        except ConfigError as exc:
-            if seen != self._failed:
-                log.error("%s; still using the keys read before", exc)
-                self._failed = seen
-            return False
-        self._table, self._seen = table, seen
-        log.info("API keys reloaded from %s (%d keys)", self.path, len(table))
-        return True
+        super().__init__(
+            path, lambda p: load_keys(p, known_models), "API keys", reload_interval=reload_interval
+        )
 
     def lookup(self, key: str) -> Caller | None:
         return self.table.lookup(key)
@@ -265,9 +225,8 @@ def presented_key(authorization: str | None, api_key: str | None) -> str | None:
     <key>` (Azure OpenAI's). None when neither is there; ValueError, saying what is wrong, for an
     Authorization field that is not a bearer token."""
     if authorization is not None:
-        scheme, _, token = authorization.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or " " in token:
+        token = bearer_token(authorization)
+        if token is None or " " in token:
             raise ValueError("the Authorization header must be 'Bearer <API key>'")
         return token
     if api_key is not None:

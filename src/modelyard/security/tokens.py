@@ -25,11 +25,13 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
 from modelyard.errors import ConfigError
 
 log = logging.getLogger("modelyard.security")
+T = TypeVar("T")
 
 READ = "read"
 WRITE = "write"
@@ -139,22 +141,25 @@ def _stat(path: str) -> tuple[int, int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class TokenFile:
-    """A token file's table, read again when the file changes (looked at, at most, every
-    `reload_interval` seconds, when a token is checked). A change that cannot be used is logged once
-    and the table read before stays."""
+class WatchedFile(Generic[T]):
+    """What `load` makes of a file, made again when the file changes (looked at, at most, every
+    `reload_interval` seconds, when `table` is read). A change that cannot be used (`load` raises
+    ConfigError) is logged once and what was read before stays. `what` names it in the log."""
 
-    def __init__(self, path: str, check_key: KeyCheck = any_key, *, reload_interval: float = 10.0) -> None:
+    def __init__(
+        self, path: str, load: Callable[[str], T], what: str, *, reload_interval: float = 10.0
+    ) -> None:
         self.path = path
-        self._check_key = check_key
+        self._load = load
+        self._what = what
         self._interval = reload_interval
         self._seen = _stat(path)
-        self._table = load_token_file(path, check_key)
+        self._table = load(path)
         self._checked = time.monotonic()
         self._failed: tuple[int, int, int, int] | None = None
 
     @property
-    def table(self) -> TokenTable:
+    def table(self) -> T:
         now = time.monotonic()
         if now - self._checked >= self._interval:
             self._checked = now
@@ -167,15 +172,24 @@ class TokenFile:
         if seen == self._seen or seen is None:
             return False
         try:
-            table = load_token_file(self.path, self._check_key)
-        except TokenFileError as exc:
+            table = self._load(self.path)
+        except ConfigError as exc:
             if seen != self._failed:
-                log.error("%s; still using the tokens read before", exc)
+                log.error("%s; still using the %s read before", exc, self._what)
                 self._failed = seen
             return False
         self._table, self._seen = table, seen
-        log.info("tokens reloaded from %s (%d)", self.path, len(table))
+        log.info("%s reloaded from %s (%d)", self._what, self.path, len(table))  # type: ignore[arg-type]
         return True
+
+
+class TokenFile(WatchedFile[TokenTable]):
+    """A token file's table, read again when it changes (WatchedFile)."""
+
+    def __init__(self, path: str, check_key: KeyCheck = any_key, *, reload_interval: float = 10.0) -> None:
+        super().__init__(
+            path, lambda p: load_token_file(p, check_key), "tokens", reload_interval=reload_interval
+        )
 
     def lookup(self, token: str) -> str | None:
         return self.table.lookup(token)
