@@ -28,7 +28,6 @@ from modelyard.config import read_yaml
 from modelyard.errors import ConfigError
 from modelyard.security.tokens import WatchedFile, bearer_token
 
-
 ALL_MODELS = "*"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")  # what a label or log line may carry
 _SHA256 = re.compile(r"[0-9a-f]{64}")
