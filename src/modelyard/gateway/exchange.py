@@ -56,6 +56,9 @@ class Exchange:
     tokens: int  # the request's estimated cost, counted on the endpoint while it runs
     started: float  # perf_counter
     request_id: str = ""
+    # auth.enabled: who is calling (the key's tenant, its priority under overload); "" and 0 when off
+    tenant: str = ""
+    priority: int = 0
     # False for shadow copies: client metrics describe what clients got, and the retry budget counts
     # clients' requests only
     counted: bool = True

@@ -72,7 +72,7 @@ def openai_route(kind: str) -> ProxiedRoute:
         routing = openai.routing_request(body, kind)
         if caller is not None:
             Admission.allow(caller, routing.model)
-        await gateway.proxy.forward(request, reply, gateway.cluster(routing.model), routing, body)
+        await gateway.proxy.forward(request, reply, gateway.cluster(routing.model), routing, body, caller)
 
     return handle
 
@@ -91,14 +91,15 @@ def refuse_unsafe_path(request: Inbound) -> None:
 
 async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     refuse_unsafe_path(request)
+    caller = None
     if gateway.admission is not None:  # (before saying whether the model exists)
-        gateway.admission.admit(request.headers, request.match_info["name"])
+        caller = gateway.admission.admit(request.headers, request.match_info["name"])
     cluster = gateway.admit(request.match_info["name"])  # the model is in the path: before the body
     body = await read_body(request)
     routing = oip.routing_request(
         cluster.name, body, request.headers, affinity_chars=cluster.config.kv_aware.prefix_chars
     )
-    await gateway.proxy.forward(request, reply, cluster, routing, body)
+    await gateway.proxy.forward(request, reply, cluster, routing, body, caller)
 
 
 async def model_get(gateway: Gateway, request: Inbound, reply: Reply) -> None:

@@ -35,6 +35,7 @@ from modelyard.gateway.shadow import ShadowTraffic
 from modelyard.protocols.http import HEADER_TEXT, RawHeaders, encode_fields, field_value
 from modelyard.protocols.tokens import tokens_in_bytes
 from modelyard.rpc import OipCall, OipChannels
+from modelyard.security.api_keys import Caller
 from modelyard.serving.h1 import H1Request
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
@@ -105,7 +106,13 @@ class Proxy:
         ] = {}
 
     async def forward(
-        self, request: Inbound, reply: Reply, cluster: Cluster, routing: RoutingRequest, body: bytes | None
+        self,
+        request: Inbound,
+        reply: Reply,
+        cluster: Cluster,
+        routing: RoutingRequest,
+        body: bytes | None,
+        caller: Caller | None = None,
     ) -> None:
         started = time.perf_counter()
         route = cluster.route_for(request.headers, routing.fields)
@@ -159,6 +166,8 @@ class Proxy:
             started,
             request_id,
         )
+        if caller is not None:
+            ex.tenant, ex.priority = caller.tenant, caller.priority
         ledger = self._ledger
         ledger.open(ex, request.headers.items() if ledger.tracing else None)
         try:

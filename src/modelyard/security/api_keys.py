@@ -3,11 +3,13 @@
     tenants:
       - name: team-a
         models: [chat, embedder]     # the models (and graphs) its keys may use; ["*"]: all
+        priority: 0                  # under overload higher is served first, lower shed first
     keys:
       - name: team-a-ci              # how lists, logs and usage name the key: never the key
         tenant: team-a
         key: sk-...                  # or sha256: <64 hex digits>, so the file never holds the key
         models: [chat]               # optional: fewer than its tenant's
+        priority: 1                  # optional: its tenant's otherwise
 
 Only each key's SHA-256 is kept. A key a client shows is hashed and looked up by that hash (a
 dictionary: what its timing could tell is about the hash, which says nothing of the key). A problem
@@ -32,17 +34,19 @@ ALL_MODELS = "*"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")  # what a label or log line may carry
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _KEY = re.compile(r"[\x21-\x7e]{8,512}")  # printable ASCII, no spaces: what a header carries
-_TENANT_FIELDS = frozenset({"name", "models"})
-_KEY_FIELDS = frozenset({"name", "tenant", "key", "sha256", "models"})
+_TENANT_FIELDS = frozenset({"name", "models", "priority"})
+_KEY_FIELDS = frozenset({"name", "tenant", "key", "sha256", "models", "priority"})
+_PRIORITIES = range(-100, 101)
 
 
 class Caller(NamedTuple):
-    """Who a key says is calling: its tenant, the key's name, and the models it may use (None:
-    every one)."""
+    """Who a key says is calling: its tenant, the key's name, the models it may use (None: every
+    one), and its priority under overload (higher is served first and shed last)."""
 
     tenant: str
     key: str
     models: frozenset[str] | None
+    priority: int = 0
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -80,16 +84,19 @@ def parse_keys(data: object, source: str, known_models: Collection[str] | None) 
     for field in sorted(set(data) - {"tenants", "keys"}):
         problems.append(f"{field}: unknown field (expected tenants, keys)")
     tenants: dict[str, frozenset[str] | None] = {}
+    priorities: dict[str, int] = {}
     for index, entry in enumerate(_list(data.get("tenants"), "tenants", problems)):
         where = f"tenants[{index}]"
         if not _mapping(entry, where, _TENANT_FIELDS, problems):
             continue
         name = _name(entry.get("name"), f"{where}.name", problems)
         models = _models(entry.get("models"), f"{where}.models", known_models, problems, required=True)
+        priority = _priority(entry.get("priority", 0), f"{where}.priority", problems)
         if name is not None:
             if name in tenants:
                 problems.append(f"{where}.name: tenant {name!r} is defined twice")
             tenants[name] = models
+            priorities[name] = priority
     callers: dict[bytes, Caller] = {}
     first: dict[bytes, int] = {}
     names: dict[str, int] = {}
@@ -119,8 +126,16 @@ def parse_keys(data: object, source: str, known_models: Collection[str] | None) 
             if digest in first:
                 problems.append(f"{where}: the same key as keys[{first[digest]}]: each key once")
             first.setdefault(digest, index)
+        priority = entry.get("priority")
+        if priority is not None:
+            priority = _priority(priority, f"{where}.priority", problems)
         if name is not None and tenant is not None and digest is not None:
-            callers[digest] = Caller(tenant, name, models if models is not None else tenants[tenant])
+            callers[digest] = Caller(
+                tenant,
+                name,
+                models if models is not None else tenants[tenant],
+                priority if priority is not None else priorities[tenant],
+            )
     if problems:
         raise ConfigError(source, problems)
     return KeyTable(callers, tenants)
@@ -155,6 +170,15 @@ def _name(value: object, where: str, problems: list[str]) -> str | None:
         return value
     problems.append(f"{where}: expected a name of letters, digits and ._:@/- (1-128), got {_shown(value)}")
     return None
+
+
+def _priority(value: object, where: str, problems: list[str]) -> int:
+    if type(value) is int and value in _PRIORITIES:
+        return value
+    problems.append(
+        f"{where}: expected a whole number from -100 to 100 (higher: served first), got {_shown(value)}"
+    )
+    return 0
 
 
 def _shown(value: object) -> str:
