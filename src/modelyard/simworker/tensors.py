@@ -14,6 +14,12 @@ from typing import cast
 from modelyard.protocols.oip import flatten
 
 _INT_TYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
+# Each integer datatype's range: data outside it is refused, as a server holding the tensor would
+_INT_RANGES = {
+    name: range(0, 1 << bits) if name.startswith("U") else range(-(1 << (bits - 1)), 1 << (bits - 1))
+    for name, bits in (("INT8", 8), ("INT16", 16), ("INT32", 32), ("INT64", 64),
+                       ("UINT8", 8), ("UINT16", 16), ("UINT32", 32), ("UINT64", 64))
+}  # fmt: skip
 _FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64", "BF16"})
 _ECHO_TYPES = frozenset({"BOOL", "BYTES"})
 DATATYPES = _INT_TYPES | _FLOAT_TYPES | _ECHO_TYPES
@@ -31,9 +37,15 @@ def _scale_flat(data: list[object], datatype: str, scale: float) -> tuple[list[o
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
             raise ValueError(f"{datatype} data must be integers")
         ints = cast(list[int], data)
+        valid = _INT_RANGES[datatype]
+        if not all(x in valid for x in ints):
+            raise ValueError(f"{datatype} data must be within {valid.start}..{valid.stop - 1}")
         if float(scale).is_integer():
             factor = int(scale)
-            return [x * factor for x in ints], datatype
+            scaled = [x * factor for x in ints]
+            if not all(x in valid for x in scaled):
+                raise ValueError(f"{datatype} data times {factor} is outside {valid.start}..{valid.stop - 1}")
+            return scaled, datatype
         return [x * scale for x in ints], "FP64"
     if not all(_is_number(x) for x in data):
         raise ValueError(f"{datatype} data must be numbers")
@@ -91,7 +103,10 @@ def scale_nested(value: object, scale: float, depth: int = 0) -> object:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int):
-        return value * int(scale) if float(scale).is_integer() else value * scale
+        scaled = value * int(scale) if float(scale).is_integer() else value * scale
+        if isinstance(scaled, int) and scaled not in _INT_RANGES["INT64"]:  # (JSON's integers: 64 bits)
+            raise ValueError(f"{value} times {scale:g} is outside the 64-bit integers")
+        return scaled
     if isinstance(value, float):
         return value * scale
     if isinstance(value, list):
