@@ -614,6 +614,25 @@ class AuthConfig(_Strict):
         "as a file is one",
     )
 
+    runtime_keys_file: str | None = Field(
+        None,
+        description="where keys made at runtime (POST /admin/keys, `modelyard key create`) are kept "
+        "when state.backend is memory (a JSON file of hashes, shared by this gateway's workers); with "
+        "redis they are kept in Redis, shared by every gateway on it; neither: runtime keys are off",
+    )
+    key_refresh_interval: Seconds = Field(
+        1.0,
+        gt=0,
+        description="how often each worker checks whether runtime keys changed: a key revoked on one "
+        "gateway is refused by all within about this long",
+    )
+    quota_store_down: Literal["local", "allow", "refuse"] = Field(
+        "local",
+        description="what quotas do while Redis does not answer (state.backend redis): local counts "
+        "in each worker, with its share of each limit (limit / listen.workers); allow lets requests "
+        "through uncounted; refuse answers 503",
+    )
+
     @model_validator(mode="after")
     def _needs_keys(self) -> AuthConfig:
         if self.enabled and self.keys_file is None:

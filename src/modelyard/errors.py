@@ -25,6 +25,10 @@
     ├── RequestTimeout                  408 (the request head took longer than listen.header_timeout)
     ├── PayloadTooLarge                 413 request_too_large
     ├── Overloaded                      429 rate_limit_error (with Retry-After)
+    ├── QuotaExceeded                   429 rate_limit_exceeded (a key's or tenant's requests, tokens
+    │   │                                    or concurrent requests; Retry-After, x-ratelimit-*)
+    │   └── BudgetExceeded              429 insufficient_quota (its spend budget for the period)
+    ├── QuotaStoreUnavailable           503 (auth.quota_store_down: refuse, and Redis is away)
     ├── ChangeNotShared                 503 (an admin change the other workers could not be given:
     │                                        not applied anywhere)
     ├── UpstreamError                   502 upstream_error
@@ -218,6 +222,25 @@ class Overloaded(ModelyardError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"Retry-After": "1"})
+
+
+class QuotaExceeded(ModelyardError):
+    """A key or its tenant is over one of its limits (tenancy/limits.py)."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(QuotaExceeded):
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
+class QuotaStoreUnavailable(ModelyardError):
+    status = 503
+    error_type = "service_unavailable"
+    code = "quota_store_unavailable"
 
 
 class ChangeNotShared(ModelyardError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import itertools
+import re
 import time
 from typing import Any
 
@@ -21,20 +22,23 @@ from aiohttp import web
 
 from modelyard.config import STRATEGY_NAMES
 from modelyard.documents import DocumentError, parse_document, parse_documents
-from modelyard.errors import BadRequest, GraphInvalid, Unauthorized
+from modelyard.errors import BadRequest, Conflict, GraphInvalid, Unauthorized
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import DEFAULT_STRATEGY_KEY, GATEWAY, Gateway
 from modelyard.gateway.inference import json_response, read_limited_body
 from modelyard.gateway.overview import overview
 from modelyard.gateway.routing_log import RoutingRecord
+from modelyard.gateway.runtime_keys import RuntimeKeys, caller_listed
 from modelyard.graph import Graph
 from modelyard.protocols.openai import parse_json_object
+from modelyard.state.quotas import usage_day
 
 _REALM = 'Bearer realm="modelyard admin"'
 HEARTBEAT_SECONDS = 15.0  # a comment on an idle log stream, so that proxies keep it open
 # A log stream writes what came in this long after its first record at once: one wakeup and one
 # write per batch, not per request, keeps a followed log cheap under load.
 BATCH_SECONDS = 0.1
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _MAX_SEQ_DIGITS = 19  # 2**63 - 1 has 19: a seq never gets longer
 
 
@@ -187,6 +191,87 @@ async def delete_graph(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     gateway.change("graphs", {name: None}, lambda: gateway.graphs.delete(name))
     return json_response({"deleted": name})
+
+
+# --- API keys and usage (auth.enabled) ----------------------------------------------------------
+
+
+def _runtime_keys(gateway: Gateway) -> RuntimeKeys:
+    admission = gateway.admission
+    if admission is None:
+        raise Conflict("API keys are off: set auth.enabled (with auth.keys_file)")
+    if admission.runtime is None:
+        raise Conflict(
+            "runtime keys need somewhere to be kept: state.backend redis, or auth.runtime_keys_file"
+        )
+    return admission.runtime
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    """Every key: the keys file's and those made at runtime (never the keys themselves)."""
+    check_admin(request)
+    gateway = request.app[GATEWAY]
+    if gateway.admission is None:
+        raise Conflict("API keys are off: set auth.enabled (with auth.keys_file)")
+    if gateway.admission.runtime is not None:
+        return json_response({"keys": await gateway.admission.runtime.listed()})
+    table = gateway.admission.keys.table
+    return json_response({"keys": [caller_listed(c) for c in table.callers()]})
+
+
+async def create_key(request: web.Request) -> web.Response:
+    """Make a key ({name, tenant, models?, priority?, limits?}); the answer holds the key, once."""
+    check_admin(request)
+    runtime = _runtime_keys(request.app[GATEWAY])
+    made = await runtime.create(await _read_document(request))
+    return json_response(made, status=201)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    check_admin(request)
+    name = request.match_info["name"]
+    await _runtime_keys(request.app[GATEWAY]).revoke(name)
+    return json_response({"revoked": name})
+
+
+async def get_usage(request: web.Request) -> web.Response:
+    """A UTC day's usage (`?day=YYYY-MM-DD`, today by default) by tenant and key: every gateway's
+    with Redis, else this worker's."""
+    check_admin(request)
+    gateway = request.app[GATEWAY]
+    if gateway.quotas is None:
+        raise Conflict("API keys are off: set auth.enabled (with auth.keys_file)")
+    day = request.query.get("day") or usage_day(time.time())
+    if not _DAY.fullmatch(day):
+        raise BadRequest(f"day: expected YYYY-MM-DD, got {day[:40]!r}")
+    rows, shared = await gateway.quotas.usage(day)
+    tenants: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        tenant = tenants.setdefault(
+            row.tenant,
+            {
+                "tenant": row.tenant,
+                "requests": 0,
+                "tokens": 0,
+                "errors": 0,
+                "refused": 0,
+                "cost": 0.0,
+                "keys": [],
+            },
+        )
+        for field in ("requests", "tokens", "errors", "refused", "cost"):
+            tenant[field] += getattr(row, field)
+        tenant["keys"].append(
+            {"key": row.key, "requests": row.requests, "tokens": row.tokens, "errors": row.errors,
+             "refused": row.refused, "cost": round(row.cost, 6)}
+        )  # fmt: skip
+    for tenant in tenants.values():
+        tenant["cost"] = round(tenant["cost"], 6)
+    if gateway.config.state.backend != "redis":
+        scope = "this worker"
+    else:
+        scope = "every gateway on this Redis" if shared else "this worker (Redis does not answer)"
+    return json_response({"day": day, "scope": scope, "tenants": list(tenants.values())})
 
 
 # --- the overview and the routing log ----------------------------------------------------------

@@ -7,6 +7,9 @@ OpenAI's do (`api-key: <key>`); the keys and their tenants come from `auth.keys_
 with `WWW-Authenticate`; a model or graph the key's tenant may not use: 403 (ModelNotAllowed).
 Each in the protocol's own envelope (the error middleware, the lean connection and gRPC render
 them). The key goes no further than here: the proxy does not forward it to the servers.
+
+Keys made at runtime (gateway/runtime_keys.py) are looked up after the file's. Then `take` lets
+the request in against its tenant's and key's limits (gateway/quotas.py), or refuses it with 429.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 from modelyard.config import AuthConfig
 from modelyard.errors import ApiKeyInvalid, ApiKeyMissing, ModelNotAllowed
-from modelyard.security.api_keys import ApiKeys, Caller, presented_key
+from modelyard.gateway.quotas import Permit, Quotas
+from modelyard.gateway.runtime_keys import RuntimeKeys
+from modelyard.security.api_keys import ApiKeys, Caller, key_digest, presented_key
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="modelyard"'}
 # Request fields that carry a client's key: never forwarded upstream when auth is on.
@@ -26,6 +31,8 @@ class Admission:
     def __init__(self, config: AuthConfig, known_models: Collection[str] | None) -> None:
         assert config.keys_file is not None  # (AuthConfig refuses enabled without it)
         self.keys = ApiKeys(config.keys_file, known_models)
+        self.runtime: RuntimeKeys | None = None  # (set by the gateway when a key store is configured)
+        self.quotas: Quotas | None = None  # (set by the gateway)
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
         """Who the call's key says is calling; 401 without a key the keys file holds."""
@@ -38,7 +45,10 @@ class Admission:
                 "this gateway needs an API key: 'Authorization: Bearer <key>' or 'api-key: <key>'",
                 headers=_CHALLENGE,
             )
-        caller = self.keys.lookup(key)
+        digest = key_digest(key)
+        caller = self.keys.table.get(digest)
+        if caller is None and self.runtime is not None:
+            caller = self.runtime.get(digest)
         if caller is None:
             raise ApiKeyInvalid(
                 "the API key is not one this gateway holds (or it was revoked)", headers=_CHALLENGE
@@ -55,6 +65,11 @@ class Admission:
         caller = self.caller(headers)
         self.allow(caller, model)
         return caller
+
+    async def take(self, caller: Caller) -> Permit:
+        """Let the caller's request in against its limits (429 when it is over one)."""
+        assert self.quotas is not None
+        return await self.quotas.take(caller)
 
     def admit_metadata(self, metadata: Sequence[tuple[str, str]], model: str) -> Caller:
         """`admit` for a gRPC call's metadata (keys lower case)."""

@@ -16,6 +16,7 @@ from modelyard.cluster import Endpoint
 from modelyard.config import RouteConfig
 from modelyard.gateway.capture import Capture
 from modelyard.gateway.cluster import Cluster
+from modelyard.gateway.quotas import Permit
 from modelyard.protocols.http import RawHeaders
 from modelyard.rpc import OipCall
 from modelyard.telemetry import Span
@@ -59,6 +60,12 @@ class Exchange:
     # auth.enabled: who is calling (the key's tenant, its priority under overload); "" and 0 when off
     tenant: str = ""
     priority: int = 0
+    # auth.enabled: the request's admission against its limits, settled when it closes with the
+    # tokens the answer's usage reported (`usage`); `strip_usage`: the gateway asked a stream for its
+    # usage (stream_options) and the client did not, so the usage event is not relayed.
+    permit: Permit | None = None
+    usage: int = 0
+    strip_usage: bool = False
     # False for shadow copies: client metrics describe what clients got, and the retry budget counts
     # clients' requests only
     counted: bool = True

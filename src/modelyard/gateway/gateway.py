@@ -27,12 +27,16 @@ from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.placement import FeedFollower, PlacedModels
 from modelyard.gateway.prefix_sharing import PrefixSharing
 from modelyard.gateway.proxy import NOT_RELAYED, Proxy
+from modelyard.gateway.quotas import Quotas
+from modelyard.gateway.runtime_keys import RuntimeKeys
 from modelyard.gateway.siblings import Siblings, find_endpoint
 from modelyard.gateway.worker_log import WorkerLog
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.rpc import OipChannels
 from modelyard.serving import ListenerStats
 from modelyard.state import MemoryState, SharedState, open_state
+from modelyard.state.key_store import FileKeyStore, KeyStore, RedisKeyStore
+from modelyard.state.quotas import MemoryQuotas, RedisQuotas
 from modelyard.state.siblings import RINGS_FILE, Rings, SiblingState
 from modelyard.telemetry import Tracer, build_tracer
 from modelyard.upstream import UpstreamPool
@@ -134,6 +138,8 @@ class Gateway:
             if config.logging.access_log
             else None
         )
+        # auth.enabled: tenants' limits, counted in Redis with the redis backend, else here
+        self.quotas = self._open_quotas(config, siblings) if config.auth.enabled else None
         self.proxy = Proxy(
             self.pool,
             self.grpc_channels,
@@ -145,6 +151,7 @@ class Gateway:
             tracer=self.tracer,
             access=self.access,
             drop_credentials=config.auth.enabled,
+            quotas=self.quotas,
         )
         # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
         self._leader = siblings is None or siblings.leader
@@ -173,6 +180,14 @@ class Gateway:
         # and graphs, unless a scheduler places models not known yet)
         known = None if config.placement.scheduler else [*self.clusters, *self.graphs.graphs]
         self.admission = Admission(config.auth, known) if config.auth.enabled else None
+        if self.admission is not None:
+            self.admission.quotas = self.quotas
+            store = self._open_key_store(config)
+            if store is not None:
+                keys = self.admission.keys
+                self.admission.runtime = RuntimeKeys(
+                    store, lambda: keys.table, known, config.auth.key_refresh_interval
+                )
         self.created = int(time.time())
         self.placed = PlacedModels(self, config.placement)
         self.follower = (
@@ -181,6 +196,28 @@ class Gateway:
             else None
         )
         self._retiring: set[asyncio.Task[None]] = set()
+
+    def _open_quotas(self, config: GatewayConfig, siblings: Siblings | None) -> Quotas:
+        workers = siblings.count if siblings is not None else 1
+        shared = (
+            RedisQuotas(config.state.url, key_prefix=config.state.key_prefix, timeout=config.state.timeout)
+            if config.state.backend == "redis"
+            else None
+        )
+        return Quotas(
+            shared, MemoryQuotas(share=workers), config.auth.quota_store_down, self.metrics.tenant_refused
+        )
+
+    @staticmethod
+    def _open_key_store(config: GatewayConfig) -> KeyStore | None:
+        """Where runtime keys are kept: Redis, else auth.runtime_keys_file, else nowhere (off)."""
+        if config.state.backend == "redis":
+            return RedisKeyStore(
+                config.state.url, key_prefix=config.state.key_prefix, timeout=config.state.timeout
+            )
+        if config.auth.runtime_keys_file is not None:
+            return FileKeyStore(config.auth.runtime_keys_file)
+        return None
 
     def _requests_in_flight(self) -> Iterator[tuple[str, int]]:
         """Per model: requests being served or waiting for an endpoint, summed over the workers."""
@@ -315,8 +352,12 @@ class Gateway:
         if self.prefix_sharing is not None:
             self.prefix_sharing.start()
         self.kv_subscriptions.start()
+        if self.admission is not None and self.admission.runtime is not None:
+            await self.admission.runtime.start()
 
     async def stop(self) -> None:
+        if self.admission is not None and self.admission.runtime is not None:
+            await self.admission.runtime.stop()
         if self._following is not None:
             self._following.cancel()
             await asyncio.gather(self._following, return_exceptions=True)
@@ -325,6 +366,8 @@ class Gateway:
         await self.health.stop()
         await self.kv_subscriptions.stop()
         await self.proxy.close()
+        if self.quotas is not None:
+            await self.quotas.close()
         for scraper, client in list(self.scrapers.values()):
             await self._stop_scraper(scraper, client)
         self.scrapers.clear()

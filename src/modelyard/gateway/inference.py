@@ -70,9 +70,19 @@ def openai_route(kind: str) -> ProxiedRoute:
         # (the lean connection's body is here already: no coroutine to get it)
         body = request.body if type(request) is H1Request else await read_body(request)
         routing = openai.routing_request(body, kind)
-        if caller is not None:
-            Admission.allow(caller, routing.model)
-        await gateway.proxy.forward(request, reply, gateway.cluster(routing.model), routing, body, caller)
+        if caller is None:
+            await gateway.proxy.forward(request, reply, gateway.cluster(routing.model), routing, body)
+            return
+        assert admission is not None
+        Admission.allow(caller, routing.model)
+        cluster = gateway.cluster(routing.model)  # (a model that is not there is not counted)
+        permit = await admission.take(caller)
+        # A stream's tokens are in its usage event, sent only when asked for: asked for here when
+        # the client did not, and then not relayed to it.
+        ask_usage = routing.stream and kind != "embeddings" and not openai.asks_usage(routing.fields)
+        if ask_usage:
+            body = openai.with_usage_asked(routing.fields)
+        await gateway.proxy.forward(request, reply, cluster, routing, body, permit, ask_usage)
 
     return handle
 
@@ -99,7 +109,8 @@ async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     routing = oip.routing_request(
         cluster.name, body, request.headers, affinity_chars=cluster.config.kv_aware.prefix_chars
     )
-    await gateway.proxy.forward(request, reply, cluster, routing, body, caller)
+    permit = await gateway.admission.take(caller) if gateway.admission is not None and caller else None
+    await gateway.proxy.forward(request, reply, cluster, routing, body, permit)
 
 
 async def model_get(gateway: Gateway, request: Inbound, reply: Reply) -> None:

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from modelyard.cluster import Load
 from modelyard.gateway.access_log import dropped_lines
 from modelyard.gateway.routing_log import DEFAULT_MAX_SUBSCRIBERS, RoutingLog
+from modelyard.security.api_keys import Caller
 from modelyard.serving import ListenerStats
 
 if TYPE_CHECKING:
@@ -323,6 +324,33 @@ class GatewayMetrics:
             ["model", "route"],
             registry=self.registry,
         )
+        # auth.enabled: per tenant (the keys file's tenants: a bounded set; keys are not labels:
+        # runtime keys are many, GET /admin/usage has them)
+        self.tenant_requests = Counter(
+            "modelyard_tenant_requests_total",
+            "Requests of each tenant's keys that were let in, by the status they ended with",
+            ["tenant", "code"],
+            registry=self.registry,
+        )
+        self.tenant_tokens = Counter(
+            "modelyard_tenant_tokens_total",
+            "Tokens (prompt + completion) the answers to each tenant's requests reported in their usage",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_cost = Counter(
+            "modelyard_tenant_cost_usd_total",
+            "What each tenant's tokens cost at the endpoints' cost_per_1k_tokens",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_refusals = Counter(
+            "modelyard_tenant_refused_total",
+            "Requests refused with 429 before routing because a tenant or its key was over a limit: "
+            "requests, tokens, concurrent, budget",
+            ["tenant", "reason"],
+            registry=self.registry,
+        )
         self.overloaded = Counter(
             "modelyard_overloaded_total",
             "Requests refused with 429: every endpoint at max_requests and the queue full or timed out",
@@ -427,6 +455,16 @@ class GatewayMetrics:
         )
         if model not in self._duration_children:
             self._duration_children[model] = _Histogram(self.duration.labels(model))
+
+    def tenant_ended(self, tenant: str, code: int, tokens: int, cost: float) -> None:
+        self.tenant_requests.labels(tenant, str(code)).inc()
+        if tokens:
+            self.tenant_tokens.labels(tenant).inc(tokens)
+        if cost:
+            self.tenant_cost.labels(tenant).inc(cost)
+
+    def tenant_refused(self, caller: Caller, reason: str) -> None:
+        self.tenant_refusals.labels(caller.tenant, reason).inc()
 
     def flush(self) -> None:
         """Add the requests counted since the last flush to the Prometheus metrics."""

@@ -30,12 +30,12 @@ from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
 from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger, ended_with
 from modelyard.gateway.metrics import GatewayMetrics
+from modelyard.gateway.quotas import Permit, Quotas
 from modelyard.gateway.relay import Relay
 from modelyard.gateway.shadow import ShadowTraffic
 from modelyard.protocols.http import HEADER_TEXT, RawHeaders, encode_fields, field_value
 from modelyard.protocols.tokens import tokens_in_bytes
 from modelyard.rpc import OipCall, OipChannels
-from modelyard.security.api_keys import Caller
 from modelyard.serving.h1 import H1Request
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
@@ -83,6 +83,7 @@ class Proxy:
         tracer: Tracer | None = None,
         access: AccessLog | None = None,
         drop_credentials: bool = False,
+        quotas: Quotas | None = None,
     ) -> None:
         if not NOT_RELAYED.issubset(pool.relay_drop):  # answers' `relayed` leave out what is set here
             raise ValueError("the proxy's upstream pool must drop at least proxy.NOT_RELAYED")
@@ -94,7 +95,7 @@ class Proxy:
         self._metrics = metrics
         self._rng = rng
         self._grpc = grpc
-        self._ledger = Ledger(metrics, tracer, access)
+        self._ledger = Ledger(metrics, tracer, access, quotas)
         self._attempts = AttemptLoop(pool, grpc, metrics, rng, self._ledger)
         self._relay = Relay(self._ledger, metrics)
         self._shadows = ShadowTraffic(self._attempts, self._ledger, metrics, rng, share_canary)
@@ -112,8 +113,11 @@ class Proxy:
         cluster: Cluster,
         routing: RoutingRequest,
         body: bytes | None,
-        caller: Caller | None = None,
+        permit: Permit | None = None,
+        strip_usage: bool = False,
     ) -> None:
+        """`permit`: auth.enabled, the caller's admission (quotas.py); `strip_usage`: the body asks
+        for a stream's usage on the gateway's behalf, not the client's."""
         started = time.perf_counter()
         route = cluster.route_for(request.headers, routing.fields)
         subset = pick_subset(route, request.headers, self._rng)
@@ -166,8 +170,9 @@ class Proxy:
             started,
             request_id,
         )
-        if caller is not None:
-            ex.tenant, ex.priority = caller.tenant, caller.priority
+        if permit is not None:
+            ex.permit, ex.strip_usage = permit, strip_usage
+            ex.tenant, ex.priority = permit.caller.tenant, permit.caller.priority
         ledger = self._ledger
         ledger.open(ex, request.headers.items() if ledger.tracing else None)
         try:
@@ -190,6 +195,8 @@ class Proxy:
                 self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
             )
             headers.fields.append((b"X-Request-Id", raw_id))
+            if permit is not None:
+                headers.fields.extend(permit.fields)
             await self._relay.respond(reply, ex, attempt, headers)  # (closes the exchange)
         except BaseException as exc:  # (a failed request is closed already: this does nothing)
             ledger.close(ex, ended_with(exc))

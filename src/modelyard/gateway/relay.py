@@ -19,6 +19,7 @@ from modelyard.gateway.exchange import Answer, Attempt, Exchange
 from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger, ended_with
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.protocols import error_body, protocol_for_path
+from modelyard.protocols.openai import StreamUsage, usage_tokens
 from modelyard.serving.reply import Reply, ReplyHeaders, ReplyStream
 
 log = logging.getLogger("modelyard.gateway")
@@ -47,6 +48,8 @@ class Relay:
                 code = await self._stream(reply, ex, upstream, headers, capture)
             else:
                 data = upstream.take() if upstream.complete else await upstream.read()
+                if ex.permit is not None:  # (auth.enabled: the tokens the answer reports)
+                    ex.usage = usage_tokens(data)
                 if capture is not None:
                     capture.add(data)
                 reply.whole(upstream.status, headers, data)
@@ -71,6 +74,25 @@ class Relay:
     ) -> int:
         """Returns the status the exchange ended with: the upstream's, or 502/504 when the stream
         broke off or went idle after its status was sent."""
+        if ex.permit is None:
+            return await self._relay_events(reply, ex, upstream, headers, capture, None)
+        # auth.enabled: the stream's tokens, from its usage event (whole events relayed); a stream
+        # that ended without one (broke off, the client left): its prompt and an event per token
+        usage = StreamUsage(ex.strip_usage)
+        try:
+            return await self._relay_events(reply, ex, upstream, headers, capture, usage)
+        finally:
+            ex.usage = usage.tokens or (ex.ctx.request.prompt_tokens + usage.events if usage.events else 0)
+
+    async def _relay_events(
+        self,
+        reply: Reply,
+        ex: Exchange,
+        upstream: Answer,
+        headers: ReplyHeaders,
+        capture: Capture | None,
+        usage: StreamUsage | None,
+    ) -> int:
         model = ex.cluster.name
         response = await reply.stream(upstream.status, headers)
         idle = ex.route.stream_idle_timeout
@@ -84,6 +106,11 @@ class Relay:
                     async with asyncio.timeout(idle or None):
                         chunk = await anext(chunks)
                 except StopAsyncIteration:
+                    if usage is not None:
+                        rest = usage.rest()
+                        if rest:
+                            await response.write(rest)
+                            ex.sent_bytes += len(rest)
                     await response.end()
                     return upstream.status
                 except TimeoutError:
@@ -94,6 +121,10 @@ class Relay:
                     )  # fmt: skip
                     error = UpstreamTimeout(f"model {model!r}: the stream sent nothing for {idle:g}s")
                     break
+                if usage is not None:
+                    chunk = usage.feed(chunk)
+                    if not chunk:
+                        continue
                 if first:
                     self._metrics.ttft.labels(model).observe(time.perf_counter() - ex.started)
                     first = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -48,6 +49,20 @@ def routing_request(body: bytes, kind: str) -> RoutingRequest:
     return tuple.__new__(RoutingRequest, values)
 
 
+def asks_usage(fields: dict[str, Any] | None) -> bool:
+    """Whether a streamed request asks for its usage event itself (stream_options.include_usage)."""
+    options = fields.get("stream_options") if fields is not None else None
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def with_usage_asked(fields: dict[str, Any] | None) -> bytes:
+    """The request's body asking for the stream's usage event, its other stream options kept."""
+    data = dict(fields or {})
+    options = data.get("stream_options")
+    data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return orjson.dumps(data)
+
+
 def _chat_prompt(messages: list[Any]) -> str:
     parts: list[str] = []
     for message in messages:
@@ -71,3 +86,78 @@ def _text_of(value: Any) -> str:
                 pieces.append(item["text"])
         return "\n".join(pieces)
     return ""
+
+
+def usage_tokens(answer: bytes) -> int:
+    """Prompt + completion tokens an answer's `usage` reports (0 when it reports none)."""
+    if b'"usage"' not in answer:
+        return 0
+    try:
+        data = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return 0
+    return _total(data.get("usage")) if isinstance(data, dict) else 0
+
+
+def _total(usage: object) -> int:
+    if not isinstance(usage, dict):
+        return 0
+    total = usage.get("total_tokens")
+    if type(total) is int and total >= 0:
+        return total
+    counts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+    return sum(c for c in counts if type(c) is int and c >= 0)
+
+
+class StreamUsage:
+    """A server-sent event stream's usage, read as its events pass (`feed` each chunk, relay what
+    it returns, `rest` at the end). Whole events only are passed on (a client acts on whole events
+    only, so this delays nothing it could use); with `strip`, the usage event itself (no choices,
+    a usage) is left out: the gateway asked for it, the client did not."""
+
+    __slots__ = ("_pending", "_strip", "events", "tokens")
+
+    def __init__(self, strip: bool) -> None:
+        self._strip = strip
+        self._pending = b""
+        self.tokens = 0  # what the usage event said
+        self.events = 0  # events relayed: about one token each, for a stream that ended without usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk if self._pending else chunk
+        end = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
+        if end == 0 and len(data) < _MAX_EVENT:
+            self._pending = data
+            return b""
+        if end == 0:  # no event ends in this much: not events to read, relay it as it is
+            end = len(data)
+        whole, self._pending = data[:end], data[end:]
+        self.events += whole.count(b"data:")
+        if b'"usage"' not in whole:
+            return whole
+        kept = [event for event in _EVENT_END.split(whole) if self._keep(event)]
+        return b"".join(kept)
+
+    def rest(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest
+
+    def _keep(self, event: bytes) -> bool:
+        if b'"usage"' not in event:
+            return True
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                data = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(data, dict) and isinstance(data.get("usage"), dict):
+                self.tokens = _total(data["usage"])
+                if self._strip and not data.get("choices"):
+                    return False
+        return True
+
+
+_MAX_EVENT = 1 << 20  # bytes without an event's end after which a stream is relayed as it comes
+_EVENT_END = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")

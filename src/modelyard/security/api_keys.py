@@ -29,27 +29,37 @@ from typing import Any, NamedTuple
 from modelyard.config import read_yaml
 from modelyard.errors import ConfigError
 from modelyard.security.tokens import WatchedFile, bearer_token
+from modelyard.tenancy import Limits, Scope, parse_limits
 
 ALL_MODELS = "*"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")  # what a label or log line may carry
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _KEY = re.compile(r"[\x21-\x7e]{8,512}")  # printable ASCII, no spaces: what a header carries
-_TENANT_FIELDS = frozenset({"name", "models", "priority"})
-_KEY_FIELDS = frozenset({"name", "tenant", "key", "sha256", "models", "priority"})
+_TENANT_FIELDS = frozenset({"name", "models", "priority", "limits"})
+_KEY_FIELDS = frozenset({"name", "tenant", "key", "sha256", "models", "priority", "limits", "created"})
 _PRIORITIES = range(-100, 101)
 
 
 class Caller(NamedTuple):
     """Who a key says is calling: its tenant, the key's name, the models it may use (None: every
-    one), and its priority under overload (higher is served first and shed last)."""
+    one), its priority under overload (higher is served first and shed last), and the limits it
+    counts against (its tenant's, its own: only those that set any)."""
 
     tenant: str
     key: str
     models: frozenset[str] | None
     priority: int = 0
+    scopes: tuple[Scope, ...] = ()
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+
+class Tenant(NamedTuple):
+    name: str
+    models: frozenset[str] | None
+    priority: int
+    limits: Limits
 
 
 def key_digest(key: str) -> bytes:
@@ -58,14 +68,17 @@ def key_digest(key: str) -> bytes:
 
 
 class KeyTable:
-    """The keys of one keys file, by their SHA-256."""
+    """The keys of one keys file, by their SHA-256, and its tenants."""
 
-    def __init__(self, callers: Mapping[bytes, Caller], tenants: Collection[str]) -> None:
+    def __init__(self, callers: Mapping[bytes, Caller], tenants: Mapping[str, Tenant]) -> None:
         self._callers = dict(callers)
-        self.tenants = tuple(tenants)
+        self.tenants = dict(tenants)
 
     def lookup(self, key: str) -> Caller | None:
         return self._callers.get(key_digest(key))
+
+    def get(self, digest: bytes) -> Caller | None:
+        return self._callers.get(digest)
 
     def callers(self) -> list[Caller]:
         return list(self._callers.values())
@@ -83,8 +96,7 @@ def parse_keys(data: object, source: str, known_models: Collection[str] | None) 
         raise ConfigError(source, ["expected a mapping with tenants: and keys:"])
     for field in sorted(set(data) - {"tenants", "keys"}):
         problems.append(f"{field}: unknown field (expected tenants, keys)")
-    tenants: dict[str, frozenset[str] | None] = {}
-    priorities: dict[str, int] = {}
+    tenants: dict[str, Tenant] = {}
     for index, entry in enumerate(_list(data.get("tenants"), "tenants", problems)):
         where = f"tenants[{index}]"
         if not _mapping(entry, where, _TENANT_FIELDS, problems):
@@ -92,53 +104,80 @@ def parse_keys(data: object, source: str, known_models: Collection[str] | None) 
         name = _name(entry.get("name"), f"{where}.name", problems)
         models = _models(entry.get("models"), f"{where}.models", known_models, problems, required=True)
         priority = _priority(entry.get("priority", 0), f"{where}.priority", problems)
+        limits = parse_limits(entry.get("limits"), f"{where}.limits", problems)
         if name is not None:
             if name in tenants:
                 problems.append(f"{where}.name: tenant {name!r} is defined twice")
-            tenants[name] = models
-            priorities[name] = priority
+            tenants[name] = Tenant(name, models, priority, limits)
     callers: dict[bytes, Caller] = {}
     first: dict[bytes, int] = {}
     names: dict[str, int] = {}
     for index, entry in enumerate(_list(data.get("keys"), "keys", problems)):
         where = f"keys[{index}]"
-        if not _mapping(entry, where, _KEY_FIELDS, problems):
+        parsed = parse_key(entry, where, tenants, known_models, problems)
+        if parsed is None:
             continue
-        name = _name(entry.get("name"), f"{where}.name", problems)
-        if name is not None:
-            if name in names:
-                problems.append(f"{where}.name: {name!r} names keys[{names[name]}] too: each key's name once")
-            names.setdefault(name, index)
-        tenant = entry.get("tenant")
-        if not isinstance(tenant, str) or tenant not in tenants:
-            known = ", ".join(sorted(tenants)) or "none"
-            problems.append(f"{where}.tenant: expected one of the tenants ({known}), got {_shown(tenant)}")
-            tenant = None
-        digest = _digest(entry, where, problems)
-        models = _models(entry.get("models"), f"{where}.models", known_models, problems, required=False)
-        if tenant is not None and models is not None:
-            allowed = tenants[tenant]
-            beyond = sorted(models - allowed) if allowed is not None else []
-            if beyond:
-                outside = ", ".join(beyond)
-                problems.append(f"{where}.models: {outside} not among the models of tenant {tenant!r}")
-        if digest is not None:
-            if digest in first:
-                problems.append(f"{where}: the same key as keys[{first[digest]}]: each key once")
-            first.setdefault(digest, index)
-        priority = entry.get("priority")
-        if priority is not None:
-            priority = _priority(priority, f"{where}.priority", problems)
-        if name is not None and tenant is not None and digest is not None:
-            callers[digest] = Caller(
-                tenant,
-                name,
-                models if models is not None else tenants[tenant],
-                priority if priority is not None else priorities[tenant],
+        digest, caller = parsed
+        if caller.key in names:
+            problems.append(
+                f"{where}.name: {caller.key!r} names keys[{names[caller.key]}] too: each key's name once"
             )
+        names.setdefault(caller.key, index)
+        if digest in first:
+            problems.append(f"{where}: the same key as keys[{first[digest]}]: each key once")
+        first.setdefault(digest, index)
+        callers[digest] = caller
     if problems:
         raise ConfigError(source, problems)
     return KeyTable(callers, tenants)
+
+
+def parse_key(
+    entry: object,
+    where: str,
+    tenants: Mapping[str, Tenant],
+    known_models: Collection[str] | None,
+    problems: list[str],
+) -> tuple[bytes, Caller] | None:
+    """One key's entry (of the keys file, or made at runtime) as its hash and its Caller; None,
+    with its problems added, when it cannot be used."""
+    if not _mapping(entry, where, _KEY_FIELDS, problems):
+        return None
+    assert isinstance(entry, dict)
+    before = len(problems)
+    name = _name(entry.get("name"), f"{where}.name", problems)
+    tenant = tenants.get(entry["tenant"]) if isinstance(entry.get("tenant"), str) else None
+    if tenant is None:
+        known = ", ".join(sorted(tenants)) or "none"
+        problems.append(
+            f"{where}.tenant: expected one of the tenants ({known}), got {_shown(entry.get('tenant'))}"
+        )
+    digest = _digest(entry, where, problems)
+    models = _models(entry.get("models"), f"{where}.models", known_models, problems, required=False)
+    if tenant is not None and models is not None and tenant.models is not None:
+        beyond = sorted(models - tenant.models)
+        if beyond:
+            problems.append(
+                f"{where}.models: {', '.join(beyond)} not among the models of tenant {tenant.name!r}"
+            )
+    priority = entry.get("priority")
+    if priority is not None:
+        priority = _priority(priority, f"{where}.priority", problems)
+    limits = parse_limits(entry.get("limits"), f"{where}.limits", problems)
+    if len(problems) > before or name is None or tenant is None or digest is None:
+        return None
+    scopes = tuple(
+        scope
+        for scope in (Scope(f"tenant/{tenant.name}", tenant.limits), Scope(f"key/{name}", limits))
+        if scope.limits.any
+    )
+    return digest, Caller(
+        tenant.name,
+        name,
+        models if models is not None else tenant.models,
+        priority if priority is not None else tenant.priority,
+        scopes,
+    )
 
 
 def load_keys(path: str, known_models: Collection[str] | None) -> KeyTable:

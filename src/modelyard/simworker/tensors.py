@@ -42,7 +42,7 @@ def _scale_flat(data: list[object], datatype: str, scale: float) -> tuple[list[o
             raise ValueError(f"{datatype} data must be within {valid.start}..{valid.stop - 1}")
         if float(scale).is_integer():
             factor = int(scale)
-            scaled = [x * factor for x in ints]
+            scaled: list[object] = [x * factor for x in ints]
             if not all(x in valid for x in scaled):
                 raise ValueError(f"{datatype} data times {factor} is outside {valid.start}..{valid.stop - 1}")
             return scaled, datatype

@@ -423,6 +423,61 @@ class Paths:
                 {"404": error_response(OPENAI, "no such model")},
             ),
             self._admin_op(
+                "listKeys",
+                "Tenants",
+                "Every API key (the keys file's and those made at runtime): name, tenant, models, "
+                "priority, limits; never the key",
+                [],
+                None,
+                answer("the keys", {"type": "object", "properties": {"keys": {"type": "array"}}}),
+                {"409": error_response(OPENAI, "auth.enabled is off")},
+            ),
+            self._admin_op(
+                "createKey",
+                "Tenants",
+                "Make an API key for one of the keys file's tenants; the answer holds the key, this once",
+                [],
+                json_body(
+                    {"type": "object", "required": ["name", "tenant"]},
+                    {
+                        "name": "team-a-ci",
+                        "tenant": "team-a",
+                        "models": ["chat"],
+                        "limits": {"requests_per_minute": 60},
+                    },
+                    media=(JSON, YAML),
+                ),
+                answer("made", {"type": "object"}),
+                {
+                    "400": error_response(OPENAI, "invalid: the field and what was expected"),
+                    "409": error_response(OPENAI, "the name is taken, or runtime keys are off"),
+                },
+            ),
+            self._admin_op(
+                "revokeKey",
+                "Tenants",
+                "Revoke a key made at runtime: every gateway refuses it within auth.key_refresh_interval",
+                [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                None,
+                answer("revoked", {"type": "object"}),
+                {
+                    "404": error_response(OPENAI, "no runtime key of that name"),
+                    "409": error_response(OPENAI, "the key is in the keys file, or runtime keys are off"),
+                },
+            ),
+            self._admin_op(
+                "getUsage",
+                "Tenants",
+                "A UTC day's usage by tenant and key: requests, tokens, errors, refused, cost",
+                [{"name": "day", "in": "query", "required": False, "schema": {"type": "string"}}],
+                None,
+                answer("the usage", {"type": "object"}),
+                {
+                    "400": error_response(OPENAI, "day is not YYYY-MM-DD"),
+                    "409": error_response(OPENAI, "auth.enabled is off"),
+                },
+            ),
+            self._admin_op(
                 "getOverview",
                 "Admin",
                 "Per model: its strategy, and each endpoint's health, in-flight (the model's and its "

@@ -1,0 +1,179 @@
+"""Quotas: each keyed request is admitted against its tenant's and its key's limits before it is
+routed, and settled when it ends (its tokens, its cost, its concurrency slot, its usage).
+
+The counters live in a quota store (state/quotas.py): Redis with state.backend redis (exact across
+every gateway and worker on it), else this process's (a gateway of N workers without Redis gives
+each worker 1/N of every limit). While Redis does not answer, `auth.quota_store_down` decides:
+`local` counts in this process with its share of the limits (a worker that cannot reach Redis
+cannot know what the others counted), `allow` lets requests through uncounted, `refuse` answers
+503. Never a stall: each store call has the state timeout.
+
+Over a limit: 429 in the protocol's envelope, with Retry-After and OpenAI's x-ratelimit-* headers,
+which every answer relayed to a limited key carries too. Tokens are what the answer's `usage` says
+(prompt + completion; a stream's last event, which the gateway asks for: openai_route), so a
+request is let in while its window has tokens left and its own are counted when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+from modelyard.errors import BudgetExceeded, QuotaExceeded, QuotaStoreUnavailable, StateUnavailable
+from modelyard.security.api_keys import Caller
+from modelyard.state.quotas import MemoryQuotas, QuotaStore
+from modelyard.tenancy import Usage, Verdict, reset_text
+
+log = logging.getLogger("modelyard.gateway")
+
+MAX_SETTLING = 10_000  # settlements in flight to the store at once; past it they are counted locally
+_UNLIMITED: tuple[tuple[bytes, bytes], ...] = ()
+
+
+class Permit(NamedTuple):
+    """A request let in: who, its concurrency lease, whether the local store took it (Redis away),
+    and the x-ratelimit-* fields its answer carries."""
+
+    caller: Caller
+    lease: str
+    local: bool
+    fields: tuple[tuple[bytes, bytes], ...]
+
+
+class Quotas:
+    def __init__(
+        self,
+        shared: QuotaStore | None,
+        local: MemoryQuotas,
+        on_store_down: str,
+        on_refused: Callable[[Caller, str], None],
+    ) -> None:
+        self._shared = shared  # None: the local store is the store (state.backend memory)
+        self._local = local
+        self._on_down = on_store_down
+        self._on_refused = on_refused  # (tenant metrics: the caller, the reason)
+        self._lease_prefix = os.urandom(6).hex()
+        self._leases = itertools.count(1)
+        self._settling: set[asyncio.Task[None]] = set()
+        self._down = False
+
+    async def take(self, caller: Caller) -> Permit:
+        """Let the caller's request in, or raise QuotaExceeded (429) saying which limit."""
+        if not caller.scopes:
+            return Permit(caller, "", False, _UNLIMITED)
+        lease = f"{self._lease_prefix}{next(self._leases):x}"
+        local = self._shared is None
+        verdict: Verdict | None = None
+        if self._shared is not None:
+            try:
+                verdict = await self._shared.take(caller.scopes, lease)
+                self._store_answers()
+            except StateUnavailable as exc:
+                self._store_away(exc)
+                if self._on_down == "allow":
+                    return Permit(caller, "", True, _UNLIMITED)
+                if self._on_down == "refuse":
+                    raise QuotaStoreUnavailable(
+                        "quotas cannot be checked: the quota store does not answer",
+                        headers={"Retry-After": "1"},
+                    ) from None
+                local = True
+        if verdict is None:
+            verdict = await self._local.take(caller.scopes, lease)
+        fields = rate_limit_fields(verdict)
+        if not verdict.allowed:
+            self._on_refused(caller, verdict.reason)
+            self._spawn(self._store(local).refused(caller.tenant, caller.key))
+            raise _refusal(caller, verdict, fields)
+        return Permit(caller, lease, local, fields)
+
+    def settle(self, permit: Permit, tokens: int, cost: float, error: bool) -> None:
+        """The request ended: its tokens, cost and usage counted, its slot freed (in the
+        background: the answer is not held for it)."""
+        caller = permit.caller
+        store = self._store(permit.local)
+        if len(self._settling) >= MAX_SETTLING:
+            store = self._local
+        self._spawn(store.settle(caller.scopes, permit.lease, caller.tenant, caller.key, tokens, cost, error))
+
+    async def usage(self, day: str) -> tuple[list[Usage], bool]:
+        """The day's usage, and whether it is every gateway's (the shared store's) or this
+        worker's only."""
+        if self._shared is not None:
+            try:
+                return await self._shared.usage(day), True
+            except StateUnavailable:
+                pass
+        return await self._local.usage(day), self._shared is None
+
+    async def close(self) -> None:
+        if self._settling:
+            await asyncio.wait(list(self._settling), timeout=1.0)
+        if self._shared is not None:
+            await self._shared.close()
+
+    def _store(self, local: bool) -> QuotaStore:
+        return self._local if local or self._shared is None else self._shared
+
+    def _spawn(self, work: object) -> None:
+        task = asyncio.ensure_future(self._quietly(work))  # type: ignore[arg-type]
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _quietly(self, work: asyncio.Future[None]) -> None:
+        try:
+            await work
+        except StateUnavailable as exc:
+            self._store_away(exc)
+
+    def _store_away(self, exc: Exception) -> None:
+        if not self._down:
+            log.warning("quotas: the quota store does not answer (%s): %s", self._on_down, exc)
+            self._down = True
+
+    def _store_answers(self) -> None:
+        if self._down:
+            log.info("quotas: the quota store answers again")
+            self._down = False
+
+
+def rate_limit_fields(verdict: Verdict) -> tuple[tuple[bytes, bytes], ...]:
+    """OpenAI's x-ratelimit-* fields for what the verdict says of the tightest scope."""
+    pairs: list[tuple[bytes, bytes]] = []
+    if verdict.limit_requests is not None:
+        pairs += [
+            (b"x-ratelimit-limit-requests", b"%d" % verdict.limit_requests),
+            (b"x-ratelimit-remaining-requests", b"%d" % (verdict.remaining_requests or 0)),
+            (b"x-ratelimit-reset-requests", reset_text(verdict.reset_requests).encode()),
+        ]
+    if verdict.limit_tokens is not None:
+        pairs += [
+            (b"x-ratelimit-limit-tokens", b"%d" % verdict.limit_tokens),
+            (b"x-ratelimit-remaining-tokens", b"%d" % (verdict.remaining_tokens or 0)),
+            (b"x-ratelimit-reset-tokens", reset_text(verdict.reset_tokens).encode()),
+        ]
+    return tuple(pairs)
+
+
+def _refusal(caller: Caller, verdict: Verdict, fields: tuple[tuple[bytes, bytes], ...]) -> QuotaExceeded:
+    headers = {name.decode(): value.decode() for name, value in fields}
+    headers["Retry-After"] = str(max(1, int(verdict.retry_after + 0.999)))
+    scope = verdict.scope.replace("/", " ", 1)  # "tenant team-a", "key team-a-ci"
+    if verdict.reason == "budget":
+        return BudgetExceeded(
+            f"{scope} has spent its budget for this period (key {caller.key!r})", headers=headers
+        )
+    what = {
+        "requests": "requests per minute",
+        "tokens": "tokens per minute",
+        "concurrent": "concurrent requests",
+    }[verdict.reason]
+    return QuotaExceeded(
+        f"rate limit reached: {scope} is at its {what} (key {caller.key!r}); "
+        f"retry after {headers['Retry-After']}s",
+        headers=headers,
+    )
