@@ -75,6 +75,7 @@ class AccessLog:
             size,
             trace_id,
             record.worker,
+            record.tenant,
         )
 
     def refused(self, request_id: str, method: str, path: str, status: int, seconds: float) -> None:
@@ -101,6 +102,7 @@ class AccessLog:
         size: int,
         trace_id: str | None = None,
         worker: int | None = None,
+        tenant: str = "",
     ) -> None:
         if not self._log.isEnabledFor(logging.INFO):
             return
@@ -122,6 +124,8 @@ class AccessLog:
             }
             if trace_id is not None:
                 line["trace_id"] = trace_id
+            if tenant:  # (auth.enabled; the key's name is not logged: usage has it)
+                line["tenant"] = tenant
             line["worker"] = self._worker if worker is None else worker
             if self._json:
                 text = orjson.dumps(line).decode()

@@ -146,7 +146,7 @@ class Ledger:
         self._metrics.observe_request(cluster.name, endpoint.name, strategy, code, seconds)
         record = self._log.record(
             cluster.name, ex.route.name, ex.subset, endpoint.name, strategy, code, seconds, cache_hit,
-            ex.request_id,
+            ex.request_id, ex.tenant,
         )  # fmt: skip
         if final and (ex.span is not None or self._access is not None):
             self._ended(ex, record, now - ex.started)
@@ -161,7 +161,7 @@ class Ledger:
             self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, code, seconds)
         record = self._log.record(
             cluster.name, ex.route.name, ex.subset, "", cluster.balancer.strategy.name, code, seconds, None,
-            ex.request_id,
+            ex.request_id, ex.tenant,
         )  # fmt: skip
         if ex.span is not None or self._access is not None:
             self._ended(ex, record, seconds)

@@ -65,13 +65,14 @@ class RoutingRecord:
     latency_ms: float
     cache_hit: bool | None
     request_id: str
+    tenant: str = ""  # auth.enabled: the tenant of the key that called
     worker: int | None = None
     refused: bool = False
 
 
 # A record as the log keeps it, RoutingRecord's fields in order: a tuple is built without a call
 # (the log takes one per request), and a batch of them is encoded for the other workers as it is.
-Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str, int | None, bool]
+Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str, str, int | None, bool]
 _FIELDS = len(fields(RoutingRecord))
 # A record another worker shared: (its seq here, its fields as they came, with the seq it had there).
 _Shared = tuple[int, list[Any]]
@@ -179,6 +180,7 @@ class RoutingLog:
         seconds: float,
         cache_hit: bool | None,
         request_id: str,
+        tenant: str = "",
     ) -> Entry:
         """A try or an answer counted; the record as kept (`RoutingRecord(*entry)` reads it)."""
         self._seq += 1
@@ -195,6 +197,7 @@ class RoutingLog:
             cache_hit,
             # (a header's bytes 0x80-0xFF came as lone surrogates, which JSON cannot carry)
             request_id if request_id.isascii() else safe_text(request_id),
+            tenant,
             self._worker,
             False,
         )
@@ -230,6 +233,7 @@ class RoutingLog:
             int(seconds * 1_000_000.0 + 0.5) / 1000.0,
             None,
             safe_text(request_id),
+            "",
             self._worker,
             True,
         )

@@ -47,6 +47,7 @@ def test_a_record_holds_where_the_request_went_and_how_it_ended():
         "latency_ms": 12.346,
         "cache_hit": True,
         "request_id": "req-1",
+        "tenant": "",
         "worker": None,
         "refused": False,
     }
@@ -60,7 +61,7 @@ def test_a_refused_request_is_recorded_with_the_model_asked_for_and_no_backend()
     log.record_refused("chat-huge", 503, 0.0004, "r-1")
     log.record_refused("x" * 10_000 + "\udcff", 404, 0.0, "id-\udcff")  # client text, any size
     huge, unknown = log.recent()
-    assert huge == RoutingRecord(1, huge.time, "chat-huge", "", "", "", "", 503, 0.4, None, "r-1", 2, True)
+    assert huge == RoutingRecord(1, huge.time, "chat-huge", "", "", "", "", 503, 0.4, None, "r-1", "", 2, True)
     assert unknown.model == "x" * MAX_REFUSED_NAME and unknown.refused
     assert unknown.request_id == "id-\\udcff"  # as JSON can carry it
     assert orjson.loads(orjson.dumps(unknown))["status"] == 404
