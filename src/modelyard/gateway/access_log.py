@@ -75,6 +75,7 @@ class AccessLog:
             size,
             trace_id,
             record.worker,
+            record.fallback_for,
         )
 
     def refused(self, request_id: str, method: str, path: str, status: int, seconds: float) -> None:
@@ -101,6 +102,7 @@ class AccessLog:
         size: int,
         trace_id: str | None = None,
         worker: int | None = None,
+        fallback_for: str = "",
     ) -> None:
         if not self._log.isEnabledFor(logging.INFO):
             return
@@ -122,6 +124,8 @@ class AccessLog:
             }
             if trace_id is not None:
                 line["trace_id"] = trace_id
+            if fallback_for:  # a fallback model answered: the model asked for (its line is before)
+                line["fallback_for"] = safe_text(fallback_for)
             line["worker"] = self._worker if worker is None else worker
             if self._json:
                 text = orjson.dumps(line).decode()

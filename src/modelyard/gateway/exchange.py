@@ -59,6 +59,8 @@ class Exchange:
     # auth.enabled: who is calling (the key's tenant, its priority under overload); "" and 0 when off
     tenant: str = ""
     priority: int = 0
+    # A fallback model's exchange: the model the request asked for (gateway/fallback.py)
+    fallback_for: str = ""
     # False for shadow copies: client metrics describe what clients got, and the retry budget counts
     # clients' requests only
     counted: bool = True

@@ -108,7 +108,10 @@ async def model_get(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     if gateway.admission is not None:
         gateway.admission.admit(request.headers, request.match_info["name"])
     cluster = gateway.cluster(request.match_info["name"])
-    await gateway.proxy.forward(request, reply, cluster, RoutingRequest(model=cluster.name), None)
+    # (no fallbacks: a model's metadata and readiness are its own, not a fallback's)
+    await gateway.proxy.forward(
+        request, reply, cluster, RoutingRequest(model=cluster.name), None, fallbacks=False
+    )
 
 
 def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

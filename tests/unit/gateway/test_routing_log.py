@@ -49,7 +49,20 @@ def test_a_record_holds_where_the_request_went_and_how_it_ended():
         "request_id": "req-1",
         "worker": None,
         "refused": False,
+        "fallback_for": "",
     }
+
+
+def test_a_fallback_models_record_names_the_model_asked_for():
+    log = RoutingLog()
+    sent: list[Entry] = []
+    log.share = sent.append
+    log.record("spare", "default", "*", "w0", "round_robin", 200, 0.001, None, "req-1", "main")
+    (entry,) = log.recent()
+    assert entry.model == "spare" and entry.fallback_for == "main" and not entry.refused
+    adopted = RoutingLog()  # another worker's log: shared as it was made
+    adopted.adopt(encode_shared(sent))
+    assert adopted.recent()[0].fallback_for == "main"
 
 
 def test_a_refused_request_is_recorded_with_the_model_asked_for_and_no_backend():
