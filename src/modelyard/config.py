@@ -358,6 +358,9 @@ class PrefixAwareConfig(_Strict):
 
 RetryOn = Literal["connect-failure", "reset", "5xx", "gateway-error", "retriable-4xx"]
 DEFAULT_RETRY_ON: tuple[RetryOn, ...] = ("connect-failure", "reset", "gateway-error")
+# When a model's request goes on to its `fallbacks` (gateway/fallback.py says what each one covers).
+FallbackOn = Literal["saturated", "no_endpoint", "server_error", "timeout", "context_length"]
+DEFAULT_FALLBACK_ON: tuple[FallbackOn, ...] = FallbackOn.__args__  # type: ignore[attr-defined]
 
 
 class HeaderMatch(_Strict):
@@ -524,6 +527,23 @@ class ModelConfig(_Strict):
         None,
         description="TLS to this model's https:// and grpcs:// endpoints without their own; "
         "null = upstream.tls",
+    )
+    fallbacks: list[HeaderName] = Field(
+        default_factory=list,
+        description="models to try, in order, when this one fails as fallback_on says; only this "
+        "model's list is tried, never a fallback's own",
+    )
+    fallback_on: list[FallbackOn] = Field(
+        default_factory=lambda: list(DEFAULT_FALLBACK_ON),
+        description="what sends a request on to the next fallback: saturated (429: full, queue full), "
+        "no_endpoint (503: none healthy), server_error (5xx after retries, refused connections), "
+        "timeout (504), context_length (the server says the prompt is too long, or context_window)",
+    )
+    context_window: int | None = Field(
+        None,
+        ge=1,
+        description="tokens the model takes, prompt and max_tokens together: a request estimated "
+        "longer goes straight to a fallback whose window takes it; null: only the server says",
     )
 
     @model_validator(mode="after")
@@ -1023,9 +1043,10 @@ def validate_config(data: Any, source: str, origins: Origins | None = None) -> G
     `origins`, a problem with a value a flag or a variable set names that flag or variable instead
     (source "command line" or "environment"): every problem of one source in one ConfigError, the
     flags' first, then the variables', then the file's."""
-    # Uniqueness is checked on the raw data, beside pydantic's checks, so that a file with
-    # several problems reports all of them (a model validator would run only on valid fields).
-    problems = _duplicate_names(data)
+    # Uniqueness and the models fallbacks name are checked on the raw data, beside pydantic's
+    # checks, so that a file with several problems reports all of them (a model validator would
+    # run only on valid fields).
+    problems = _duplicate_names(data) + _fallback_problems(data)
     try:
         config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
@@ -1074,6 +1095,39 @@ def _duplicate_names(data: Any) -> list[tuple[Loc, str]]:
                 )
                 problems.append((("models", i, "endpoints", j, "name"), problem))
             seen_endpoints.add(label)
+    return problems
+
+
+def _fallback_problems(data: Any) -> list[tuple[Loc, str]]:
+    """Each model's `fallbacks` name other models of this gateway, once each. Only the asked model's
+    list is ever tried (not a fallback's own), so lists that name each other make no loop. With a
+    scheduler, a name no config entry holds may be a model it places later: allowed (a fallback not
+    served when a request needs it is skipped)."""
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        return []
+    placement = data.get("placement")
+    follows = isinstance(placement, dict) and bool(placement.get("scheduler"))
+    names = [m.get("name") for m in models if isinstance(m, dict)]
+    known = {name for name in names if isinstance(name, str)}
+    problems: list[tuple[Loc, str]] = []
+    for i, model in enumerate(models):
+        if not isinstance(model, dict) or not isinstance(model.get("fallbacks"), list):
+            continue
+        seen: set[str] = set()
+        for j, name in enumerate(model["fallbacks"]):
+            if not isinstance(name, str):
+                continue  # pydantic reports the wrong type
+            loc: Loc = ("models", i, "fallbacks", j)
+            where = _path_text(loc)
+            if name == model.get("name"):
+                problems.append((loc, f"{where}: a model cannot fall back to itself ({name!r})"))
+            elif name in seen:
+                problems.append((loc, f"{where}: {name!r} is named twice"))
+            elif name not in known and not follows:
+                listed = ", ".join(sorted(known)) or "none"
+                problems.append((loc, f"{where}: {name!r} is not a model of this gateway (models: {listed})"))
+            seen.add(name)
     return problems
 
 

@@ -610,7 +610,7 @@ async def test_traffic_from_minutes_ago_is_charted_then_not_as_the_last_minutes(
     # the test does not wait 4 minutes). The page opened now replays them.
     then = time.time() - 240
     old = [
-        (i, then, "chat", "default", "*", "w0", "round_robin", 200, 2.0, None, f"old-{i}", "", 1, False)
+        (i, then, "chat", "default", "*", "w0", "round_robin", 200, 2.0, None, f"old-{i}", "", 1, False, "")
         for i in range(12)
     ]
     gateway.app[GATEWAY].metrics.routing_log.adopt(encode_shared(old))

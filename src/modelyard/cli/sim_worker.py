@@ -62,6 +62,13 @@ def sim_worker(
         float, typer.Option(help="Probability (0..1) that a request answers 500 with an error body.")
     ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the worker's random generator (fail_rate).")] = 0,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            help="vLLM's context window: a chat or completion whose prompt tokens plus max_tokens are more "
+            "answers 400 context_length_exceeded, as vLLM does. Default: no limit."
+        ),
+    ] = None,
     embedding_dim: Annotated[int, typer.Option(help="Length of /v1/embeddings vectors.")] = 16,
     oip_scale: Annotated[
         float, typer.Option(help="OIP v2 and KServe v1 outputs are the inputs times this (1.0 echoes).")
@@ -144,6 +151,7 @@ def sim_worker(
             cache_blocks=cache_blocks,
             block_tokens=block_tokens,
             fail_rate=fail_rate,
+            max_model_len=max_model_len,
             seed=seed,
             embedding_dim=embedding_dim,
             oip_scale=oip_scale,

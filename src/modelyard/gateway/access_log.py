@@ -75,7 +75,8 @@ class AccessLog:
             size,
             trace_id,
             record.worker,
-            record.tenant,
+            tenant=record.tenant,
+            fallback_for=record.fallback_for,
         )
 
     def refused(self, request_id: str, method: str, path: str, status: int, seconds: float) -> None:
@@ -103,6 +104,7 @@ class AccessLog:
         trace_id: str | None = None,
         worker: int | None = None,
         tenant: str = "",
+        fallback_for: str = "",
     ) -> None:
         if not self._log.isEnabledFor(logging.INFO):
             return
@@ -126,6 +128,8 @@ class AccessLog:
                 line["trace_id"] = trace_id
             if tenant:  # (auth.enabled; the key's name is not logged: usage has it)
                 line["tenant"] = tenant
+            if fallback_for:  # a fallback model answered: the model asked for (its line is before)
+                line["fallback_for"] = safe_text(fallback_for)
             line["worker"] = self._worker if worker is None else worker
             if self._json:
                 text = orjson.dumps(line).decode()

@@ -66,6 +66,8 @@ class Exchange:
     permit: Permit | None = None
     usage: int = 0
     strip_usage: bool = False
+    # A fallback model's exchange: the model the request asked for (gateway/fallback.py)
+    fallback_for: str = ""
     # False for shadow copies: client metrics describe what clients got, and the retry budget counts
     # clients' requests only
     counted: bool = True

@@ -146,6 +146,7 @@ class Gateway:
             self.state,
             self.metrics,
             random.Random(seed),
+            clusters=self.clusters,
             share_prefix=self.prefix_sharing.offer if self.prefix_sharing is not None else None,
             share_canary=self._worker_log.share_canary if self._worker_log is not None else None,
             tracer=self.tracer,
@@ -289,6 +290,8 @@ class Gateway:
         Lets a server refuse before reading (or converting) a body."""
 
         cluster = self.cluster(name)
+        if cluster.config.fallbacks:  # a full model's requests may go to a fallback (gateway/fallback.py)
+            return cluster
         try:
             cluster.capacity.refuse_if_full(cluster.endpoints)
         except Overloaded:

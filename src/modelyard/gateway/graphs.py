@@ -2,8 +2,10 @@
 
 A step's `serviceName` names a modelyard model and is resolved on every request through that
 model's routing (strategy, health, fail-over), so graph steps are load-balanced; KServe resolves
-names once, at deploy time. `serviceUrl` steps are called directly. Graphs are replaced
-atomically at runtime: a request keeps the Graph object it started with.
+names once, at deploy time. Not the model's `fallbacks` (gateway/fallback.py): a step calls the
+model it names, and the graph says what a failed step does. `serviceUrl` steps are called
+directly. Graphs are replaced atomically at runtime: a request keeps the Graph object it started
+with.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def openai_route(kind: str) -> ProxiedRoute:
         # A stream's tokens are in its usage event, sent only when asked for: asked for here when
         # the client did not, and then not relayed to it.
         ask_usage = routing.stream and kind != "embeddings" and not openai.asks_usage(routing.fields)
-        if ask_usage:
+        if ask_usage and routing.fields is not None:
             body = openai.with_usage_asked(routing.fields)
         await gateway.proxy.forward(request, reply, cluster, routing, body, permit, ask_usage)
 
@@ -119,7 +119,10 @@ async def model_get(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     if gateway.admission is not None:
         gateway.admission.admit(request.headers, request.match_info["name"])
     cluster = gateway.cluster(request.match_info["name"])
-    await gateway.proxy.forward(request, reply, cluster, RoutingRequest(model=cluster.name), None)
+    # (no fallbacks: a model's metadata and readiness are its own, not a fallback's)
+    await gateway.proxy.forward(
+        request, reply, cluster, RoutingRequest(model=cluster.name), None, fallbacks=False
+    )
 
 
 def aiohttp_view(route: ProxiedRoute) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -146,7 +146,7 @@ class Ledger:
         self._metrics.observe_request(cluster.name, endpoint.name, strategy, code, seconds)
         record = self._log.record(
             cluster.name, ex.route.name, ex.subset, endpoint.name, strategy, code, seconds, cache_hit,
-            ex.request_id, ex.tenant,
+            ex.request_id, ex.tenant, ex.fallback_for,
         )  # fmt: skip
         if final and (ex.span is not None or self._access is not None):
             self._ended(ex, record, now - ex.started)
@@ -161,7 +161,7 @@ class Ledger:
             self._metrics.observe_request(cluster.name, "", cluster.balancer.strategy.name, code, seconds)
         record = self._log.record(
             cluster.name, ex.route.name, ex.subset, "", cluster.balancer.strategy.name, code, seconds, None,
-            ex.request_id, ex.tenant,
+            ex.request_id, ex.tenant, ex.fallback_for,
         )  # fmt: skip
         if ex.span is not None or self._access is not None:
             self._ended(ex, record, seconds)
@@ -177,6 +177,8 @@ class Ledger:
             span.set("modelyard.subset", record.subset)
             span.set("modelyard.backend", record.backend)
             span.set("modelyard.attempts", ex.tries)
+            if record.fallback_for:
+                span.set("modelyard.fallback_for", record.fallback_for)
             span.answered(record.status)
         if self._access is not None:
             trace_id = span.trace_id if span is not None else None

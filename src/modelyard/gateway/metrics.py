@@ -357,6 +357,21 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.fallbacks = Counter(
+            "modelyard_fallbacks_total",
+            "Requests sent on to a fallback model, by the model asked for, the fallback and the reason "
+            "(saturated, no_endpoint, server_error, timeout, context_length)",
+            ["model", "fallback", "reason"],
+            registry=self.registry,
+        )
+        self.fallbacks_skipped = Counter(
+            "modelyard_fallbacks_skipped_total",
+            "Fallback models passed over, by the model asked for, the fallback and why: not_allowed "
+            "(the caller's key may not use it), not_served (no such model here now), context_window "
+            "(the request is longer than its context_window), no_route (its routes match no such request)",
+            ["model", "fallback", "why"],
+            registry=self.registry,
+        )
         self.stream_idle_timeouts = Counter(
             "modelyard_stream_idle_timeouts_total",
             "Streams cut because the server sent nothing for stream_idle_timeout",

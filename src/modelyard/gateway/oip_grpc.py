@@ -11,7 +11,8 @@ answer goes back to rpc/ to become a gRPC message. A backend's error answer beco
 fit the header gRPC carries it in). The call's metadata goes to the backend as the REST path's
 headers do (`forwarded_request_headers`: no hop-by-hop or framing headers), with an X-Request-Id:
 the caller's `x-request-id` metadata, else one made here. A call refused before routing has an
-access line and a routing-log record of its own (`_refused`), as a REST request has.
+access line and a routing-log record of its own (`_refused`), as a REST request has. A model's
+`fallbacks` do not apply to gRPC calls (gateway/fallback.py): a call goes to the model it names.
 """
 
 from __future__ import annotations

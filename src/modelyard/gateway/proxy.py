@@ -15,19 +15,28 @@ import itertools
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from multidict import CIMultiDict
 
 from modelyard.balancing import Need, RoutingContext, affinity_key
 from modelyard.balancing.routes import pick_subset
-from modelyard.errors import UpstreamUnreachable
+from modelyard.config import RouteConfig
+from modelyard.errors import ModelyardError, UpstreamUnreachable
 from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.admission import CREDENTIAL_FIELDS
 from modelyard.gateway.attempts import GRPC_CONTENT_TYPE, AttemptLoop, grpc_metadata, try_span
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.exchange import Attempt, Exchange
+from modelyard.gateway.fallback import (
+    CONTEXT_LENGTH,
+    FALLBACK_HEADER,
+    Fallbacks,
+    FellBack,
+    over_window,
+    reason_for_error,
+)
 from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger, ended_with
 from modelyard.gateway.metrics import GatewayMetrics
 from modelyard.gateway.quotas import Permit, Quotas
@@ -39,7 +48,7 @@ from modelyard.rpc import OipCall, OipChannels
 from modelyard.serving.h1 import H1Request
 from modelyard.serving.reply import Inbound, Reply
 from modelyard.state import SharedState
-from modelyard.telemetry import Kind, Tracer
+from modelyard.telemetry import Kind, Span, Tracer
 from modelyard.types import RoutingRequest
 from modelyard.upstream import UpstreamPool, forwarded_headers, not_relayed
 
@@ -52,10 +61,16 @@ REQUEST_ID_HEADER = "X-Request-Id"
 # What a server's answer loses on its way: hop-by-hop fields, and those the proxy sets itself (a
 # server's own are dropped, not doubled): the upstream pool's answers leave them out of `relayed`.
 # X-Modelyard-Cache-Hit is set for the strategies that remember affinities only.
-NOT_RELAYED = not_relayed((BACKEND_HEADER, STRATEGY_HEADER, ROUTE_HEADER, SUBSET_HEADER, REQUEST_ID_HEADER))
+NOT_RELAYED = not_relayed(
+    (BACKEND_HEADER, STRATEGY_HEADER, ROUTE_HEADER, SUBSET_HEADER, REQUEST_ID_HEADER, FALLBACK_HEADER)
+)
 _CACHE_HIT = CACHE_HIT_HEADER.lower().encode()
+_FALLBACK = FALLBACK_HEADER.encode()
 _MAX_ANSWER_FIELDS = 4096
 
+# auth.enabled: the caller's admission against its limits, and whether the gateway asked a stream
+# for its usage on the caller's behalf (its usage event is then not relayed)
+Admitted = tuple[Permit, bool]
 PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
 
 
@@ -78,6 +93,7 @@ class Proxy:
         metrics: GatewayMetrics,
         rng: random.Random,
         *,
+        clusters: Mapping[str, Cluster] | None = None,
         share_prefix: PrefixRecorded | None = None,
         share_canary: Callable[[list[object]], None] | None = None,
         tracer: Tracer | None = None,
@@ -99,6 +115,8 @@ class Proxy:
         self._attempts = AttemptLoop(pool, grpc, metrics, rng, self._ledger)
         self._relay = Relay(self._ledger, metrics)
         self._shadows = ShadowTraffic(self._attempts, self._ledger, metrics, rng, share_canary)
+        # The models a fallback may name (`clusters`: the gateway's; none: no fallbacks are served)
+        self._fallbacks = Fallbacks(clusters if clusters is not None else {}, metrics)
         # Request ids: a random per-gateway prefix and a counter; unique without a syscall per request.
         self._id_prefix = os.urandom(8).hex()
         self._id_counter = itertools.count(1)
@@ -115,25 +133,17 @@ class Proxy:
         body: bytes | None,
         permit: Permit | None = None,
         strip_usage: bool = False,
+        *,
+        fallbacks: bool = True,
     ) -> None:
-        """`permit`: auth.enabled, the caller's admission (quotas.py); `strip_usage`: the body asks
-        for a stream's usage on the gateway's behalf, not the client's."""
+        """Route the request to `cluster` and relay its answer; when the model has `fallbacks` (and
+        `fallbacks`: an inference call, not a metadata or readiness one), on to them as its
+        `fallback_on` says (gateway/fallback.py). `permit`: auth.enabled, the caller's admission
+        (quotas.py); `strip_usage`: the body asks for a stream's usage on the gateway's behalf,
+        not the client's."""
+        admitted = (permit, strip_usage) if permit is not None else None
         started = time.perf_counter()
-        route = cluster.route_for(request.headers, routing.fields)
-        subset = pick_subset(route, request.headers, self._rng)
-        key = remembered = chunks = held = waits = line = roomy = tokens = None
-        needs = cluster.balancer.strategy.needs  # (empty for most strategies: nothing to look up then)
-        if needs:
-            if Need.AFFINITY in needs:
-                key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
-                remembered = await self._state.get(key)
-            now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
-            if Need.PREFIX in needs and routing.prompt:
-                chunks, held, waits, line, roomy, tokens = cluster.balancer.look(
-                    routing.prompt, cluster.endpoint_names, now, routing.fields
-                )
-        else:
-            now = time.monotonic()
+        route = cluster.route_for(request.headers, routing.fields)  # (404 before the request has an id)
         if type(request) is H1Request:  # (the lean connection sorted the fields as it parsed them)
             raw_id = request.request_id
             forwarded = request.forwarded
@@ -153,6 +163,65 @@ class Proxy:
             sent = forwarded_headers(request.raw_headers, raw_id)
         if self._drop_credentials:
             sent = RawHeaders([field for field in sent.fields if field[0].lower() not in CREDENTIAL_FIELDS])
+        if fallbacks and cluster.config.fallbacks:
+            await self._with_fallbacks(
+                request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id, sent
+            )
+            return
+        await self._send(
+            request,
+            reply,
+            cluster,
+            route,
+            routing,
+            body,
+            admitted,
+            started,
+            raw_id,
+            request_id,
+            sent,
+            request.raw_path,
+            None,
+            "",
+        )
+
+    async def _send(
+        self,
+        request: Inbound,
+        reply: Reply,
+        cluster: Cluster,
+        route: RouteConfig,
+        routing: RoutingRequest,
+        body: bytes | None,
+        admitted: Admitted | None,
+        started: float,
+        raw_id: bytes,
+        request_id: str,
+        sent: RawHeaders,
+        path: str,
+        watch: Sequence[str] | None,
+        fallback_for: str,
+        trail: list[Span] | None = None,
+    ) -> None:
+        """One model's exchange, opened and closed here: routed, tried, relayed. `watch`: the
+        fallback_on conditions of a model with a fallback after this one, which an answer that
+        stands for one of them goes to instead (FellBack, this exchange closed with its status).
+        `trail`, on the way through a model's fallbacks: the asked model's span once it has one,
+        the parent of the fallbacks' spans (one trace holds every model tried)."""
+        subset = pick_subset(route, request.headers, self._rng)
+        key = remembered = chunks = held = waits = line = roomy = tokens = None
+        needs = cluster.balancer.strategy.needs  # (empty for most strategies: nothing to look up then)
+        if needs:
+            if Need.AFFINITY in needs:
+                key = affinity_key(cluster.name, routing.prompt, cluster.config.kv_aware.prefix_chars)
+                remembered = await self._state.get(key)
+            now = time.monotonic()  # after the lookup: what the prefix waits and the strategy see
+            if Need.PREFIX in needs and routing.prompt:
+                chunks, held, waits, line, roomy, tokens = cluster.balancer.look(
+                    routing.prompt, cluster.endpoint_names, now, routing.fields
+                )
+        else:
+            now = time.monotonic()
         ex = Exchange(
             cluster,
             route,
@@ -163,21 +232,34 @@ class Proxy:
                 (routing, cluster.next_seq(), remembered, now, held, waits, line, roomy, tokens),
             ),
             request.method,
-            request.raw_path,
+            path,
             sent,
             body,
             routing.prompt_tokens + routing.max_tokens,
             started,
             request_id,
         )
-        if permit is not None:
-            ex.permit, ex.strip_usage = permit, strip_usage
-            ex.tenant, ex.priority = permit.caller.tenant, permit.caller.priority
+        permit = None
+        if admitted is not None:
+            permit, ex.strip_usage = admitted
+            ex.permit, ex.tenant, ex.priority = permit, permit.caller.tenant, permit.caller.priority
+        if fallback_for:
+            ex.fallback_for = fallback_for
         ledger = self._ledger
-        ledger.open(ex, request.headers.items() if ledger.tracing else None)
+        if not trail:
+            ledger.open(ex, request.headers.items() if ledger.tracing else None)
+            if trail is not None and ex.span is not None:
+                trail.append(ex.span)
+        else:
+            ledger.open(ex, trail[0].inject(request.headers.items()), "internal")
         try:
             ex.capture = self._shadows.start(ex)
             attempt = await self._attempts.run(ex)
+            if watch is not None and attempt.response.status >= 400:
+                reason = await self._fallbacks.answer_reason(attempt.response, watch)
+                if reason is not None:  # counted for this model, with the status it answered
+                    ledger.close(ex, attempt.response.status)
+                    raise FellBack(reason)
             if key is not None:
                 await self._remember(ex, attempt, key)
             if chunks is not None and 200 <= attempt.response.status < 300:
@@ -194,6 +276,8 @@ class Proxy:
             headers.fields.extend(
                 self._answer_fields(attempt.endpoint.name, cluster, route.name, ex.subset, cache_hit)
             )
+            if fallback_for:
+                headers.fields.append((_FALLBACK, cluster.name.encode(*HEADER_TEXT)))
             headers.fields.append((b"X-Request-Id", raw_id))
             if permit is not None:
                 headers.fields.extend(permit.fields)
@@ -201,6 +285,102 @@ class Proxy:
         except BaseException as exc:  # (a failed request is closed already: this does nothing)
             ledger.close(ex, ended_with(exc))
             raise
+
+    async def _with_fallbacks(
+        self,
+        request: Inbound,
+        reply: Reply,
+        cluster: Cluster,
+        route: RouteConfig,
+        routing: RoutingRequest,
+        body: bytes | None,
+        admitted: Admitted | None,
+        started: float,
+        raw_id: bytes,
+        request_id: str,
+        sent: RawHeaders,
+    ) -> None:
+        """The asked model, then its fallbacks in order, each its own exchange, for as long as one
+        fails as the asked model's `fallback_on` says and another is left to try; the last one
+        tried is the client's answer (or error). Nothing once the answer has begun."""
+        asked = cluster.name
+        conditions = cluster.config.fallback_on
+        candidates = self._fallbacks.candidates(
+            cluster, request.headers, routing, admitted[0].caller if admitted is not None else None
+        )
+        usable = [i for i, candidate in enumerate(candidates) if candidate.cluster is not None]
+        if not usable:  # (none the caller may use, none served here now: the asked model alone)
+            try:
+                await self._send(
+                    request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id,
+                    sent, request.raw_path, None, "",
+                )  # fmt: skip
+            except ModelyardError as exc:
+                if not reply.started and reason_for_error(exc) in conditions:  # (it would have)
+                    for candidate in candidates:
+                        self._fallbacks.skipped(asked, candidate)
+                raise
+            return
+        trail: list[Span] = []  # (the first model tried's span: the others' parent)
+        reason: str | None
+        if CONTEXT_LENGTH in conditions and over_window(cluster, routing):
+            reason = CONTEXT_LENGTH  # too long for the asked model's window: straight to a fallback
+        else:
+            reason = await self._try_model(
+                request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id, sent,
+                request.raw_path, conditions, "", trail,
+            )  # fmt: skip
+            if reason is None:
+                return
+        last = usable[-1]
+        for i, candidate in enumerate(candidates):
+            target = candidate.cluster
+            if target is None or candidate.route is None:
+                self._fallbacks.skipped(asked, candidate)
+                continue
+            self._fallbacks.fell_back(asked, target.name, reason)
+            path, moved, renamed = self._fallbacks.request_for(target, request.raw_path, body, routing)
+            reason = await self._try_model(
+                request, reply, target, candidate.route, renamed, moved, admitted, started, raw_id,
+                request_id, sent, path, conditions if i != last else None, asked, trail,
+            )  # fmt: skip
+            if reason is None:
+                return
+
+    async def _try_model(
+        self,
+        request: Inbound,
+        reply: Reply,
+        cluster: Cluster,
+        route: RouteConfig,
+        routing: RoutingRequest,
+        body: bytes | None,
+        admitted: Admitted | None,
+        started: float,
+        raw_id: bytes,
+        request_id: str,
+        sent: RawHeaders,
+        path: str,
+        conditions: Sequence[str] | None,
+        fallback_for: str,
+        trail: list[Span],
+    ) -> str | None:
+        """One model's exchange (`_send`): None when it was the answer (relayed, or failed for
+        good), else the fallback_on condition its failure stands for, to go on to the next.
+        `conditions` None: the last candidate, whose outcome is the client's whatever it is."""
+        try:
+            await self._send(
+                request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id, sent,
+                path, conditions, fallback_for, trail,
+            )  # fmt: skip
+        except FellBack as fell:
+            return fell.reason
+        except ModelyardError as exc:  # (its exchange is closed, counted for this model)
+            reason = reason_for_error(exc)
+            if conditions is None or reply.started or reason not in conditions:
+                raise
+            return reason
+        return None
 
     async def call(
         self,
@@ -215,7 +395,8 @@ class Proxy:
         span_kind: Kind = "server",
     ) -> Called:
         """A routed call made by the gateway itself (a graph step naming a model, an OIP gRPC call):
-        the model's routes, strategy, health and retries apply, as for a client request. `grpc`
+        the model's routes, strategy, health and retries apply, as for a client request (not its
+        fallbacks: gateway/fallback.py). `grpc`
         goes as it is to an endpoint with a grpc_url (`rest_body`, when given, makes the REST
         body for the others). Traced, its span is a child of the traceparent in `headers` (a gRPC
         client's: `span_kind` server; a graph step's: internal)."""

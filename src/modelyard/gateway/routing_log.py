@@ -52,7 +52,9 @@ class RoutingRecord:
     `cache_hit` is None for strategies without affinity; `time` is seconds since the epoch;
     `worker` is the worker that answered (`--workers`), None for a gateway of one process;
     `refused`: answered before routing (an unknown model, a model not placed, a bad body), so no
-    route, strategy or backend, and `model` is the name asked for ("" when none could be read)."""
+    route, strategy or backend, and `model` is the name asked for ("" when none could be read);
+    `fallback_for`: the model the request asked for, when `model` is one of its fallbacks (the
+    asked model's own records, with the same request id, say how it failed)."""
 
     seq: int
     time: float
@@ -68,16 +70,18 @@ class RoutingRecord:
     tenant: str = ""  # auth.enabled: the tenant of the key that called
     worker: int | None = None
     refused: bool = False
+    fallback_for: str = ""
 
 
 # A record as the log keeps it, RoutingRecord's fields in order: a tuple is built without a call
 # (the log takes one per request), and a batch of them is encoded for the other workers as it is.
-Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str, str, int | None, bool]
+Entry = tuple[int, float, str, str, str, str, str, int, float, bool | None, str, str, int | None, bool, str]
 _FIELDS = len(fields(RoutingRecord))
+_REFUSED_AT = [f.name for f in fields(RoutingRecord)].index("refused")
 # A record another worker shared: (its seq here, its fields as they came, with the seq it had there).
 _Shared = tuple[int, list[Any]]
 _SEQ = itemgetter(0)
-_REFUSED = itemgetter(_FIELDS - 1)  # a record's `refused`, the last of its fields
+_REFUSED = itemgetter(_REFUSED_AT)  # a record's `refused`
 
 
 def _decoded(entry: Entry | _Shared) -> RoutingRecord:
@@ -181,6 +185,7 @@ class RoutingLog:
         cache_hit: bool | None,
         request_id: str,
         tenant: str = "",
+        fallback_for: str = "",
     ) -> Entry:
         """A try or an answer counted; the record as kept (`RoutingRecord(*entry)` reads it)."""
         self._seq += 1
@@ -200,6 +205,7 @@ class RoutingLog:
             tenant,
             self._worker,
             False,
+            fallback_for,
         )
         self._ring.append(entry)
         if self._subscribers:
@@ -236,6 +242,7 @@ class RoutingLog:
             "",
             self._worker,
             True,
+            "",
         )
         self._refused_ring.append(entry)
         if self._subscribers:
@@ -259,7 +266,7 @@ class RoutingLog:
         numbered = zip(range(first, self._seq + 1), records, strict=True)
         if any(map(_REFUSED, records)):  # (the other worker bounded them; kept apart here too)
             for numbered_row in numbered:
-                (self._refused_ring if numbered_row[1][-1] else self._ring).append(numbered_row)
+                (self._refused_ring if numbered_row[1][_REFUSED_AT] else self._ring).append(numbered_row)
         else:
             self._ring.extend(numbered)
         if self._subscribers:

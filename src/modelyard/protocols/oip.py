@@ -18,6 +18,7 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -49,6 +50,22 @@ ITEM_SIZES = {name: struct.calcsize("<" + code) for name, code in _STRUCT_CODES.
 BINARY_DATATYPES = frozenset(ITEM_SIZES) | {"BYTES"}
 MAX_DATA_DEPTH = 32
 _FLOAT_CODES = frozenset("efd")
+
+
+def path_for_model(path: str, model: str) -> str | None:
+    """The request path `path` (with its query) naming `model` instead: OIP v2's
+    `/v2/models/{name}[/versions/{v}]/{rest}` (the version is the first model's: dropped) or KServe
+    v1's `/v1/models/{name}:predict`. None when `path` names no model that way."""
+    route, mark, query = path.partition("?")
+    named = quote(model, safe="")
+    if route.startswith("/v2/models/"):
+        _, _, rest = route[len("/v2/models/") :].partition("/")
+        if rest.startswith("versions/"):
+            rest = rest[len("versions/") :].partition("/")[2]
+        return f"/v2/models/{named}/{rest}{mark}{query}" if rest else None
+    if route.startswith("/v1/models/") and route.endswith(":predict"):
+        return f"/v1/models/{named}:predict{mark}{query}"
+    return None
 
 
 def routing_request(

@@ -12,6 +12,30 @@ from modelyard.protocols.tokens import count_tokens
 from modelyard.types import RoutingRequest
 
 DEFAULT_MAX_TOKENS = 16  # what OpenAI-compatible servers assume for completions when unset
+# How servers say a prompt (with max_tokens) is longer than the model takes, in a 400's body:
+# OpenAI's error code; vLLM's "This model's maximum context length is N tokens"; SGLang's "... is
+# longer than the model's context length"; llama.cpp's error type. Lower case: compared so.
+_CONTEXT_LENGTH_MARKERS = (
+    b"context_length_exceeded",
+    b"maximum context length",
+    b"model's context length",
+    b"exceed_context_size",
+)
+_ERROR_BODY_READ = 65536  # bytes of an error body looked at for those
+
+
+def context_length_exceeded(status: int, body: bytes) -> bool:
+    """Whether an answer says the request is longer than the model's context window."""
+    if status != 400:
+        return False
+    text = body[:_ERROR_BODY_READ].lower()
+    return any(marker in text for marker in _CONTEXT_LENGTH_MARKERS)
+
+
+def body_for_model(fields: dict[str, Any], model: str) -> bytes:
+    """The request body (its parsed `fields`) naming `model` instead: what a fallback model is
+    sent. (Only then: a request is otherwise forwarded as the bytes it came as.)"""
+    return orjson.dumps({**fields, "model": model})
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -55,12 +79,12 @@ def asks_usage(fields: dict[str, Any] | None) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def with_usage_asked(fields: dict[str, Any] | None) -> bytes:
-    """The request's body asking for the stream's usage event, its other stream options kept."""
-    data = dict(fields or {})
-    options = data.get("stream_options")
-    data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return orjson.dumps(data)
+def with_usage_asked(fields: dict[str, Any]) -> bytes:
+    """The request's body asking for the stream's usage event, its other stream options kept.
+    `fields` (the parsed body) is changed too: a body made again from it (a fallback's) asks too."""
+    options = fields.get("stream_options")
+    fields["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return orjson.dumps(fields)
 
 
 def _chat_prompt(messages: list[Any]) -> str:

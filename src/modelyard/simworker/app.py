@@ -114,6 +114,19 @@ async def _json_body(request: web.Request) -> dict[str, object]:
     return body
 
 
+def _fits_context(engine: SimEngine, prompt_tokens: int, max_tokens: int) -> None:
+    """400 for a request over `max_model_len`, in vLLM's words and with OpenAI's error code."""
+    limit = engine.config.max_model_len
+    if limit is not None and prompt_tokens + max_tokens > limit:
+        raise Rejected(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            code="context_length_exceeded",
+        )
+
+
 def _model(body: dict[str, object], engine: SimEngine) -> str:
     model = body.get("model")
     return model if isinstance(model, str) and model else engine.config.models[0]
@@ -223,6 +236,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     if engine.should_fail():
         raise _simulated_failure()
     tokens = _prompt_tokens(request.app, body, prompt)
+    _fits_context(engine, len(tokens), max_tokens)
     words = generate_words(prompt, max_tokens, engine.config.answer_variant)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -275,6 +289,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     token_lists = _prompts_tokens(request.app, body.get("prompt"), prompts)
     if engine.should_fail():
         raise _simulated_failure()
+    for token_list in token_lists:  # (each prompt of a batch is a request of its own to vLLM)
+        _fits_context(engine, len(token_list), max_tokens)
     prompt_tokens = sum(map(len, token_lists))
     completion_tokens = max_tokens * len(prompts)
     words = [generate_words(p, max_tokens, engine.config.answer_variant) for p in prompts]

@@ -46,6 +46,12 @@ class SimWorkerConfig(BaseModel):
     cache_blocks: int = Field(default=256, ge=0, description="prefix cache capacity in blocks; 0 disables it")
     block_tokens: int = Field(default=16, ge=1, description="tokens per cache block")
     fail_rate: float = Field(default=0.0, ge=0, le=1, description="probability a request answers 500")
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM's context window: a chat or completion whose prompt tokens and max_tokens "
+        "add up to more answers 400 as vLLM does (OpenAI's code context_length_exceeded); none: no limit",
+    )
     seed: int = Field(default=0, description="seed of the worker's own random.Random")
     embedding_dim: int = Field(default=16, ge=1, le=65536, description="length of /v1/embeddings vectors")
     oip_scale: float = Field(default=1.0, description="OIP and KServe v1 outputs are inputs times this")

@@ -50,7 +50,20 @@ def test_a_record_holds_where_the_request_went_and_how_it_ended():
         "tenant": "",
         "worker": None,
         "refused": False,
+        "fallback_for": "",
     }
+
+
+def test_a_fallback_models_record_names_the_model_asked_for():
+    log = RoutingLog()
+    sent: list[Entry] = []
+    log.share = sent.append
+    log.record("spare", "default", "*", "w0", "round_robin", 200, 0.001, None, "req-1", fallback_for="main")
+    (entry,) = log.recent()
+    assert entry.model == "spare" and entry.fallback_for == "main" and not entry.refused
+    adopted = RoutingLog()  # another worker's log: shared as it was made
+    adopted.adopt(encode_shared(sent))
+    assert adopted.recent()[0].fallback_for == "main"
 
 
 def test_a_refused_request_is_recorded_with_the_model_asked_for_and_no_backend():
@@ -61,7 +74,9 @@ def test_a_refused_request_is_recorded_with_the_model_asked_for_and_no_backend()
     log.record_refused("chat-huge", 503, 0.0004, "r-1")
     log.record_refused("x" * 10_000 + "\udcff", 404, 0.0, "id-\udcff")  # client text, any size
     huge, unknown = log.recent()
-    assert huge == RoutingRecord(1, huge.time, "chat-huge", "", "", "", "", 503, 0.4, None, "r-1", "", 2, True)
+    assert huge == RoutingRecord(
+        1, huge.time, "chat-huge", "", "", "", "", 503, 0.4, None, "r-1", "", 2, True
+    )
     assert unknown.model == "x" * MAX_REFUSED_NAME and unknown.refused
     assert unknown.request_id == "id-\\udcff"  # as JSON can carry it
     assert orjson.loads(orjson.dumps(unknown))["status"] == 404

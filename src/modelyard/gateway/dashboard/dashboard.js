@@ -440,6 +440,7 @@ function shown(record) {
   if (!text) return true;
   const fields = [record.model, record.route, record.subset, record.backend, record.strategy, record.status, record.request_id];
   if (record.refused) fields.push("refused");
+  if (record.fallback_for) fields.push(record.fallback_for);
   return fields.some((field) => String(field).toLowerCase().includes(text));
 }
 
@@ -457,7 +458,8 @@ function logRow(record, fresh = true) {
       "data-refused": String(Boolean(record.refused)),
     },
     el("td", {}, clock(record.time)),
-    el("td", { "data-field": "model" }, record.model || "–"),
+    // a fallback model's answer: the model asked for too (its own record, the same request id, says how it failed)
+    el("td", { "data-field": "model" }, record.fallback_for ? `${record.model} (for ${record.fallback_for})` : record.model || "–"),
     el("td", { "data-field": "route" }, dash(record.route)),
     el("td", { "data-field": "subset" }, dash(record.subset)),
     el("td", { "data-field": "backend", class: record.refused ? "bad" : "" }, backend),

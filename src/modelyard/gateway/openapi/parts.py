@@ -46,6 +46,9 @@ def relay_headers(*, required: bool) -> Schema:
         "X-Modelyard-Route": string_header("the route taken (`default` without routes)", required=required),
         "X-Modelyard-Subset": string_header("the subset it went to (`*`: every endpoint)", required=required),
         "X-Request-Id": string_header("the client's, or a new one, also sent upstream", required=required),
+        "X-Modelyard-Fallback": string_header(
+            "the model that answered, when it was one of the asked model's `fallbacks`"
+        ),
         "X-Modelyard-Cache-Hit": {
             "description": "`kv_aware` only: whether the prompt prefix had an affinity",
             "schema": {"type": "string", "enum": ["true", "false"]},

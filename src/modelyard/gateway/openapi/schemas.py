@@ -467,6 +467,7 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "request_id",
                 "worker",
                 "refused",
+                "fallback_for",
             ],
             "properties": {
                 "seq": {"type": "integer", "description": "increases by one per record"},
@@ -491,6 +492,11 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                     "type": "boolean",
                     "description": "answered before routing (an unknown model, one not placed, a bad "
                     "body): no route, strategy or backend; model is the name asked for, if any",
+                },
+                "fallback_for": {
+                    "type": "string",
+                    "description": "the model the request asked for, when model is one of its "
+                    "fallbacks; empty otherwise",
                 },
             },
         },
