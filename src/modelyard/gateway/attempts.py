@@ -335,7 +335,7 @@ class AttemptLoop:
                 f"model {cluster.name!r} has no healthy endpoint in subset {ex.subset!r}",
                 headers={"Retry-After": "1"},
             )
-        if only is None and queued_first and capacity.queued_for(ex.subset):
+        if only is None and queued_first and capacity.queued_for(ex.subset, ex.priority):
             candidates: Sequence[Endpoint] = ()
         elif not tried and not capacity.config.max_requests:  # (the usual first try: no limit to check)
             candidates = healthy
@@ -374,7 +374,7 @@ class AttemptLoop:
             until = min(until, deadline)
         while True:
             try:
-                await capacity.wait(ex.subset, until)
+                await capacity.wait(ex.subset, until, ex.tenant, ex.priority)
             except ModelyardError as exc:
                 if ex.counted:
                     self._metrics.overloaded.labels(cluster.name).inc()

@@ -33,6 +33,7 @@ from modelyard.gateway.siblings import Siblings, find_endpoint
 from modelyard.gateway.worker_log import WorkerLog
 from modelyard.graph import Graph, load_config_graphs
 from modelyard.rpc import OipChannels
+from modelyard.security.api_keys import Caller
 from modelyard.serving import ListenerStats
 from modelyard.state import MemoryState, SharedState, open_state
 from modelyard.state.key_store import FileKeyStore, KeyStore, RedisKeyStore
@@ -284,16 +285,20 @@ class Gateway:
             raise ModelNotFound(name, {*self.clusters, *self.placed.models})
         return cluster
 
-    def admit(self, name: str | None) -> Cluster:
+    def admit(self, name: str | None, caller: Caller | None = None) -> Cluster:
         """The model's cluster, if a request for it could be taken now: ModelNotFound (or the
-        placement error) for an unknown model, Overloaded (counted) when every endpoint is full.
-        Lets a server refuse before reading (or converting) a body."""
+        placement error) for an unknown model, Overloaded (counted) when every endpoint is full
+        (and the queue holds no request that `caller`'s may shed). Lets a server refuse before
+        reading (or converting) a body."""
 
         cluster = self.cluster(name)
         if cluster.config.fallbacks:  # a full model's requests may go to a fallback (gateway/fallback.py)
             return cluster
         try:
-            cluster.capacity.refuse_if_full(cluster.endpoints)
+            if caller is None:
+                cluster.capacity.refuse_if_full(cluster.endpoints)
+            else:
+                cluster.capacity.refuse_if_full(cluster.endpoints, caller.tenant, caller.priority)
         except Overloaded:
             self.metrics.overloaded.labels(cluster.name).inc()
             raise

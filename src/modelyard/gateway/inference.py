@@ -104,7 +104,7 @@ async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     caller = None
     if gateway.admission is not None:  # (before saying whether the model exists)
         caller = gateway.admission.admit(request.headers, request.match_info["name"])
-    cluster = gateway.admit(request.match_info["name"])  # the model is in the path: before the body
+    cluster = gateway.admit(request.match_info["name"], caller)  # the model is in the path: before the body
     body = await read_body(request)
     routing = oip.routing_request(
         cluster.name, body, request.headers, affinity_chars=cluster.config.kv_aware.prefix_chars

@@ -73,9 +73,10 @@ class GatewayOip:
         """ModelNotFound (or the placement error) for an unknown model, Overloaded when every
         endpoint is full: checked before rpc/ converts the call's tensors."""
         try:
+            caller = None
             if self._gateway.admission is not None:
-                self._gateway.admission.admit_metadata(headers, model)
-            self._gateway.admit(model)
+                caller = self._gateway.admission.admit_metadata(headers, model)
+            self._gateway.admit(model, caller)
         except ModelyardError as exc:
             self._refused(headers, model, "POST", _rest_path(model, version, "/infer"), exc)
             raise
