@@ -366,3 +366,52 @@ async def test_while_redis_is_away_quotas_do_as_configured(
         async with http.post(gateway.url + CHAT, json=chat(), headers=bearer(KEY_A)) as response:
             codes.append(response.status)
     assert codes == expected
+
+
+async def test_grpc_calls_and_graph_runs_count_against_the_limits_too(sim_workers, gateways, http, tmp_path):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tenants": [{"name": "a", "models": ["echo", "steps"], "limits": {"requests_per_minute": 2}}],
+                "keys": [{"name": "a-app", "tenant": "a", "key": KEY_A}],
+            }
+        )
+    )
+    echo = await sim_workers(1, models=["echo"], oip_scale=2.0)
+    graph = {"steps": {"nodes": {"root": {"routerType": "Sequence", "steps": [{"serviceName": "echo"}]}}}}
+    gateway = await gateways(
+        [model_config("echo", echo)],
+        auth={"enabled": True, "keys_file": str(path)},
+        graphs=graph,
+        listen={"host": "127.0.0.1", "port": 0, "grpc_port": 0},
+    )
+    client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gateway.grpc_port}")
+    tensor = grpcclient.InferInput("x", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    try:
+        answer = await asyncio.to_thread(
+            client.infer, "echo", [tensor], headers={"authorization": f"Bearer {KEY_A}"}, client_timeout=30
+        )
+        assert answer.as_numpy("x")[0] == 2.0
+        body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+        async with http.post(gateway.url + "/v1/graphs/steps", json=body, headers=bearer(KEY_A)) as response:
+            assert response.status == 200 and response.headers["x-ratelimit-remaining-requests"] == "0"
+        # the tenant's two requests a minute are spent: a third, by gRPC or as a graph, is refused
+        with pytest.raises(InferenceServerException) as caught:
+            await asyncio.to_thread(
+                client.infer,
+                "echo",
+                [tensor],
+                headers={"authorization": f"Bearer {KEY_A}"},
+                client_timeout=30,
+            )
+        assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        async with http.post(gateway.url + "/v1/graphs/steps", json=body, headers=bearer(KEY_A)) as response:
+            assert response.status == 429
+    finally:
+        await asyncio.to_thread(client.close)

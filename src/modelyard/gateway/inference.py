@@ -256,11 +256,16 @@ async def run_graph(request: web.Request) -> web.Response:
     service = gateway.graphs
     name = request.match_info["name"]
     started = time.perf_counter()
+    permit = None
     try:
+        caller = None
         if gateway.admission is not None:  # (a key may use a graph by its name)
-            gateway.admission.admit(request.headers, name)
+            caller = gateway.admission.admit(request.headers, name)
         service.get(name)  # 404 before reading the body
         body = await read_body(request)
+        if caller is not None:  # one graph run is one request of the caller's (its steps are the gateway's)
+            assert gateway.admission is not None
+            permit = await gateway.admission.take(caller)
     except (ModelyardError, web.HTTPException) as exc:  # the graph's run writes its own access line
         request[REQUEST_ID] = refused(gateway, request, exc.status, started)
         raise
@@ -269,7 +274,22 @@ async def run_graph(request: web.Request) -> web.Response:
             refused(gateway, request, CLIENT_CLOSED, started)
         raise
     want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
-    return await service.run(name, body, list(request.headers.items()), want_trace)
+    if permit is None:
+        return await service.run(name, body, list(request.headers.items()), want_trace)
+    assert gateway.quotas is not None
+    code = CLIENT_CLOSED
+    try:
+        response = await service.run(name, body, list(request.headers.items()), want_trace)
+        code = response.status
+        for field, value in permit.fields:
+            response.headers[field.decode()] = value.decode()
+        return response
+    except ModelyardError as exc:
+        code = exc.status
+        raise
+    finally:
+        gateway.quotas.settle(permit, 0, 0.0, code >= 400)
+        gateway.metrics.tenant_ended(permit.caller.tenant, code, 0, 0.0)
 
 
 # --- the gateway's own endpoints -------------------------------------------------------------

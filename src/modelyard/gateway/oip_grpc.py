@@ -30,6 +30,7 @@ from modelyard.gateway.admission import CREDENTIAL_FIELDS
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
 from modelyard.gateway.proxy import REQUEST_ID_HEADER, Called
+from modelyard.gateway.quotas import Permit
 from modelyard.rpc import MODEL_STREAM_INFER, OipCall, Relayed, StreamRelay
 from modelyard.upstream import forwarded_request_headers
 
@@ -88,8 +89,9 @@ class GatewayOip:
         sent = [*headers, _JSON]
         cluster, path = self._target(headers, "POST", model, version, "/infer")
         if cluster.speaks_grpc:  # converted only if an endpoint without gRPC is tried
+            permit = await self._take(headers, model, path)
             answer = await self._call(
-                cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json())
+                cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json()), permit
             )
         else:  # converted before routing: a call that does not convert never takes a slot
             try:
@@ -97,8 +99,20 @@ class GatewayOip:
             except ModelyardError as exc:
                 self._refused(headers, model, "POST", path, exc)
                 raise
-            answer = await self._call(cluster, "POST", path, sent, body)
+            permit = await self._take(headers, model, path)
+            answer = await self._call(cluster, "POST", path, sent, body, permit=permit)
         return _answer(answer)
+
+    async def _take(self, headers: Sequence[tuple[str, str]], model: str, path: str) -> Permit | None:
+        """auth.enabled: the caller's request let in against its limits (429: RESOURCE_EXHAUSTED)."""
+        admission = self._gateway.admission
+        if admission is None:
+            return None
+        try:
+            return await admission.take(admission.admit_metadata(headers, model))
+        except ModelyardError as exc:
+            self._refused(headers, model, "POST", path, exc)
+            raise
 
     def stream_relay(self, model: str, headers: Sequence[tuple[str, str]]) -> StreamRelay | None:
         """How a ModelStreamInfer whose first request is for `model` is relayed whole, as a stream,
@@ -117,8 +131,11 @@ class GatewayOip:
         sent = self._forwarded(headers)
         path = _path(cluster, "", "/infer")
 
-        def relay(messages: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-            return self._gateway.proxy.stream(cluster, path, sent, MODEL_STREAM_INFER, messages)
+        async def relay(messages: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            permit = await self._take(headers, model, path)  # (the stream is one request)
+            stream = self._gateway.proxy.stream(cluster, path, sent, MODEL_STREAM_INFER, messages, permit)
+            async for message in stream:
+                yield message
 
         return relay
 
@@ -131,11 +148,12 @@ class GatewayOip:
         body: bytes | None,
         call: OipCall | None = None,
         rest_body: Callable[[], bytes] | None = None,
+        permit: Permit | None = None,
     ) -> Called:
         sent = self._forwarded(headers)
         grpc = call if cluster.speaks_grpc else None
         return await self._gateway.proxy.call(
-            cluster, method, path, sent, body, grpc=grpc, rest_body=rest_body
+            cluster, method, path, sent, body, grpc=grpc, rest_body=rest_body, permit=permit
         )
 
     def _forwarded(self, headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -393,6 +393,7 @@ class Proxy:
         grpc: OipCall | None = None,
         rest_body: Callable[[], bytes] | None = None,
         span_kind: Kind = "server",
+        permit: Permit | None = None,
     ) -> Called:
         """A routed call made by the gateway itself (a graph step naming a model, an OIP gRPC call):
         the model's routes, strategy, health and retries apply, as for a client request (not its
@@ -401,7 +402,7 @@ class Proxy:
         body for the others). Traced, its span is a child of the traceparent in `headers` (a gRPC
         client's: `span_kind` server; a graph step's: internal)."""
         tokens = tokens_in_bytes(len(body) if body is not None else len(grpc.message) if grpc else 0)
-        ex = self._own_exchange(cluster, method, path, headers, body, tokens)
+        ex = self._own_exchange(cluster, method, path, headers, body, tokens, permit)
         ex.grpc, ex.rest_body = grpc, rest_body
         self._ledger.open(ex, headers, span_kind)
         code = CLIENT_CLOSED
@@ -424,11 +425,12 @@ class Proxy:
         headers: list[tuple[str, str]],
         method: str,
         messages: AsyncIterator[bytes],
+        permit: Permit | None = None,
     ) -> AsyncIterator[bytes]:
         """A gRPC stream (ModelStreamInfer) relayed whole to one endpoint with a grpc_url, chosen
         as a request's would be (routes, strategy, health, room), held until the stream ends and
         counted then, once, with how it ended. `path` is the REST path the log and routes see."""
-        ex = self._own_exchange(cluster, "POST", path, headers, None, 0)
+        ex = self._own_exchange(cluster, "POST", path, headers, None, 0, permit)
         span = None
         self._ledger.open(ex, headers)
         code = CLIENT_CLOSED
@@ -467,12 +469,13 @@ class Proxy:
         headers: list[tuple[str, str]],
         body: bytes | None,
         tokens: int,
+        permit: Permit | None,
     ) -> Exchange:
         """The exchange of a call the gateway makes itself (`call`, `stream`): the model's route
         for its headers, no prompt to route on; the routing log's request id is the caller's."""
         lookup = CIMultiDict(headers)
         route = cluster.route_for(lookup, None)
-        return Exchange(
+        ex = Exchange(
             cluster,
             route,
             pick_subset(route, lookup, self._rng),
@@ -489,6 +492,9 @@ class Proxy:
             time.perf_counter(),
             lookup.get(REQUEST_ID_HEADER, ""),  # a gRPC call's, or a graph's caller's
         )
+        if permit is not None:  # (a gRPC client's call: settled when it closes)
+            ex.permit, ex.tenant, ex.priority = permit, permit.caller.tenant, permit.caller.priority
+        return ex
 
     async def close(self) -> None:
         await self._shadows.close()
