@@ -121,10 +121,13 @@ def wait_for_port(port: int, child: Child, timeout: float = 10.0, host: str = "1
     )
 
 
-def post_chat(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def post_chat(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """One chat request, as wrk sends it; returns (status, body). Raises OSError when nothing answered."""
     request = urllib.request.Request(
-        url, data=CHAT_BODY.encode(), headers={"Content-Type": "application/json"}, method="POST"
+        url,
+        data=CHAT_BODY.encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method="POST",
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -133,7 +136,9 @@ def post_chat(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def wait_for_chat(url: str, child: Child, timeout: float = 20.0) -> tuple[int, bytes]:
+def wait_for_chat(
+    url: str, child: Child, timeout: float = 20.0, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """Poll with the benchmark's own request until it answers 200 (or give up, returning the last answer)."""
     deadline = time.monotonic() + timeout
     last: tuple[int, bytes] = (0, b"no answer")
@@ -141,7 +146,7 @@ def wait_for_chat(url: str, child: Child, timeout: float = 20.0) -> tuple[int, b
         if not child.alive():
             raise RuntimeError(f"{child.name} exited with code {child.proc.returncode}:\n{child.log_tail()}")
         try:
-            last = post_chat(url, timeout=2.0)
+            last = post_chat(url, timeout=2.0, headers=headers)
         except OSError as error:
             last = (0, repr(error).encode())
         else:

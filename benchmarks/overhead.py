@@ -145,6 +145,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="start each proxy anew (and warm it up) before each of its runs: at one connection, "
         "where a process happens to run against wrk and nginx moves latency as much as its code",
     )
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="send `Authorization: Bearer KEY` with every request, to every target (the others ignore "
+        "it): for variants with auth.enabled, e.g. --variant 'auth=env MODELYARD_AUTH__ENABLED=true "
+        "MODELYARD_AUTH__KEYS_FILE=benchmarks/bench-keys.yaml .venv/bin/modelyard serve -c {config}'",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write raw results (every run) here")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (configs, logs)")
     args = parser.parse_args(argv)
@@ -325,6 +332,7 @@ def loaded_event_loop(pid: int) -> str:
 
 def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
     children: list[Child] = []
+    auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         tls = Tls(tmp / "tls") if any("-tls" in t for t in args.targets) else None
         # One call for every port: a later call could hand out one already given, not yet bound.
@@ -436,7 +444,7 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
 
             def start_gateway(name: str = name, argv: list[str] = argv) -> Child:
                 gateway = started(Child(f"gateway {name}", argv, tmp / f"gateway-{name}.log"))
-                status, body = wait_for_chat(urls[name], gateway)
+                status, body = wait_for_chat(urls[name], gateway, headers=auth)
                 if not 200 <= status < 300:
                     say(f"[red]{name}: first request answered {status}:[/red] {escape(repr(body[:300]))}")
                     say(f"gateway log tail:\n{escape(gateway.log_tail())}")
@@ -450,7 +458,7 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
         # One request per target before loading it: the answer must be the backend's chat.completion.
         for target in args.targets:
             try:
-                status, body = post_chat(urls[target])
+                status, body = post_chat(urls[target], headers=auth)
             except OSError as error:
                 status, body = 0, repr(error).encode()
             ok = 200 <= status < 300 and b'"chat.completion"' in body
@@ -464,7 +472,7 @@ def run(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
                 )
 
         script = tmp / "chat.lua"
-        script.write_text(WRK_SCRIPT)
+        script.write_text(WRK_SCRIPT + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in auth.items()))
         for target in args.targets:
             say(f"warm-up {target} ({WARMUP_S:g}s, {max(args.concurrency)} connections)")
             run_wrk(target, urls[target], script, max(args.concurrency), WARMUP_S)
