@@ -19,6 +19,7 @@ from modelyard.cli.demo import demo_banner, demo_config, start_demo_workers
 from modelyard.cli.demo_placement import AGENT_PORT, SCHEDULER_PORT, start_demo_placement
 from modelyard.cli.deploy import deploy_app
 from modelyard.cli.graph import app as graph_app
+from modelyard.cli.key import key_app
 from modelyard.cli.listening import Listener, listen_failure
 from modelyard.cli.model import SCHEDULER_ENV, from_variable, model_app, server_app
 from modelyard.cli.problems import fail
@@ -49,6 +50,7 @@ app.add_typer(graph_app, name="graph")
 app.add_typer(deploy_app, name="deploy")
 app.add_typer(model_app, name="model")
 app.add_typer(server_app, name="server")
+app.add_typer(key_app, name="key")
 app.command("sim-worker")(sim_worker)
 app.command("scheduler")(scheduler)
 app.command("agent")(agent)

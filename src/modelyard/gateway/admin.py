@@ -28,7 +28,7 @@ from modelyard.gateway.gateway import DEFAULT_STRATEGY_KEY, GATEWAY, Gateway
 from modelyard.gateway.inference import json_response, read_limited_body
 from modelyard.gateway.overview import overview
 from modelyard.gateway.routing_log import RoutingRecord
-from modelyard.gateway.runtime_keys import RuntimeKeys, caller_listed
+from modelyard.gateway.runtime_keys import RuntimeKeys, caller_listed, tenant_listed
 from modelyard.graph import Graph
 from modelyard.protocols.openai import parse_json_object
 from modelyard.state.quotas import usage_day
@@ -208,15 +208,18 @@ def _runtime_keys(gateway: Gateway) -> RuntimeKeys:
 
 
 async def list_keys(request: web.Request) -> web.Response:
-    """Every key: the keys file's and those made at runtime (never the keys themselves)."""
+    """Every key: the keys file's and those made at runtime (never the keys themselves); and the
+    keys file's tenants, with their own limits (a key's `limits` are its own only)."""
     check_admin(request)
     gateway = request.app[GATEWAY]
     if gateway.admission is None:
         raise Conflict("API keys are off: set auth.enabled (with auth.keys_file)")
     if gateway.admission.runtime is not None:
-        return json_response({"keys": await gateway.admission.runtime.listed()})
-    table = gateway.admission.keys.table
-    return json_response({"keys": [caller_listed(c) for c in table.callers()]})
+        keys = await gateway.admission.runtime.listed()
+    else:
+        keys = [caller_listed(c) for c in gateway.admission.keys.table.callers()]
+    tenants = [tenant_listed(t) for t in gateway.admission.keys.table.tenants.values()]
+    return json_response({"keys": keys, "tenants": sorted(tenants, key=lambda t: str(t["name"]))})
 
 
 async def create_key(request: web.Request) -> web.Response:

@@ -35,6 +35,7 @@ def overview(gateway: Gateway, now: float, epoch: float) -> dict[str, Any]:
         "strategies": list(STRATEGY_NAMES),
         "admin_token_required": admin.token is not None,
         "graph_views_protected": admin.token is not None and admin.protect_graph_views,
+        "api_keys": gateway.config.auth.enabled,  # the tenants panel: GET /admin/keys and /admin/usage
         "placement": _placement(gateway),
         "now": epoch,
     }

@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from modelyard.errors import BadRequest, Conflict, ModelyardError, NotFound, StateUnavailable
-from modelyard.security.api_keys import Caller, KeyTable, parse_key
+from modelyard.security.api_keys import Caller, KeyTable, Tenant, parse_key
 from modelyard.state.key_store import KeyStore, StoreFull
 
 log = logging.getLogger("modelyard.gateway")
@@ -177,4 +177,15 @@ def caller_listed(caller: Caller) -> dict[str, Any]:
         "limits": own,
         "source": "file",
         "created": None,
+    }
+
+
+def tenant_listed(tenant: Tenant) -> dict[str, Any]:
+    """A keys file's tenant as GET /admin/keys lists it: its models (None: every one), priority and
+    its own limits (only those set)."""
+    return {
+        "name": tenant.name,
+        "models": sorted(tenant.models) if tenant.models is not None else None,
+        "priority": tenant.priority,
+        "limits": tenant.limits.plain(),
     }

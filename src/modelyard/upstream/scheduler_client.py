@@ -191,14 +191,15 @@ def tls_options(url: str, tls: ClientTls | None) -> dict[str, Any]:
     return options
 
 
-def describe_client_error(exc: BaseException) -> str:
-    """A short cause ("connection refused"), not aiohttp's "Cannot connect to host ... ssl:default"."""
+def describe_client_error(exc: BaseException, server: str = "the scheduler") -> str:
+    """A short cause ("connection refused"), not aiohttp's "Cannot connect to host ... ssl:default";
+    `server` names whose certificate did not verify."""
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         error = exc.certificate_error
         detail = getattr(error, "verify_message", "") or getattr(error, "reason", "") or str(error)
-        return f"TLS: the scheduler's certificate did not verify ({detail})"
+        return f"TLS: {server}'s certificate did not verify ({detail})"
     if isinstance(exc, aiohttp.ClientConnectorSSLError):
         return f"TLS handshake failed ({getattr(exc.os_error, 'reason', None) or exc.os_error})"
     if isinstance(exc, aiohttp.ClientConnectorError):

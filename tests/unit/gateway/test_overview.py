@@ -70,6 +70,7 @@ def test_without_a_scheduler_placement_is_null_and_the_rest_keeps_its_shape():
         "strategies",
         "admin_token_required",
         "graph_views_protected",
+        "api_keys",
         "placement",
         "now",
     }

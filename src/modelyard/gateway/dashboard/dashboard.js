@@ -152,6 +152,7 @@ async function refreshOverview() {
     renderModels(data.models);
     renderStrategies(data);
     renderPlacement(data.placement);
+    apiKeys = Boolean(data.api_keys);
     setModelNames([...data.models.map((model) => model.name), ...(data.placement ? data.placement.models.map((m) => m.name) : [])]);
     say("models-status", "updated " + new Date().toLocaleTimeString([], { hour12: false }));
   } catch (error) {
@@ -163,7 +164,7 @@ async function refreshOverview() {
       say("models-status", "could not load: " + error.message, "bad");
     }
   }
-  await Promise.all([refreshCanary(), loadGraphs()]);
+  await Promise.all([refreshCanary(), loadGraphs(), refreshTenants()]);
   clearTimeout(overviewTimer); // a switch may have refreshed meanwhile: one timer at a time
   overviewTimer = setTimeout(refreshOverview, REFRESH_MS);
 }
@@ -706,6 +707,213 @@ function renderCanary(data) {
     parts.push(el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
   }
   $("canary").replaceChildren(...parts);
+}
+
+// --- tenants (auth.enabled) ------------------------------------------------------------------------
+
+// Per tenant, and per key within it: today's usage (GET /admin/usage) against the limits (GET
+// /admin/keys: the tenants' own and each key's own), why requests were refused and how many were
+// shed (/metrics, since the gateway started). The gateway counts per day; the last minute's figures
+// are the growth of those counts while this page watches (samples of the last 60 s, and the one
+// before them as the base).
+const MINUTE_MS = 60000;
+let apiKeys = false; // the overview says whether auth.enabled: the panel shows only then
+let usageSamples = []; // oldest first: { at, day, counts: Map(id -> [requests, tokens]) }
+
+async function refreshTenants() {
+  if (!apiKeys) {
+    $("tenants-section").hidden = true;
+    usageSamples = [];
+    return;
+  }
+  try {
+    const response = await adminFetch("/admin/usage");
+    if (response.status === 409) {
+      // API keys are off after all (the overview was older than this answer)
+      $("tenants-section").hidden = true;
+      return;
+    }
+    if (!response.ok) throw new Error(await errorText(response));
+    const usage = await response.json();
+    const [keysResponse, metricsResponse] = await Promise.all([adminFetch("/admin/keys"), fetch("/metrics")]);
+    if (!keysResponse.ok) throw new Error(await errorText(keysResponse));
+    const listed = await keysResponse.json();
+    const metrics = metricsResponse.ok ? tenantMetrics(await metricsResponse.text()) : null;
+    const span = rememberUsage(usage);
+    renderTenants(usage, listed, metrics);
+    $("tenants-section").hidden = false;
+    const watched = span >= MINUTE_MS - 1000 ? "the last 60 s" : `the ${Math.round(span / 1000)} s since this page opened`;
+    say(
+      "tenants-status",
+      `${usage.day} (UTC), ${usage.scope}; last minute: ${watched}` + (metrics ? "" : "; /metrics did not answer"),
+    );
+  } catch (error) {
+    if (error instanceof AuthNeeded) {
+      $("tenants-section").hidden = true; // the banner says what to do
+      return;
+    }
+    $("tenants-section").hidden = false;
+    say("tenants-status", "could not load: " + error.message, "bad");
+  }
+}
+
+const usageId = (tenant, key) => (key === undefined ? "tenant/" + tenant : `key/${tenant}/${key}`);
+
+// Keep this answer's counts; the milliseconds between it and the base the last minute is counted from.
+function rememberUsage(usage) {
+  const counts = new Map();
+  for (const tenant of usage.tenants) {
+    counts.set(usageId(tenant.tenant), [tenant.requests, tenant.tokens]);
+    for (const key of tenant.keys) counts.set(usageId(tenant.tenant, key.key), [key.requests, key.tokens]);
+  }
+  const now = Date.now();
+  usageSamples.push({ at: now, day: usage.day, counts });
+  while (usageSamples.length > 2 && usageSamples[1].at <= now - MINUTE_MS) usageSamples.shift();
+  return now - usageSamples[0].at;
+}
+
+// [requests, tokens] counted since the base sample (a new UTC day starts the counts again).
+function lastMinute(id) {
+  const newest = usageSamples[usageSamples.length - 1];
+  const base = usageSamples[0];
+  const now = newest.counts.get(id) || [0, 0];
+  const then = base.day === newest.day ? base.counts.get(id) || [0, 0] : [0, 0];
+  return [Math.max(0, now[0] - then[0]), Math.max(0, now[1] - then[1])];
+}
+
+// The tenant series of /metrics (Prometheus' text format): requests shed (let in, ended 429) and
+// refusals by reason, per tenant.
+function tenantMetrics(text) {
+  const shed = new Map();
+  const refused = new Map();
+  for (const line of text.split("\n")) {
+    const requests = line.startsWith("modelyard_tenant_requests_total{");
+    if (!requests && !line.startsWith("modelyard_tenant_refused_total{")) continue;
+    const close = line.lastIndexOf("}");
+    const labels = {};
+    for (const match of line.slice(line.indexOf("{") + 1, close).matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) {
+      labels[match[1]] = match[2].replace(/\\(.)/g, (_, c) => (c === "n" ? "\n" : c));
+    }
+    const value = Number(line.slice(close + 1).trim().split(/\s+/)[0]);
+    if (!Number.isFinite(value) || labels.tenant === undefined) continue;
+    if (requests) {
+      if (labels.code === "429") shed.set(labels.tenant, (shed.get(labels.tenant) || 0) + value);
+    } else {
+      const reasons = refused.get(labels.tenant) || {};
+      reasons[labels.reason] = (reasons[labels.reason] || 0) + value;
+      refused.set(labels.tenant, reasons);
+    }
+  }
+  return { shed, refused };
+}
+
+const money = (usd) => {
+  const value = Number(usd) || 0;
+  return "$" + (value === 0 ? "0" : value.toFixed(value < 0.01 ? 6 : value < 1 ? 4 : 2));
+};
+
+function limitsText(limits) {
+  const parts = [];
+  if (!limits) return "–";
+  if (limits.requests_per_minute) parts.push(`${limits.requests_per_minute} req/min`);
+  if (limits.tokens_per_minute) parts.push(`${limits.tokens_per_minute} tok/min`);
+  if (limits.max_concurrent_requests) parts.push(`${limits.max_concurrent_requests} concurrent`);
+  if (limits.budget) parts.push(`${money(limits.budget)}/${limits.budget_period || "day"}`);
+  return parts.join(", ") || "–";
+}
+
+// "12 / 600" with a bar filled to the share used (amber from 80%, red at the limit); "12" without one.
+function meter(field, used, limit, text = String(used), limitText = String(limit)) {
+  const cell = el("td", { "data-field": field });
+  if (!limit) {
+    cell.append(text);
+    return cell;
+  }
+  const share = used / limit;
+  const bar = el("span", { class: "fill" });
+  bar.style.width = Math.min(100, share * 100).toFixed(1) + "%";
+  const kind = share >= 1 ? "bad" : share >= 0.8 ? "warn" : "ok";
+  cell.append(el("span", { class: "meter " + kind, title: percent(share) + " of the limit" }, bar), `${text} / ${limitText}`);
+  cell.dataset.share = share.toFixed(4);
+  return cell;
+}
+
+function refusedText(count, reasons) {
+  const why = Object.entries(reasons || {})
+    .filter(([, n]) => n > 0)
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([reason, n]) => `${reason} ${n}`);
+  return why.length ? `${count} (${why.join(", ")})` : String(count);
+}
+
+function renderTenants(usage, listed, metrics) {
+  const used = new Map(usage.tenants.map((tenant) => [tenant.tenant, tenant]));
+  const tenants = new Map((listed.tenants || []).map((tenant) => [tenant.name, tenant]));
+  for (const name of used.keys()) if (!tenants.has(name)) tenants.set(name, { name, models: null, priority: null, limits: {} });
+  const rows = [];
+  for (const name of [...tenants.keys()].sort()) {
+    const tenant = tenants.get(name);
+    const today = used.get(name) || { requests: 0, tokens: 0, errors: 0, refused: 0, cost: 0, keys: [] };
+    const limits = tenant.limits || {};
+    const [minuteRequests, minuteTokens] = lastMinute(usageId(name));
+    const models = tenant.models === null ? "every model" : "models: " + tenant.models.join(", ");
+    rows.push(
+      tenantRow(
+        { "data-tenant": name, "data-row": "tenant", class: "tenant" },
+        el("td", { "data-field": "name", title: models }, el("strong", {}, name)),
+        tenant.priority ?? "–",
+        limits,
+        [minuteRequests, minuteTokens],
+        today,
+        refusedText(today.refused, metrics && metrics.refused.get(name)),
+        metrics ? metrics.shed.get(name) || 0 : "–",
+      ),
+    );
+    const keyUsage = new Map(today.keys.map((key) => [key.key, key]));
+    const keys = (listed.keys || []).filter((key) => key.tenant === name);
+    const names = [...new Set([...keys.map((key) => key.name), ...keyUsage.keys()])].sort();
+    const byName = new Map(keys.map((key) => [key.name, key]));
+    for (const keyName of names) {
+      const key = byName.get(keyName);
+      const keyToday = keyUsage.get(keyName) || { requests: 0, tokens: 0, errors: 0, refused: 0, cost: 0 };
+      const source = key ? key.source : "no longer listed";
+      rows.push(
+        tenantRow(
+          { "data-tenant": name, "data-key": keyName, "data-row": "key", class: "key" },
+          el("td", { "data-field": "name" }, "↳ " + keyName + " ", el("span", { class: "muted" }, source)),
+          key && key.priority !== null && key.priority !== undefined ? key.priority : el("span", { class: "muted" }, tenant.priority ?? "–"),
+          key ? key.limits || {} : {},
+          lastMinute(usageId(name, keyName)),
+          keyToday,
+          String(keyToday.refused),
+          "–",
+        ),
+      );
+    }
+  }
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colSpan: 11, class: "muted" }, "The keys file names no tenant.")));
+  $("tenants").tBodies[0].replaceChildren(...rows);
+}
+
+function tenantRow(attributes, nameCell, priority, limits, minute, today, refused, shed) {
+  const budget = limits.budget && (limits.budget_period || "day") === "day" ? limits.budget : null;
+  const cost = meter("cost", today.cost, budget, money(today.cost), money(budget));
+  if (limits.budget && !budget) cost.append(el("span", { class: "muted" }, ` (budget ${money(limits.budget)}/${limits.budget_period})`));
+  return el(
+    "tr",
+    attributes,
+    nameCell,
+    el("td", { class: "num", "data-field": "priority" }, priority),
+    el("td", { "data-field": "limits" }, limitsText(limits)),
+    meter("minute-requests", minute[0], limits.requests_per_minute),
+    meter("minute-tokens", minute[1], limits.tokens_per_minute),
+    el("td", { class: "num", "data-field": "requests" }, today.requests),
+    el("td", { class: "num", "data-field": "tokens" }, today.tokens),
+    cost,
+    el("td", { class: "num", "data-field": "errors" }, today.errors),
+    el("td", { "data-field": "refused", class: today.refused ? "bad" : "" }, refused),
+    el("td", { class: "num", "data-field": "shed" }, shed),
+  );
 }
 
 // --- start ---------------------------------------------------------------------------------------

@@ -426,10 +426,17 @@ class Paths:
                 "listKeys",
                 "Tenants",
                 "Every API key (the keys file's and those made at runtime): name, tenant, models, "
-                "priority, limits; never the key",
+                "priority, its own limits; never the key. And the keys file's tenants: name, models, "
+                "priority, limits",
                 [],
                 None,
-                answer("the keys", {"type": "object", "properties": {"keys": {"type": "array"}}}),
+                answer(
+                    "the keys and the tenants",
+                    {
+                        "type": "object",
+                        "properties": {"keys": {"type": "array"}, "tenants": {"type": "array"}},
+                    },
+                ),
                 {"409": error_response(OPENAI, "auth.enabled is off")},
             ),
             self._admin_op(

@@ -296,6 +296,7 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "strategies",
                 "admin_token_required",
                 "graph_views_protected",
+                "api_keys",
                 "placement",
                 "now",
             ],
@@ -304,6 +305,11 @@ def build_schemas(models: Sequence[str], graphs: Sequence[str]) -> dict[str, Sch
                 "strategies": {"type": "array", "items": ref("StrategyName")},
                 "admin_token_required": {"type": "boolean"},
                 "graph_views_protected": {"type": "boolean"},
+                "api_keys": {
+                    "type": "boolean",
+                    "description": "auth.enabled: inference calls need an API key; GET /admin/keys and "
+                    "/admin/usage answer",
+                },
                 "placement": {
                     "oneOf": [ref("OverviewPlacement"), {"type": "null"}],
                     "description": "what the scheduler's feed says of the models it places; null "
