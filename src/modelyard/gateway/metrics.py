@@ -238,6 +238,7 @@ class GatewayMetrics:
         # value into a memory-mapped file: three per request, about 7% of a worker's time
         # (benchmarks/README.md).
         self._pending: dict[tuple[str, str, str, int], list[float]] = {}
+        self._tenant_pending: dict[tuple[str, int], list[float]] = {}  # (tenant, code): count, tokens, cost
         self.registry = CollectorRegistry()
         self.registry.register(_Flush(self.flush))
         # What /metrics serves. With workers (multiprocess_dir, which PROMETHEUS_MULTIPROC_DIR
@@ -472,11 +473,15 @@ class GatewayMetrics:
             self._duration_children[model] = _Histogram(self.duration.labels(model))
 
     def tenant_ended(self, tenant: str, code: int, tokens: int, cost: float) -> None:
-        self.tenant_requests.labels(tenant, str(code)).inc()
-        if tokens:
-            self.tenant_tokens.labels(tenant).inc(tokens)
-        if cost:
-            self.tenant_cost.labels(tenant).inc(cost)
+        """A keyed request ended: counted here, added to the metrics at the next flush (as the
+        requests are: prometheus-client's own calls cost a lock and, with workers, file writes)."""
+        counts = self._tenant_pending.get((tenant, code))
+        if counts is None:
+            self._tenant_pending[(tenant, code)] = [1, tokens, cost]
+        else:
+            counts[0] += 1
+            counts[1] += tokens
+            counts[2] += cost
 
     def tenant_refused(self, caller: Caller, reason: str) -> None:
         self.tenant_refusals.labels(caller.tenant, reason).inc()
@@ -487,6 +492,14 @@ class GatewayMetrics:
         if unrecorded != self._unrecorded_counted:
             self.log_refusals_unrecorded.inc(unrecorded - self._unrecorded_counted)
             self._unrecorded_counted = unrecorded
+        if self._tenant_pending:
+            tenants, self._tenant_pending = self._tenant_pending, {}
+            for (tenant, code), (count, tokens, cost) in tenants.items():
+                self.tenant_requests.labels(tenant, str(code)).inc(count)
+                if tokens:
+                    self.tenant_tokens.labels(tenant).inc(tokens)
+                if cost:
+                    self.tenant_cost.labels(tenant).inc(cost)
         if not self._pending:
             return
         pending, self._pending = self._pending, {}

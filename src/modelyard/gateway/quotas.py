@@ -25,12 +25,12 @@ from typing import NamedTuple
 
 from modelyard.errors import BudgetExceeded, QuotaExceeded, QuotaStoreUnavailable, StateUnavailable
 from modelyard.security.api_keys import Caller
-from modelyard.state.quotas import MemoryQuotas, QuotaStore
+from modelyard.state.quotas import MemoryQuotas, RedisQuotas, Settlement
 from modelyard.tenancy import Usage, Verdict, reset_text
 
 log = logging.getLogger("modelyard.gateway")
 
-MAX_SETTLING = 10_000  # settlements in flight to the store at once; past it they are counted locally
+MAX_SETTLING = 10_000  # settlements waiting for the shared store; past it they are counted locally
 _UNLIMITED: tuple[tuple[bytes, bytes], ...] = ()
 
 
@@ -47,7 +47,7 @@ class Permit(NamedTuple):
 class Quotas:
     def __init__(
         self,
-        shared: QuotaStore | None,
+        shared: RedisQuotas | None,
         local: MemoryQuotas,
         on_store_down: str,
         on_refused: Callable[[Caller, str], None],
@@ -59,6 +59,8 @@ class Quotas:
         self._lease_prefix = os.urandom(6).hex()
         self._leases = itertools.count(1)
         self._settling: set[asyncio.Task[None]] = set()
+        self._pending: list[Settlement] = []  # ended, not yet sent to the shared store
+        self._flushing: asyncio.Future[None] | None = None
         self._down = False
 
     async def take(self, caller: Caller) -> Permit:
@@ -83,22 +85,30 @@ class Quotas:
                     ) from None
                 local = True
         if verdict is None:
-            verdict = await self._local.take(caller.scopes, lease)
+            verdict = self._local.take_now(caller.scopes, lease)
         fields = rate_limit_fields(verdict)
         if not verdict.allowed:
             self._on_refused(caller, verdict.reason)
-            self._spawn(self._store(local).refused(caller.tenant, caller.key))
+            if local or self._shared is None:
+                self._local.refused_now(caller.tenant, caller.key)
+            else:
+                self._spawn(self._shared.refused(caller.tenant, caller.key))
             raise _refusal(caller, verdict, fields)
         return Permit(caller, lease, local, fields)
 
     def settle(self, permit: Permit, tokens: int, cost: float, error: bool) -> None:
-        """The request ended: its tokens, cost and usage counted, its slot freed (in the
-        background: the answer is not held for it)."""
+        """The request ended: its tokens, cost and usage counted, its slot freed. In this process
+        at once; in Redis with the others that ended meanwhile, in one round trip, in the
+        background (the answer is not held for it, and a flood of requests is not a flood of
+        round trips)."""
         caller = permit.caller
-        store = self._store(permit.local)
-        if len(self._settling) >= MAX_SETTLING:
-            store = self._local
-        self._spawn(store.settle(caller.scopes, permit.lease, caller.tenant, caller.key, tokens, cost, error))
+        settlement = (caller.scopes, permit.lease, caller.tenant, caller.key, tokens, cost, error)
+        if permit.local or self._shared is None or len(self._pending) >= MAX_SETTLING:
+            self._local.settle_now(*settlement)
+            return
+        self._pending.append(settlement)
+        if self._flushing is None:
+            self._flushing = asyncio.ensure_future(self._flush())
 
     async def usage(self, day: str) -> tuple[list[Usage], bool]:
         """The day's usage, and whether it is every gateway's (the shared store's) or this
@@ -111,13 +121,28 @@ class Quotas:
         return await self._local.usage(day), self._shared is None
 
     async def close(self) -> None:
-        if self._settling:
-            await asyncio.wait(list(self._settling), timeout=1.0)
+        waiting = [*self._settling, *([self._flushing] if self._flushing is not None else [])]
+        if waiting:
+            await asyncio.wait(waiting, timeout=1.0)
         if self._shared is not None:
             await self._shared.close()
 
-    def _store(self, local: bool) -> QuotaStore:
-        return self._local if local or self._shared is None else self._shared
+    async def _flush(self) -> None:
+        """Send what ended since the last round trip, until nothing is left (each round trip takes
+        what came in during the one before)."""
+        assert self._shared is not None
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await self._shared.settle_many(batch)
+                    self._store_answers()
+                except StateUnavailable as exc:  # counted here, so a slot is not held till its lease ends
+                    self._store_away(exc)
+                    for settlement in batch:
+                        self._local.settle_now(*settlement)
+        finally:
+            self._flushing = None
 
     def _spawn(self, work: object) -> None:
         task = asyncio.ensure_future(self._quietly(work))  # type: ignore[arg-type]

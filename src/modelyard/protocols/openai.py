@@ -113,14 +113,19 @@ def _text_of(value: Any) -> str:
 
 
 def usage_tokens(answer: bytes) -> int:
-    """Prompt + completion tokens an answer's `usage` reports (0 when it reports none)."""
-    if b'"usage"' not in answer:
+    """Prompt + completion tokens an answer's `usage` reports (0 when it reports none). Read from
+    the usage object alone (its last one: the answer's own comes after its choices), not the
+    whole answer: a parse of every answer would cost more than the rest of the request."""
+    at = answer.rfind(b'"usage"')
+    if at < 0:
+        return 0
+    found = _USAGE_OBJECT.match(answer, at)
+    if found is None:
         return 0
     try:
-        data = orjson.loads(answer)
+        return _total(orjson.loads(found.group(1)))
     except orjson.JSONDecodeError:
         return 0
-    return _total(data.get("usage")) if isinstance(data, dict) else 0
 
 
 def _total(usage: object) -> int:
@@ -183,5 +188,7 @@ class StreamUsage:
         return True
 
 
+# `"usage": {...}` with no object nested in it (OpenAI's usage has *_details objects: allowed one deep)
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
 _MAX_EVENT = 1 << 20  # bytes without an event's end after which a stream is relayed as it comes
 _EVENT_END = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")

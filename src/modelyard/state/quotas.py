@@ -35,6 +35,10 @@ USAGE_DAYS = 8  # how long a day's usage is kept
 _MICRO = 1_000_000
 
 
+# One request's end, as `settle` takes it: (scopes, lease, tenant, key, tokens, cost, error)
+Settlement = tuple[Sequence[Scope], str, str, str, int, float, bool]
+
+
 class QuotaStore(Protocol):
     async def take(self, scopes: Sequence[Scope], lease: str) -> Verdict: ...
 
@@ -109,6 +113,10 @@ class MemoryQuotas:
         return max(1, -(-value // self._share))
 
     async def take(self, scopes: Sequence[Scope], lease: str) -> Verdict:
+        return self.take_now(scopes, lease)
+
+    def take_now(self, scopes: Sequence[Scope], lease: str) -> Verdict:
+        """`take` without a coroutine: this store never waits."""
         now = self._clock()
         second = int(now)
         tight = _Tightest()
@@ -153,6 +161,18 @@ class MemoryQuotas:
         cost: float,
         error: bool,
     ) -> None:
+        self.settle_now(scopes, lease, tenant, key, tokens, cost, error)
+
+    def settle_now(
+        self,
+        scopes: Sequence[Scope],
+        lease: str,
+        tenant: str,
+        key: str,
+        tokens: int,
+        cost: float,
+        error: bool,
+    ) -> None:
         now = self._clock()
         for name, limits in scopes:
             counters = self._scopes.get(name)
@@ -170,6 +190,9 @@ class MemoryQuotas:
         self._count(now, tenant, key, (1, tokens, int(error), 0, cost))
 
     async def refused(self, tenant: str, key: str) -> None:
+        self.refused_now(tenant, key)
+
+    def refused_now(self, tenant: str, key: str) -> None:
         self._count(self._clock(), tenant, key, (0, 0, 0, 1, 0.0))
 
     def _count(self, now: float, tenant: str, key: str, amounts: tuple[float, ...]) -> None:
@@ -400,6 +423,30 @@ class RedisQuotas:
         cost: float,
         error: bool,
     ) -> None:
+        await self._run(self._settle, *self._settlement(scopes, lease, tenant, key, tokens, cost, error))
+
+    async def settle_many(self, settlements: Sequence[Settlement]) -> None:
+        """Several requests' ends in one round trip (a pipeline of the script)."""
+        try:
+            async with asyncio.timeout(self._timeout * 4):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for settlement in settlements:
+                        keys, args = self._settlement(*settlement)
+                        await self._settle(keys=keys, args=args, client=pipe)  # type: ignore[arg-type]
+                    await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StateUnavailable(f"redis quota settlements failed: {exc!r}") from exc
+
+    def _settlement(
+        self,
+        scopes: Sequence[Scope],
+        lease: str,
+        tenant: str,
+        key: str,
+        tokens: int,
+        cost: float,
+        error: bool,
+    ) -> tuple[list[str], list[object]]:
         now = time.time()
         keys: list[str] = []
         flags: list[object] = []
@@ -421,7 +468,7 @@ class RedisQuotas:
             *flags,
             usage_ttl,
         ]
-        await self._run(self._settle, keys, args)
+        return keys, args
 
     async def refused(self, tenant: str, key: str) -> None:
         usage = self._prefix + "usage:" + usage_day(time.time())

@@ -147,3 +147,21 @@ async def test_redis_counts_are_exact_under_concurrent_gateways(redis_url):
     finally:
         for made in stores:
             await made.close()
+
+
+async def test_redis_settles_many_in_one_round_trip(redis_url):
+    store = RedisQuotas(redis_url, key_prefix="test-many:", timeout=2.0)
+    scopes = [tenant("k", tokens_per_minute=100, max_concurrent_requests=2)]
+    try:
+        assert (await store.take(scopes, "m1")).allowed
+        assert (await store.take(scopes, "m2")).allowed
+        assert not (await store.take(scopes, "m3")).allowed  # both slots held
+        await store.settle_many(
+            [(scopes, "m1", "k", "k1", 30, 0.0, False), (scopes, "m2", "k", "k1", 50, 0.0, True)]
+        )
+        verdict = await store.take(scopes, "m4")
+        assert verdict.allowed and verdict.remaining_tokens == 20
+        rows = [r for r in await store.usage(usage_day(time.time())) if r.tenant == "k"]
+        assert [(r.requests, r.tokens, r.errors) for r in rows] == [(2, 80, 1)]
+    finally:
+        await store.close()
