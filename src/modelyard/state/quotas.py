@@ -61,7 +61,14 @@ class QuotaStore(Protocol):
 
 
 def usage_day(now: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(now))
+    """The UTC day of `now` (epoch seconds), as usage is kept: YYYY-MM-DD."""
+    day = int(now // 86400)
+    if _last_day[0] != day:  # (once a day, not once a request)
+        _last_day[:] = [day, time.strftime("%Y-%m-%d", time.gmtime(day * 86400))]
+    return str(_last_day[1])
+
+
+_last_day: list[int | str] = [-1, ""]
 
 
 class _Window:
