@@ -415,3 +415,64 @@ async def test_grpc_calls_and_graph_runs_count_against_the_limits_too(sim_worker
             assert response.status == 429
     finally:
         await asyncio.to_thread(client.close)
+
+
+async def test_a_request_that_falls_back_is_one_request_of_its_tenant(sim_workers, gateways, http, tmp_path):
+    """Each model tried is an exchange of its own; the tenant's request is counted once, with the
+    answer's tokens and status, and its concurrency slot freed once."""
+    (failing,) = await sim_workers(1, fail_rate=1.0)
+    (spare,) = await sim_workers(1)
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tenants": [{"name": "a", "models": ["*"], "limits": {"max_concurrent_requests": 1}}],
+                "keys": [{"name": "a-app", "tenant": "a", "key": KEY_A}],
+            }
+        )
+    )
+    gateway = await gateways(
+        [model_config("main", [failing], fallbacks=["spare"]), model_config("spare", [spare])],
+        auth={"enabled": True, "keys_file": str(path)},
+        admin={"token": ADMIN},
+    )
+    for _ in range(2):  # the slot is free again after the first: the second is let in too
+        async with http.post(
+            gateway.url + CHAT, json={**chat(), "model": "main"}, headers=bearer(KEY_A)
+        ) as response:
+            assert response.status == 200 and response.headers["X-Modelyard-Fallback"] == "spare"
+            tokens = (await response.json())["usage"]["total_tokens"]
+    async with http.get(gateway.url + "/admin/usage", headers=bearer(ADMIN)) as response:
+        (tenant,) = (await response.json())["tenants"]
+    assert (tenant["requests"], tenant["tokens"], tenant["errors"]) == (2, 2 * tokens, 0)
+
+
+async def test_a_request_refused_before_its_exchange_opens_frees_its_slot(
+    sim_workers, gateways, http, tmp_path
+):
+    """A model whose routes take no request without a header: 404 after the quota let it in; the
+    concurrency slot it took is given back (else the tenant would be locked out for the lease)."""
+    workers = await sim_workers(1)
+    path = keys_file(tmp_path, {"max_concurrent_requests": 1})
+    routes = [
+        {
+            "name": "only-beta",
+            "match": {"headers": [{"name": "x-beta", "exact": "1"}]},
+            "destinations": [{"subset": "default"}],
+        }
+    ]
+    gateway = await gateways(
+        [model_config("chat", workers, routes=routes)],
+        auth={"enabled": True, "keys_file": str(path)},
+        admin={"token": ADMIN},
+    )
+    for _ in range(3):
+        async with http.post(gateway.url + CHAT, json=chat(), headers=bearer(KEY_A)) as response:
+            assert response.status == 404, await response.text()
+    async with http.post(
+        gateway.url + CHAT, json=chat(), headers={**bearer(KEY_A), "x-beta": "1"}
+    ) as response:
+        assert response.status == 200
+    async with http.get(gateway.url + "/admin/usage", headers=bearer(ADMIN)) as response:
+        (tenant,) = (await response.json())["tenants"]
+    assert (tenant["requests"], tenant["errors"]) == (4, 3)

@@ -71,6 +71,11 @@ class Admission:
         assert self.quotas is not None
         return await self.quotas.take(caller)
 
+    def quotas_end(self, permit: Permit, failed_with: int = 500) -> None:
+        """The request `take` let in is over (Quotas.end): counted once, its slot freed."""
+        assert self.quotas is not None
+        self.quotas.end(permit, failed_with)
+
     def admit_metadata(self, metadata: Sequence[tuple[str, str]], model: str) -> Caller:
         """`admit` for a gRPC call's metadata (keys lower case)."""
         fields = {k.lower(): v for k, v in reversed(metadata)}  # (the first of a repeated key, as HTTP)

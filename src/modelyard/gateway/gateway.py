@@ -153,7 +153,6 @@ class Gateway:
             tracer=self.tracer,
             access=self.access,
             drop_credentials=config.auth.enabled,
-            quotas=self.quotas,
         )
         # Alone, or the workers' leader: probes and scrapes; the other workers adopt its results.
         self._leader = siblings is None or siblings.leader
@@ -207,7 +206,11 @@ class Gateway:
             else None
         )
         return Quotas(
-            shared, MemoryQuotas(share=workers), config.auth.quota_store_down, self.metrics.tenant_refused
+            shared,
+            MemoryQuotas(share=workers),
+            config.auth.quota_store_down,
+            self.metrics.tenant_refused,
+            self.metrics.tenant_ended,
         )
 
     @staticmethod

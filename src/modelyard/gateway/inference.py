@@ -18,7 +18,7 @@ from modelyard.errors import BadRequest, ModelyardError
 from modelyard.gateway.admission import Admission
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
-from modelyard.gateway.ledger import CLIENT_CLOSED
+from modelyard.gateway.ledger import CLIENT_CLOSED, ended_with
 from modelyard.protocols import oip, openai
 from modelyard.serving import draining
 from modelyard.serving.errors import REQUEST_ID, ServiceErrors
@@ -82,7 +82,12 @@ def openai_route(kind: str) -> ProxiedRoute:
         ask_usage = routing.stream and kind != "embeddings" and not openai.asks_usage(routing.fields)
         if ask_usage and routing.fields is not None:
             body = openai.with_usage_asked(routing.fields)
-        await gateway.proxy.forward(request, reply, cluster, routing, body, permit, ask_usage)
+        try:
+            await gateway.proxy.forward(request, reply, cluster, routing, body, permit, ask_usage)
+        except BaseException as exc:
+            admission.quotas_end(permit, ended_with(exc))
+            raise
+        admission.quotas_end(permit)
 
     return handle
 
@@ -109,8 +114,16 @@ async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     routing = oip.routing_request(
         cluster.name, body, request.headers, affinity_chars=cluster.config.kv_aware.prefix_chars
     )
-    permit = await gateway.admission.take(caller) if gateway.admission is not None and caller else None
-    await gateway.proxy.forward(request, reply, cluster, routing, body, permit)
+    if gateway.admission is None or caller is None:
+        await gateway.proxy.forward(request, reply, cluster, routing, body)
+        return
+    permit = await gateway.admission.take(caller)
+    try:
+        await gateway.proxy.forward(request, reply, cluster, routing, body, permit)
+    except BaseException as exc:
+        gateway.admission.quotas_end(permit, ended_with(exc))
+        raise
+    gateway.admission.quotas_end(permit)
 
 
 async def model_get(gateway: Gateway, request: Inbound, reply: Reply) -> None:
@@ -276,20 +289,17 @@ async def run_graph(request: web.Request) -> web.Response:
     want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
     if permit is None:
         return await service.run(name, body, list(request.headers.items()), want_trace)
-    assert gateway.quotas is not None
-    code = CLIENT_CLOSED
+    assert gateway.admission is not None
     try:
         response = await service.run(name, body, list(request.headers.items()), want_trace)
-        code = response.status
-        for field, value in permit.fields:
-            response.headers[field.decode()] = value.decode()
-        return response
-    except ModelyardError as exc:
-        code = exc.status
+    except BaseException as exc:
+        gateway.admission.quotas_end(permit, ended_with(exc))
         raise
-    finally:
-        gateway.quotas.settle(permit, 0, 0.0, code >= 400)
-        gateway.metrics.tenant_ended(permit.caller.tenant, code, 0, 0.0)
+    permit.code = response.status
+    gateway.admission.quotas_end(permit)
+    for field, value in permit.fields:
+        response.headers[field.decode()] = value.decode()
+    return response
 
 
 # --- the gateway's own endpoints -------------------------------------------------------------

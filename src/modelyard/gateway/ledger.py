@@ -23,7 +23,6 @@ from modelyard.errors import ModelyardError
 from modelyard.gateway.access_log import AccessLog
 from modelyard.gateway.exchange import Exchange
 from modelyard.gateway.metrics import GatewayMetrics
-from modelyard.gateway.quotas import Permit, Quotas
 from modelyard.gateway.routing_log import Entry, RoutingRecord
 from modelyard.telemetry import Kind, Span, Tracer
 
@@ -46,10 +45,8 @@ class Ledger:
         metrics: GatewayMetrics,
         tracer: Tracer | None,
         access: AccessLog | None,
-        quotas: Quotas | None = None,
     ) -> None:
         self._metrics = metrics
-        self._quotas = quotas  # auth.enabled: a keyed request's tokens, cost and usage
         self._log = metrics.routing_log
         self._tracer = tracer  # None: tracing off, and no span is made
         self._access = access  # None: logging.access_log is off
@@ -112,20 +109,14 @@ class Ledger:
         finally:
             if ex.counted:  # (a shadow copy is not in the budget)
                 cluster.budget.request_ended()
-            if ex.permit is not None and self._quotas is not None and ex.counted:
-                self._settle(ex, ex.permit, held[0] if held is not None else None, code)
+            permit = ex.permit
+            if permit is not None and ex.counted:  # (the request's handler ends the permit: Quotas.end)
+                price = held[0].cost_per_1k_tokens if held is not None else 0.0
+                permit.ended(ex.usage, ex.usage * price / 1000, code)
             if ex.capture is not None:
                 ex.capture.ended(time.perf_counter() - ex.started)
             if ex.span is not None:  # after the relay: a stream's span ends with the stream
                 ex.span.end()
-
-    def _settle(self, ex: Exchange, permit: Permit, endpoint: Endpoint | None, code: int) -> None:
-        """A keyed request's end for its quotas and usage: the tokens its answer reported, their
-        cost at the endpoint's price, whether it failed (a server's error, or the gateway's)."""
-        assert self._quotas is not None
-        cost = ex.usage * endpoint.cost_per_1k_tokens / 1000 if endpoint is not None else 0.0
-        self._quotas.settle(permit, ex.usage, cost, code >= 400)
-        self._metrics.tenant_ended(ex.tenant, code, ex.usage, cost)
 
     def _observe(
         self,

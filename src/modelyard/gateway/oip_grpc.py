@@ -29,6 +29,7 @@ from modelyard.errors import BadRequest, ModelServerAnswered, ModelyardError, No
 from modelyard.gateway.admission import CREDENTIAL_FIELDS
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
+from modelyard.gateway.ledger import ended_with
 from modelyard.gateway.proxy import REQUEST_ID_HEADER, Called
 from modelyard.gateway.quotas import Permit
 from modelyard.rpc import MODEL_STREAM_INFER, OipCall, Relayed, StreamRelay
@@ -89,19 +90,25 @@ class GatewayOip:
         sent = [*headers, _JSON]
         cluster, path = self._target(headers, "POST", model, version, "/infer")
         if cluster.speaks_grpc:  # converted only if an endpoint without gRPC is tried
-            permit = await self._take(headers, model, path)
-            answer = await self._call(
-                cluster, "POST", path, sent, None, call, lambda: orjson.dumps(call.json()), permit
-            )
+            body, rest_body = None, lambda: orjson.dumps(call.json())
         else:  # converted before routing: a call that does not convert never takes a slot
             try:
-                body = orjson.dumps(call.json())
+                body, rest_body = orjson.dumps(call.json()), None
             except ModelyardError as exc:
                 self._refused(headers, model, "POST", path, exc)
                 raise
-            permit = await self._take(headers, model, path)
-            answer = await self._call(cluster, "POST", path, sent, body, permit=permit)
+        permit = await self._take(headers, model, path)
+        try:
+            answer = await self._call(cluster, "POST", path, sent, body, call, rest_body, permit)
+        except BaseException as exc:
+            self._end(permit, ended_with(exc))
+            raise
+        self._end(permit)
         return _answer(answer)
+
+    def _end(self, permit: Permit | None, failed_with: int = 500) -> None:
+        if permit is not None and self._gateway.admission is not None:
+            self._gateway.admission.quotas_end(permit, failed_with)
 
     async def _take(self, headers: Sequence[tuple[str, str]], model: str, path: str) -> Permit | None:
         """auth.enabled: the caller's request let in against its limits (429: RESOURCE_EXHAUSTED)."""
@@ -134,8 +141,13 @@ class GatewayOip:
         async def relay(messages: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             permit = await self._take(headers, model, path)  # (the stream is one request)
             stream = self._gateway.proxy.stream(cluster, path, sent, MODEL_STREAM_INFER, messages, permit)
-            async for message in stream:
-                yield message
+            try:
+                async for message in stream:
+                    yield message
+            except BaseException as exc:
+                self._end(permit, ended_with(exc))
+                raise
+            self._end(permit)
 
         return relay
 

@@ -39,7 +39,7 @@ from modelyard.gateway.fallback import (
 )
 from modelyard.gateway.ledger import CLIENT_CLOSED, Ledger, ended_with
 from modelyard.gateway.metrics import GatewayMetrics
-from modelyard.gateway.quotas import Permit, Quotas
+from modelyard.gateway.quotas import Permit
 from modelyard.gateway.relay import Relay
 from modelyard.gateway.shadow import ShadowTraffic
 from modelyard.protocols.http import HEADER_TEXT, RawHeaders, encode_fields, field_value
@@ -99,7 +99,6 @@ class Proxy:
         tracer: Tracer | None = None,
         access: AccessLog | None = None,
         drop_credentials: bool = False,
-        quotas: Quotas | None = None,
     ) -> None:
         if not NOT_RELAYED.issubset(pool.relay_drop):  # answers' `relayed` leave out what is set here
             raise ValueError("the proxy's upstream pool must drop at least proxy.NOT_RELAYED")
@@ -111,7 +110,7 @@ class Proxy:
         self._metrics = metrics
         self._rng = rng
         self._grpc = grpc
-        self._ledger = Ledger(metrics, tracer, access, quotas)
+        self._ledger = Ledger(metrics, tracer, access)
         self._attempts = AttemptLoop(pool, grpc, metrics, rng, self._ledger)
         self._relay = Relay(self._ledger, metrics)
         self._shadows = ShadowTraffic(self._attempts, self._ledger, metrics, rng, share_canary)

@@ -21,7 +21,6 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from typing import NamedTuple
 
 from modelyard.errors import BudgetExceeded, QuotaExceeded, QuotaStoreUnavailable, StateUnavailable
 from modelyard.security.api_keys import Caller
@@ -34,14 +33,31 @@ MAX_SETTLING = 10_000  # settlements waiting for the shared store; past it they 
 _UNLIMITED: tuple[tuple[bytes, bytes], ...] = ()
 
 
-class Permit(NamedTuple):
+class Permit:
     """A request let in: who, its concurrency lease, whether the local store took it (Redis away),
-    and the x-ratelimit-* fields its answer carries."""
+    and the x-ratelimit-* fields its answers carry. Each exchange it makes (one, or one per model
+    tried with fallbacks) adds its tokens and cost when it closes, and the last one's status is the
+    request's; the handler that took it ends it once (`Quotas.end`), whatever happened between."""
 
-    caller: Caller
-    lease: str
-    local: bool
-    fields: tuple[tuple[bytes, bytes], ...]
+    __slots__ = ("caller", "code", "cost", "fields", "lease", "local", "settled", "tokens")
+
+    def __init__(
+        self, caller: Caller, lease: str, local: bool, fields: tuple[tuple[bytes, bytes], ...]
+    ) -> None:
+        self.caller = caller
+        self.lease = lease
+        self.local = local
+        self.fields = fields
+        self.tokens = 0
+        self.cost = 0.0
+        self.code = 0  # 0: no exchange ended (refused or failed before one opened)
+        self.settled = False
+
+    def ended(self, tokens: int, cost: float, code: int) -> None:
+        """An exchange of this request closed."""
+        self.tokens += tokens
+        self.cost += cost
+        self.code = code
 
 
 class Quotas:
@@ -51,11 +67,13 @@ class Quotas:
         local: MemoryQuotas,
         on_store_down: str,
         on_refused: Callable[[Caller, str], None],
+        on_ended: Callable[[str, int, int, float], None],
     ) -> None:
         self._shared = shared  # None: the local store is the store (state.backend memory)
         self._local = local
         self._on_down = on_store_down
         self._on_refused = on_refused  # (tenant metrics: the caller, the reason)
+        self._on_ended = on_ended  # (tenant metrics: tenant, status, tokens, cost)
         self._lease_prefix = os.urandom(6).hex()
         self._leases = itertools.count(1)
         self._settling: set[asyncio.Task[None]] = set()
@@ -96,13 +114,27 @@ class Quotas:
             raise _refusal(caller, verdict, fields)
         return Permit(caller, lease, local, fields)
 
-    def settle(self, permit: Permit, tokens: int, cost: float, error: bool) -> None:
-        """The request ended: its tokens, cost and usage counted, its slot freed. In this process
-        at once; in Redis with the others that ended meanwhile, in one round trip, in the
-        background (the answer is not held for it, and a flood of requests is not a flood of
-        round trips)."""
+    def end(self, permit: Permit, failed_with: int = 500) -> None:
+        """The request is over (a second call does nothing): its tokens, cost and usage counted,
+        its slot freed, its tenant's metrics counted. `failed_with`: its status when no exchange
+        of it ended (it failed or was cancelled before one opened). In this process at once; in
+        Redis with the others that ended meanwhile, in one round trip, in the background (the answer
+        is not held for it, and a flood of requests is not a flood of round trips)."""
+        if permit.settled:
+            return
+        permit.settled = True
+        code = permit.code or failed_with
+        self._on_ended(permit.caller.tenant, code, permit.tokens, permit.cost)
         caller = permit.caller
-        settlement = (caller.scopes, permit.lease, caller.tenant, caller.key, tokens, cost, error)
+        settlement = (
+            caller.scopes,
+            permit.lease,
+            caller.tenant,
+            caller.key,
+            permit.tokens,
+            permit.cost,
+            code >= 400,
+        )
         if permit.local or self._shared is None or len(self._pending) >= MAX_SETTLING:
             self._local.settle_now(*settlement)
             return
