@@ -61,11 +61,9 @@ class Exchange:
     tenant: str = ""
     priority: int = 0
     # auth.enabled: the request's admission against its limits, settled when it closes with the
-    # tokens the answer's usage reported (`usage`); `strip_usage`: the gateway asked a stream for its
-    # usage (stream_options) and the client did not, so the usage event is not relayed.
+    # tokens the answer's usage reported (`usage`).
     permit: Permit | None = None
     usage: int = 0
-    strip_usage: bool = False
     # A fallback model's exchange: the model the request asked for (gateway/fallback.py)
     fallback_for: str = ""
     # False for shadow copies: client metrics describe what clients got, and the retry budget counts

@@ -82,8 +82,9 @@ def openai_route(kind: str) -> ProxiedRoute:
         ask_usage = routing.stream and kind != "embeddings" and not openai.asks_usage(routing.fields)
         if ask_usage and routing.fields is not None:
             body = openai.with_usage_asked(routing.fields)
+            permit.strip_usage = True
         try:
-            await gateway.proxy.forward(request, reply, cluster, routing, body, permit, ask_usage)
+            await gateway.proxy.forward(request, reply, cluster, routing, body, permit)
         except BaseException as exc:
             admission.quotas_end(permit, ended_with(exc))
             raise

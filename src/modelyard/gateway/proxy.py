@@ -68,9 +68,6 @@ _CACHE_HIT = CACHE_HIT_HEADER.lower().encode()
 _FALLBACK = FALLBACK_HEADER.encode()
 _MAX_ANSWER_FIELDS = 4096
 
-# auth.enabled: the caller's admission against its limits, and whether the gateway asked a stream
-# for its usage on the caller's behalf (its usage event is then not relayed)
-Admitted = tuple[Permit, bool]
 PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
 
 
@@ -131,16 +128,13 @@ class Proxy:
         routing: RoutingRequest,
         body: bytes | None,
         permit: Permit | None = None,
-        strip_usage: bool = False,
         *,
         fallbacks: bool = True,
     ) -> None:
         """Route the request to `cluster` and relay its answer; when the model has `fallbacks` (and
         `fallbacks`: an inference call, not a metadata or readiness one), on to them as its
         `fallback_on` says (gateway/fallback.py). `permit`: auth.enabled, the caller's admission
-        (quotas.py); `strip_usage`: the body asks for a stream's usage on the gateway's behalf,
-        not the client's."""
-        admitted = (permit, strip_usage) if permit is not None else None
+        (quotas.py), which each exchange tells how it ended."""
         started = time.perf_counter()
         route = cluster.route_for(request.headers, routing.fields)  # (404 before the request has an id)
         if type(request) is H1Request:  # (the lean connection sorted the fields as it parsed them)
@@ -164,7 +158,7 @@ class Proxy:
             sent = RawHeaders([field for field in sent.fields if field[0].lower() not in CREDENTIAL_FIELDS])
         if fallbacks and cluster.config.fallbacks:
             await self._with_fallbacks(
-                request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id, sent
+                request, reply, cluster, route, routing, body, permit, started, raw_id, request_id, sent
             )
             return
         await self._send(
@@ -174,7 +168,7 @@ class Proxy:
             route,
             routing,
             body,
-            admitted,
+            permit,
             started,
             raw_id,
             request_id,
@@ -192,7 +186,7 @@ class Proxy:
         route: RouteConfig,
         routing: RoutingRequest,
         body: bytes | None,
-        admitted: Admitted | None,
+        permit: Permit | None,
         started: float,
         raw_id: bytes,
         request_id: str,
@@ -238,9 +232,7 @@ class Proxy:
             started,
             request_id,
         )
-        permit = None
-        if admitted is not None:
-            permit, ex.strip_usage = admitted
+        if permit is not None:
             ex.permit, ex.tenant, ex.priority = permit, permit.caller.tenant, permit.caller.priority
         if fallback_for:
             ex.fallback_for = fallback_for
@@ -293,7 +285,7 @@ class Proxy:
         route: RouteConfig,
         routing: RoutingRequest,
         body: bytes | None,
-        admitted: Admitted | None,
+        permit: Permit | None,
         started: float,
         raw_id: bytes,
         request_id: str,
@@ -305,13 +297,13 @@ class Proxy:
         asked = cluster.name
         conditions = cluster.config.fallback_on
         candidates = self._fallbacks.candidates(
-            cluster, request.headers, routing, admitted[0].caller if admitted is not None else None
+            cluster, request.headers, routing, permit.caller if permit is not None else None
         )
         usable = [i for i, candidate in enumerate(candidates) if candidate.cluster is not None]
         if not usable:  # (none the caller may use, none served here now: the asked model alone)
             try:
                 await self._send(
-                    request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id,
+                    request, reply, cluster, route, routing, body, permit, started, raw_id, request_id,
                     sent, request.raw_path, None, "",
                 )  # fmt: skip
             except ModelyardError as exc:
@@ -326,7 +318,7 @@ class Proxy:
             reason = CONTEXT_LENGTH  # too long for the asked model's window: straight to a fallback
         else:
             reason = await self._try_model(
-                request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id, sent,
+                request, reply, cluster, route, routing, body, permit, started, raw_id, request_id, sent,
                 request.raw_path, conditions, "", trail,
             )  # fmt: skip
             if reason is None:
@@ -340,7 +332,7 @@ class Proxy:
             self._fallbacks.fell_back(asked, target.name, reason)
             path, moved, renamed = self._fallbacks.request_for(target, request.raw_path, body, routing)
             reason = await self._try_model(
-                request, reply, target, candidate.route, renamed, moved, admitted, started, raw_id,
+                request, reply, target, candidate.route, renamed, moved, permit, started, raw_id,
                 request_id, sent, path, conditions if i != last else None, asked, trail,
             )  # fmt: skip
             if reason is None:
@@ -354,7 +346,7 @@ class Proxy:
         route: RouteConfig,
         routing: RoutingRequest,
         body: bytes | None,
-        admitted: Admitted | None,
+        permit: Permit | None,
         started: float,
         raw_id: bytes,
         request_id: str,
@@ -369,7 +361,7 @@ class Proxy:
         `conditions` None: the last candidate, whose outcome is the client's whatever it is."""
         try:
             await self._send(
-                request, reply, cluster, route, routing, body, admitted, started, raw_id, request_id, sent,
+                request, reply, cluster, route, routing, body, permit, started, raw_id, request_id, sent,
                 path, conditions, fallback_for, trail,
             )  # fmt: skip
         except FellBack as fell:
@@ -491,7 +483,7 @@ class Proxy:
             time.perf_counter(),
             lookup.get(REQUEST_ID_HEADER, ""),  # a gRPC call's, or a graph's caller's
         )
-        if permit is not None:  # (a gRPC client's call: settled when it closes)
+        if permit is not None:  # (a gRPC client's call: its handler ends the permit)
             ex.permit, ex.tenant, ex.priority = permit, permit.caller.tenant, permit.caller.priority
         return ex
 

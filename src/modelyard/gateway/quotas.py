@@ -39,7 +39,7 @@ class Permit:
     tried with fallbacks) adds its tokens and cost when it closes, and the last one's status is the
     request's; the handler that took it ends it once (`Quotas.end`), whatever happened between."""
 
-    __slots__ = ("caller", "code", "cost", "fields", "lease", "local", "settled", "tokens")
+    __slots__ = ("caller", "code", "cost", "fields", "lease", "local", "settled", "strip_usage", "tokens")
 
     def __init__(
         self, caller: Caller, lease: str, local: bool, fields: tuple[tuple[bytes, bytes], ...]
@@ -52,6 +52,9 @@ class Permit:
         self.cost = 0.0
         self.code = 0  # 0: no exchange ended (refused or failed before one opened)
         self.settled = False
+        # the gateway asked a stream for its usage (stream_options) on its own behalf, not the
+        # client's: the usage event is not relayed
+        self.strip_usage = False
 
     def ended(self, tokens: int, cost: float, code: int) -> None:
         """An exchange of this request closed."""

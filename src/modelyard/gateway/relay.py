@@ -78,7 +78,7 @@ class Relay:
             return await self._relay_events(reply, ex, upstream, headers, capture, None)
         # auth.enabled: the stream's tokens, from its usage event (whole events relayed); a stream
         # that ended without one (broke off, the client left): its prompt and an event per token
-        usage = StreamUsage(ex.strip_usage)
+        usage = StreamUsage(ex.permit.strip_usage)
         try:
             return await self._relay_events(reply, ex, upstream, headers, capture, usage)
         finally:
