@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import shutil
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -110,7 +112,8 @@ class Cluster:
 
     def mount(self, pod: dict[str, Any], name: str) -> dict[str, str]:
         """Write the container's Secret volumes under a folder of its own, as the kubelet does
-        (a key the Secret lacks fails, as the pod would not start); the mount paths -> folders."""
+        (a key the Secret lacks fails, as the pod would not start); the mount paths -> folders.
+        Again after a Secret changed: the kubelet's update of the volumes in place."""
         where = self.root / "pods" / f"{pod['metadata']['name']}-{name}"
         volumes = {v["name"]: v for v in pod["spec"]["template"]["spec"].get("volumes", [])}
         paths = {}
@@ -119,15 +122,35 @@ class Cluster:
             if not sources:
                 continue
             folder = where / mount["mountPath"].strip("/")
+            files = {}
             for source in sources:
                 secret = self.secrets[source["secret"]["name"]]
                 for item in source["secret"]["items"]:
-                    path = folder / item["path"]
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(secret[item["key"]])
-                    path.chmod(0o440)
+                    files[item["path"]] = secret[item["key"]]
+            atomic_write(folder, files)
             paths[mount["mountPath"]] = str(folder)
         return paths
+
+
+def atomic_write(folder: Path, files: dict[str, bytes]) -> None:
+    """A volume's files as the kubelet's AtomicWriter writes them, first and on every update: into
+    a new `..TIMESTAMP` folder, then the `..data` link swapped to it by a rename; each top-level
+    name is a link through `..data` (`tls` -> `..data/tls`), made once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    old = [p for p in folder.iterdir() if p.name.startswith("..") and not p.is_symlink()]
+    stamp = folder / f"..{time.time_ns()}"
+    for relative, data in files.items():
+        path = stamp / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o440)
+    (folder / "..data_tmp").symlink_to(stamp.name)
+    os.rename(folder / "..data_tmp", folder / "..data")
+    for top in {relative.split("/", 1)[0] for relative in files}:
+        if not (folder / top).is_symlink():
+            (folder / top).symlink_to(f"..data/{top}")
+    for path in old:
+        shutil.rmtree(path)
 
 
 def local(text: str, mounts: dict[str, str]) -> str:
@@ -317,3 +340,72 @@ async def test_the_rendered_roles_serve_a_placed_model_over_tls_with_the_mounted
         and 'model="iris"' in line
         and 'code="200"' in line
     ]
+
+
+def keys_yaml(*keys: str) -> str:
+    """A keys file (README: "API keys and tenants") of one tenant holding `keys`."""
+    return yaml.safe_dump(
+        {
+            "tenants": [{"name": "team-a", "models": ["m"]}],
+            "keys": [{"name": f"key-{i}", "tenant": "team-a", "key": key} for i, key in enumerate(keys)],
+        }
+    )
+
+
+async def test_api_keys_follow_their_secret_without_a_restart(sim_workers, http, tmp_path, roles):
+    """gateway.api_keys: the gateway, started with the rendered config and the Secret's key where
+    its projected volume puts it, takes the keys; a key removed from the Secret and one added take
+    effect once the kubelet has updated the volume, with no restart."""
+    (worker,) = await sim_workers(1)
+    first, second = "sk-team-a-first-0123", "sk-team-a-second-456"
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "scheduler": {"enabled": False},
+                "servers": [],
+                "gateway": {
+                    "api_keys": {"enabled": True},
+                    "config": {"models": [{"name": "m", "endpoints": [{"url": worker.url}]}]},
+                },
+            }
+        )
+    )
+    docs = render(load_values([ROOT / "deploy" / "values.yaml", values]))
+    cluster = Cluster(tmp_path, docs)
+    cluster.create_secret("modelyard-admin", token=ADMIN)
+    # kubectl create secret generic modelyard-api-keys --from-file=keys.yaml=my-keys.yaml
+    cluster.create_secret("modelyard-api-keys", **{"keys.yaml": keys_yaml(first)})
+    pod = find(docs, "Deployment", "modelyard-gateway")
+    mounts = cluster.mount(pod, "gateway")
+    config = yaml.safe_load(
+        local(find(docs, "ConfigMap", "modelyard-gateway")["data"]["gateway.yaml"], mounts)
+    )
+    assert config["auth"]["enabled"] is True
+    (port,) = free_ports(1)
+    config["listen"]["port"] = port
+    config["state"] = {"backend": "memory"}
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    (token,) = container(pod, "gateway")["env"]
+    gateway = await roles(
+        "gateway", ["serve", "--config", str(tmp_path / "gateway.yaml")], {token["name"]: ADMIN}
+    )
+    url, trust = f"https://127.0.0.1:{port}", cluster.pki.client_context()
+    await answering(http, f"{url}/readyz", trust, gateway)
+
+    async def status(key: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with http.get(f"{url}/v1/models", headers=headers, ssl=trust) as response:
+            return response.status
+
+    assert (await status(first), await status(second)) == (200, 401)
+    # kubectl apply of the Secret with the first key removed and another added; the kubelet
+    # updates the volume in place
+    cluster.create_secret("modelyard-api-keys", **{"keys.yaml": keys_yaml(second)})
+    cluster.mount(pod, "gateway")
+
+    async def swapped() -> bool:
+        return (await status(first), await status(second)) == (401, 200)
+
+    await wait_until(swapped, attempts=200, interval=0.05)
+    assert gateway.process.returncode is None

@@ -42,6 +42,7 @@ SCHEDULER_TOKENS = f"{SECRETS_DIR}/scheduler-tokens"  # the scheduler's REST tok
 AGENT_TOKENS = f"{SECRETS_DIR}/agent-tokens"  # the scheduler's agents' join tokens file
 FEED_TOKEN = f"{SECRETS_DIR}/scheduler-token"  # the gateways' read token
 AGENT_TOKEN = f"{SECRETS_DIR}/agent-token"  # an agent's join token
+API_KEYS = f"{SECRETS_DIR}/api-keys.yaml"  # the gateway's keys file (gateway.api_keys)
 CA_ISSUER = "modelyard-ca"  # the render's own CA (tls.issuer.name unset)
 AGENT_IDENTITY = "spiffe://modelyard/server/{server}"  # any replica of the server: see _server_context
 
@@ -190,6 +191,10 @@ def _gateway_config(values: DeployValues, source: str) -> tuple[dict[str, Any], 
             # the agents' data planes (https:// in the feed); a model of your own config on an
             # https:// server names its own tls (models[].tls) when this CA is not its
             base["upstream"] = {"tls": {"ca_file": CA_CERT}}
+    if values.gateway.api_keys.enabled:
+        # the file follows its Secret: the kubelet swaps the projected volume's files, the
+        # gateway sees a new file (security/tokens.py WatchedFile) and reads it again
+        base["auth"] = {"enabled": True, "keys_file": API_KEYS}
     if values.telemetry.otlp_endpoint is not None:
         base["telemetry"] = {
             "otlp_endpoint": values.telemetry.otlp_endpoint,
@@ -361,6 +366,9 @@ def _gateway_secrets(values: DeployValues) -> list[dict[str, Any]]:
         sources.append(_items(scheduler_secret(values), {"ca.crt": CA_CERT}))
     if _scheduler_tokens(values):
         sources.append(_items(values.tokens.scheduler.secret_name, {"read": FEED_TOKEN}))
+    api_keys = values.gateway.api_keys
+    if api_keys.enabled:
+        sources.append(_items(api_keys.secret_name, {api_keys.key: API_KEYS}))
     return sources
 
 

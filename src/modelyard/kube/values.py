@@ -32,6 +32,8 @@ _SERVER_NAME = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _HOST_NAME = rf"^(?=.{{1,253}}$)(\*\.)?{_LABEL}(\.{_LABEL})*$"  # a wildcard first label too
+# A key of a Secret's data (what `kubectl create secret --from-file=KEY=...` takes).
+_SECRET_KEY = r"^[-._a-zA-Z0-9]{1,253}$"
 # What the roles take as a token (security/tokens.py): printable ASCII, no spaces.
 _TOKEN = r"^[\x21-\x7e]{16,}$"
 # Fields holding a token: a problem with one never shows its value.
@@ -132,13 +134,42 @@ class Autoscaling(_Strict):
 
 class AdminToken(_Strict):
     secret_name: str = Field("modelyard-admin", pattern=_DNS_LABEL)
-    key: str = Field("token", pattern=r"^[-._a-zA-Z0-9]{1,253}$", description="the Secret's key")
+    key: str = Field("token", pattern=_SECRET_KEY, description="the Secret's key")
     value: str | None = Field(
         None,
         min_length=16,
         description="when set, the render creates the Secret with it (for trying out); otherwise "
         "create the Secret yourself: kubectl create secret generic modelyard-admin --from-literal=token=...",
     )
+
+
+class ApiKeys(_Strict):
+    """The gateway's API keys file (auth.keys_file: tenants and their keys, read again when it
+    changes) from a Secret you create, mounted in the gateway's secrets volume."""
+
+    enabled: bool = Field(
+        False,
+        description="mount the Secret's key as the gateway's auth.keys_file and set auth.enabled "
+        "(unless gateway.config.auth sets them): every inference call then needs an API key",
+    )
+    secret_name: str = Field("modelyard-api-keys", description="the Secret (you create it)")
+    key: str = Field("keys.yaml", description="the Secret's key holding the keys file")
+
+    @field_validator("secret_name")
+    @classmethod
+    def _secret_name(cls, name: str) -> str:
+        if len(name) > 253 or re.match(_DNS_SUBDOMAIN, name) is None:
+            raise ValueError(
+                "expected a Secret's name (lowercase letters, digits, '-' and '.', 1 to 253 characters)"
+            )
+        return name
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, key: str) -> str:
+        if re.match(_SECRET_KEY, key) is None or key == "." or key.startswith(".."):
+            raise ValueError("expected a Secret's key (letters, digits, '-', '_' and '.'; not '..')")
+        return key
 
 
 class GatewayValues(_Strict):
@@ -155,6 +186,7 @@ class GatewayValues(_Strict):
     min_available: int = Field(1, ge=0, description="PodDisruptionBudget: gateways kept through a drain")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     admin_token: AdminToken = AdminToken()
+    api_keys: ApiKeys = ApiKeys()
 
     @model_validator(mode="after")
     def _drainable(self) -> GatewayValues:

@@ -332,6 +332,58 @@ def test_join_tokens_replace_the_agents_client_certificates(tmp_path):
     assert table.lookup("j-0123456789abcdef01") == "mlserver"
 
 
+# --- API keys ------------------------------------------------------------------------------------
+
+
+def test_api_keys_are_the_gateways_keys_file_from_their_secret(tmp_path):
+    docs = rendered("values.yaml", tmp_path=tmp_path, extra="gateway: {api_keys: {enabled: true}}")
+    config = gateway_config(docs)
+    assert config["auth"] == {"enabled": True, "keys_file": "/var/run/secrets/modelyard/api-keys.yaml"}
+    validate_config(config, "gateway.yaml")  # what `modelyard serve` reads from the ConfigMap
+    gateway = find(docs, "Deployment", "modelyard-gateway")
+    files = mounted(gateway, "gateway")
+    assert files[config["auth"]["keys_file"]] == ("modelyard-api-keys", "keys.yaml")
+    # in the projected volume, which the kubelet updates in place: a key added to or removed from
+    # the Secret is read again without a restart (no subPath mount, which would never change)
+    assert not [m for m in container(gateway, "gateway")["volumeMounts"] if "subPath" in m]
+    # never a key in a manifest: you create the Secret
+    assert not kinds(docs, "Secret")
+    # a Secret and a key of your own
+    docs = rendered(
+        "values.yaml",
+        tmp_path=tmp_path,
+        extra="gateway: {api_keys: {enabled: true, secret_name: team-keys, key: tenants.yaml}}",
+    )
+    config = gateway_config(docs)
+    files = mounted(find(docs, "Deployment", "modelyard-gateway"), "gateway")
+    assert files[config["auth"]["keys_file"]] == ("team-keys", "tenants.yaml")
+
+
+def test_the_gateways_own_auth_config_wins_over_the_api_keys_values(tmp_path):
+    docs = rendered(
+        "values.yaml",
+        tmp_path=tmp_path,
+        extra="gateway: {api_keys: {enabled: true},"
+        " config: {auth: {keys_file: /etc/keys/k.yaml, quota_store_down: refuse}}}",
+    )
+    auth = gateway_config(docs)["auth"]
+    assert auth == {"enabled": True, "keys_file": "/etc/keys/k.yaml", "quota_store_down": "refuse"}
+    # with Redis (state.backend, as rendered) keys made at runtime and quotas are shared by gateways
+    assert gateway_config(docs)["state"]["backend"] == "redis"
+
+
+def test_api_keys_off_by_default_render_nothing(tmp_path):
+    default = rendered("values.yaml")
+    assert "auth" not in gateway_config(default)
+    files = mounted(find(default, "Deployment", "modelyard-gateway"), "gateway")
+    assert "modelyard-api-keys" not in {secret for secret, _ in files.values()}
+    # a Secret's name without enabled changes nothing
+    named = rendered(
+        "values.yaml", tmp_path=tmp_path, extra="gateway: {api_keys: {secret_name: other, key: k.yaml}}"
+    )
+    assert named == default
+
+
 # --- turning pieces off ---------------------------------------------------------------------------
 
 

@@ -132,6 +132,17 @@ def problems(tmp_path: Path, text: str) -> list[str]:
         ),
         ("tokens: {scheduler: {secret_name: Tokens}}", "tokens.scheduler.secret_name: String should match"),
         (
+            "gateway: {api_keys: {enabled: true, secret_name: ''}}",
+            "gateway.api_keys.secret_name: expected a Secret's name (lowercase letters, digits",
+        ),
+        (
+            "gateway: {api_keys: {secret_name: Team_Keys}}",
+            "gateway.api_keys.secret_name: expected a Secret's name",
+        ),
+        ("gateway: {api_keys: {key: 'keys/a.yaml'}}", "gateway.api_keys.key: expected a Secret's key"),
+        ("gateway: {api_keys: {key: ..data}}", "gateway.api_keys.key: expected a Secret's key"),
+        ("gateway: {api_keys: {enabled: yes please}}", "gateway.api_keys.enabled: "),
+        (
             "tokens: {agents: {values: {mlserver: j-0123456789abcdef01}}}",
             "tokens.agents: values are given but enabled is false",
         ),

@@ -122,6 +122,35 @@ def test_the_file_is_read_again_when_it_changes_and_a_bad_change_keeps_the_last_
     assert keys.lookup(KEY_B) is not None
 
 
+def test_a_kubernetes_secret_volume_update_is_seen(tmp_path: Path) -> None:
+    """The kubelet updates a Secret's (projected) volume as its AtomicWriter does: the files in a
+    new timestamped folder, then the `..data` link swapped to it by a rename; the path the config
+    names is a link through `..data`. The file's stat, links followed, is a new inode, even with
+    the same size and modification time."""
+    first = tmp_path / "..2026_12_05_17_00_00.1"
+    first.mkdir()
+    (first / "api-keys.yaml").write_text(yaml.safe_dump(keys_file()))
+    (tmp_path / "..data").symlink_to(first.name)
+    (tmp_path / "api-keys.yaml").symlink_to("..data/api-keys.yaml")
+    path = tmp_path / "api-keys.yaml"
+    keys = ApiKeys(str(path), MODELS, reload_interval=0.0)
+    assert keys.lookup(KEY_A) is not None
+    swapped = keys_file()
+    swapped["keys"][0]["key"] = KEY_A.replace("0", "1")  # type: ignore[index]  # same size
+    second = tmp_path / "..2026_12_05_17_01_00.2"
+    second.mkdir()
+    (second / "api-keys.yaml").write_text(yaml.safe_dump(swapped))
+    old = (first / "api-keys.yaml").stat()
+    os.utime(second / "api-keys.yaml", ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert (second / "api-keys.yaml").stat().st_size == old.st_size
+    (tmp_path / "..data_tmp").symlink_to(second.name)
+    os.rename(tmp_path / "..data_tmp", tmp_path / "..data")
+    (first / "api-keys.yaml").unlink()
+    first.rmdir()
+    assert keys.lookup(KEY_A) is None
+    assert keys.lookup(KEY_A.replace("0", "1")) is not None
+
+
 def test_a_missing_or_unreadable_file_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         ApiKeys(str(tmp_path / "absent.yaml"), MODELS)
