@@ -453,7 +453,7 @@ async def test_a_request_refused_before_its_exchange_opens_frees_its_slot(
     """A model whose routes take no request without a header: 404 after the quota let it in; the
     concurrency slot it took is given back (else the tenant would be locked out for the lease)."""
     workers = await sim_workers(1)
-    path = keys_file(tmp_path, {"max_concurrent_requests": 1})
+    path = keys_file(tmp_path, {"max_concurrent_requests": 1, "requests_per_minute": 100})
     routes = [
         {
             "name": "only-beta",
@@ -469,6 +469,7 @@ async def test_a_request_refused_before_its_exchange_opens_frees_its_slot(
     for _ in range(3):
         async with http.post(gateway.url + CHAT, json=chat(), headers=bearer(KEY_A)) as response:
             assert response.status == 404, await response.text()
+            assert response.headers["x-ratelimit-limit-requests"] == "100"  # the gateway's own answers too
     async with http.post(
         gateway.url + CHAT, json=chat(), headers={**bearer(KEY_A), "x-beta": "1"}
     ) as response:

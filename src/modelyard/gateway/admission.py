@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from modelyard.config import AuthConfig
-from modelyard.errors import ApiKeyInvalid, ApiKeyMissing, ModelNotAllowed
+from modelyard.errors import ApiKeyInvalid, ApiKeyMissing, ModelNotAllowed, ModelyardError
+from modelyard.gateway.ledger import ended_with
 from modelyard.gateway.quotas import Permit, Quotas
 from modelyard.gateway.runtime_keys import RuntimeKeys
 from modelyard.security.api_keys import ApiKeys, Caller, key_digest, presented_key
@@ -71,10 +72,17 @@ class Admission:
         assert self.quotas is not None
         return await self.quotas.take(caller)
 
-    def quotas_end(self, permit: Permit, failed_with: int = 500) -> None:
-        """The request `take` let in is over (Quotas.end): counted once, its slot freed."""
+    def quotas_end(self, permit: Permit, failed: BaseException | None = None) -> None:
+        """The request `take` let in is over (Quotas.end): counted once, its slot freed. `failed`:
+        what ended it when it raised; an error the gateway answers itself carries the key's
+        x-ratelimit-* fields too, as a relayed answer does."""
         assert self.quotas is not None
-        self.quotas.end(permit, failed_with)
+        if failed is None:
+            self.quotas.end(permit)
+            return
+        self.quotas.end(permit, ended_with(failed))
+        if isinstance(failed, ModelyardError) and permit.fields:
+            failed.headers = {**{k.decode(): v.decode() for k, v in permit.fields}, **failed.headers}
 
     def admit_metadata(self, metadata: Sequence[tuple[str, str]], model: str) -> Caller:
         """`admit` for a gRPC call's metadata (keys lower case)."""

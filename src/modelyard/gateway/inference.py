@@ -15,10 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelyard import __version__
 from modelyard.errors import BadRequest, ModelyardError
-from modelyard.gateway.admission import Admission
+from modelyard.gateway.admission import CREDENTIAL_FIELDS, Admission
 from modelyard.gateway.gateway import GATEWAY, Gateway
 from modelyard.gateway.graphs import TRACE_REQUEST_HEADER
-from modelyard.gateway.ledger import CLIENT_CLOSED, ended_with
+from modelyard.gateway.ledger import CLIENT_CLOSED
 from modelyard.protocols import oip, openai
 from modelyard.serving import draining
 from modelyard.serving.errors import REQUEST_ID, ServiceErrors
@@ -86,7 +86,7 @@ def openai_route(kind: str) -> ProxiedRoute:
         try:
             await gateway.proxy.forward(request, reply, cluster, routing, body, permit)
         except BaseException as exc:
-            admission.quotas_end(permit, ended_with(exc))
+            admission.quotas_end(permit, exc)
             raise
         admission.quotas_end(permit)
 
@@ -122,7 +122,7 @@ async def oip_infer(gateway: Gateway, request: Inbound, reply: Reply) -> None:
     try:
         await gateway.proxy.forward(request, reply, cluster, routing, body, permit)
     except BaseException as exc:
-        gateway.admission.quotas_end(permit, ended_with(exc))
+        gateway.admission.quotas_end(permit, exc)
         raise
     gateway.admission.quotas_end(permit)
 
@@ -288,13 +288,16 @@ async def run_graph(request: web.Request) -> web.Response:
             refused(gateway, request, CLIENT_CLOSED, started)
         raise
     want_trace = request.headers.get(TRACE_REQUEST_HEADER, "") not in ("", "0", "false")
+    headers = list(request.headers.items())
     if permit is None:
-        return await service.run(name, body, list(request.headers.items()), want_trace)
+        return await service.run(name, body, headers, want_trace)
+    # the caller's key is the gateway's business: not propagated to the steps' services
+    headers = [(k, v) for k, v in headers if k.lower().encode() not in CREDENTIAL_FIELDS]
     assert gateway.admission is not None
     try:
-        response = await service.run(name, body, list(request.headers.items()), want_trace)
+        response = await service.run(name, body, headers, want_trace)
     except BaseException as exc:
-        gateway.admission.quotas_end(permit, ended_with(exc))
+        gateway.admission.quotas_end(permit, exc)
         raise
     permit.code = response.status
     gateway.admission.quotas_end(permit)

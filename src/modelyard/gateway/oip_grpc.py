@@ -29,7 +29,6 @@ from modelyard.errors import BadRequest, ModelServerAnswered, ModelyardError, No
 from modelyard.gateway.admission import CREDENTIAL_FIELDS
 from modelyard.gateway.cluster import Cluster
 from modelyard.gateway.gateway import Gateway
-from modelyard.gateway.ledger import ended_with
 from modelyard.gateway.proxy import REQUEST_ID_HEADER, Called
 from modelyard.gateway.quotas import Permit
 from modelyard.rpc import MODEL_STREAM_INFER, OipCall, Relayed, StreamRelay
@@ -101,14 +100,14 @@ class GatewayOip:
         try:
             answer = await self._call(cluster, "POST", path, sent, body, call, rest_body, permit)
         except BaseException as exc:
-            self._end(permit, ended_with(exc))
+            self._end(permit, exc)
             raise
         self._end(permit)
         return _answer(answer)
 
-    def _end(self, permit: Permit | None, failed_with: int = 500) -> None:
+    def _end(self, permit: Permit | None, failed: BaseException | None = None) -> None:
         if permit is not None and self._gateway.admission is not None:
-            self._gateway.admission.quotas_end(permit, failed_with)
+            self._gateway.admission.quotas_end(permit, failed)
 
     async def _take(self, headers: Sequence[tuple[str, str]], model: str, path: str) -> Permit | None:
         """auth.enabled: the caller's request let in against its limits (429: RESOURCE_EXHAUSTED)."""
@@ -145,7 +144,7 @@ class GatewayOip:
                 async for message in stream:
                     yield message
             except BaseException as exc:
-                self._end(permit, ended_with(exc))
+                self._end(permit, exc)
                 raise
             self._end(permit)
 

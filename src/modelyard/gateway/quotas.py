@@ -20,16 +20,19 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 from modelyard.errors import BudgetExceeded, QuotaExceeded, QuotaStoreUnavailable, StateUnavailable
 from modelyard.security.api_keys import Caller
 from modelyard.state.quotas import MemoryQuotas, RedisQuotas, Settlement
-from modelyard.tenancy import Usage, Verdict, reset_text
+from modelyard.tenancy import Scope, Usage, Verdict, reset_text
 
 log = logging.getLogger("modelyard.gateway")
 
-MAX_SETTLING = 10_000  # settlements waiting for the shared store; past it they are counted locally
+MAX_SETTLING = 100_000  # settlements waiting for Redis while it is away; past it the oldest are dropped
+MAX_RELEASES = 1_000_000  # concurrency slots to give back, kept while Redis is away
+MIN_BACKOFF, MAX_BACKOFF = 0.5, 10.0  # seconds Redis is left alone after it did not answer
 _UNLIMITED: tuple[tuple[bytes, bytes], ...] = ()
 
 
@@ -82,7 +85,11 @@ class Quotas:
         self._settling: set[asyncio.Task[None]] = set()
         self._pending: list[Settlement] = []  # ended, not yet sent to the shared store
         self._flushing: asyncio.Future[None] | None = None
+        self._releases: list[tuple[Sequence[Scope], str]] = []  # slots a failed take may hold there
         self._down = False
+        self._retry_at = 0.0  # (monotonic) Redis is not asked before this, after it did not answer
+        self._away_for = MIN_BACKOFF
+        self.dropped = 0  # settlements dropped (Redis away with MAX_SETTLING waiting)
 
     async def take(self, caller: Caller) -> Permit:
         """Let the caller's request in, or raise QuotaExceeded (429) saying which limit."""
@@ -92,19 +99,27 @@ class Quotas:
         local = self._shared is None
         verdict: Verdict | None = None
         if self._shared is not None:
-            try:
-                verdict = await self._shared.take(caller.scopes, lease)
-                self._store_answers()
-            except StateUnavailable as exc:
-                self._store_away(exc)
+            if time.monotonic() < self._retry_at:  # away a moment ago: not asked again till then
+                local = True
+            else:
+                try:
+                    verdict = await self._shared.take(caller.scopes, lease)
+                    self._store_answers()
+                except StateUnavailable as exc:
+                    self._store_away(exc)
+                    self._release(caller, lease)  # (it may have run there after all)
+                    local = True
+                except asyncio.CancelledError:  # the client left: the slot it may hold there goes
+                    self._release(caller, lease)
+                    raise
+            if local:
                 if self._on_down == "allow":
                     return Permit(caller, "", True, _UNLIMITED)
                 if self._on_down == "refuse":
                     raise QuotaStoreUnavailable(
                         "quotas cannot be checked: the quota store does not answer",
                         headers={"Retry-After": "1"},
-                    ) from None
-                local = True
+                    )
         if verdict is None:
             verdict = self._local.take_now(caller.scopes, lease)
         fields = rate_limit_fields(verdict)
@@ -138,12 +153,35 @@ class Quotas:
             permit.cost,
             code >= 400,
         )
-        if permit.local or self._shared is None or len(self._pending) >= MAX_SETTLING:
+        if permit.local or self._shared is None:
             self._local.settle_now(*settlement)
             return
-        self._pending.append(settlement)
+        self._pending.append(settlement)  # (taken in Redis, so settled there: its slot is there)
+        self._send()
+
+    def _release(self, caller: Caller, lease: str) -> None:
+        if any(limits.max_concurrent_requests for _, limits in caller.scopes):
+            self._releases.append((caller.scopes, lease))
+            self._send()
+
+    def _send(self) -> None:
+        if len(self._pending) > MAX_SETTLING:  # Redis away for long: the oldest usage is lost
+            dropped = self._pending[: len(self._pending) - MAX_SETTLING]
+            del self._pending[: len(dropped)]
+            # (their usage is lost, their concurrency slots not: a release is a few bytes)
+            self._releases += [(scopes, lease) for scopes, lease, *_ in dropped if lease]
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "quotas: %d settlements wait for the quota store: the oldest dropped", MAX_SETTLING
+                )
         if self._flushing is None:
             self._flushing = asyncio.ensure_future(self._flush())
+
+    async def settled(self) -> None:
+        """Until what ended so far reached Redis (or was given up on: close)."""
+        while self._flushing is not None:
+            await asyncio.shield(self._flushing)
 
     async def usage(self, day: str) -> tuple[list[Usage], bool]:
         """The day's usage, and whether it is every gateway's (the shared store's) or this
@@ -158,24 +196,33 @@ class Quotas:
     async def close(self) -> None:
         waiting = [*self._settling, *([self._flushing] if self._flushing is not None else [])]
         if waiting:
-            await asyncio.wait(waiting, timeout=1.0)
+            _, late = await asyncio.wait(waiting, timeout=1.0)
+            for task in late:  # (Redis away: what still waits for it is lost)
+                task.cancel()
         if self._shared is not None:
             await self._shared.close()
 
     async def _flush(self) -> None:
         """Send what ended since the last round trip, until nothing is left (each round trip takes
-        what came in during the one before)."""
+        what came in during the one before). While Redis does not answer, try again with backoff:
+        a request taken there is settled there, or its concurrency slot would stay held until its
+        lease ran out."""
         assert self._shared is not None
+        backoff = MIN_BACKOFF
         try:
-            while self._pending:
+            while self._pending or self._releases:
                 batch, self._pending = self._pending, []
+                releases, self._releases = self._releases, []
                 try:
-                    await self._shared.settle_many(batch)
+                    await self._shared.settle_many(batch, releases)
                     self._store_answers()
-                except StateUnavailable as exc:  # counted here, so a slot is not held till its lease ends
+                    backoff = MIN_BACKOFF
+                except StateUnavailable as exc:
                     self._store_away(exc)
-                    for settlement in batch:
-                        self._local.settle_now(*settlement)
+                    self._pending[:0] = batch
+                    self._releases[:0] = releases[-MAX_RELEASES:]
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
         finally:
             self._flushing = None
 
@@ -191,6 +238,10 @@ class Quotas:
             self._store_away(exc)
 
     def _store_away(self, exc: Exception) -> None:
+        """Redis did not answer: requests do not ask it again for a while (doubling while it stays
+        away), so that none waits state.timeout for it meanwhile."""
+        self._away_for = min(self._away_for * 2, MAX_BACKOFF) if self._down else MIN_BACKOFF
+        self._retry_at = time.monotonic() + self._away_for
         if not self._down:
             log.warning("quotas: the quota store does not answer (%s): %s", self._on_down, exc)
             self._down = True
@@ -199,6 +250,7 @@ class Quotas:
         if self._down:
             log.info("quotas: the quota store answers again")
             self._down = False
+            self._retry_at = 0.0
 
 
 def rate_limit_fields(verdict: Verdict) -> tuple[tuple[bytes, bytes], ...]:

@@ -55,8 +55,10 @@ class RuntimeKeys:
         return self._callers.get(digest)
 
     async def start(self) -> None:
-        with contextlib.suppress(StateUnavailable):
+        try:
             await self.refresh()
+        except StateUnavailable as exc:  # (the keys file's keys work meanwhile; these come when it answers)
+            log.warning("runtime keys: cannot read the store yet: %s", exc)
         self._task = asyncio.create_task(self._refreshing(), name="runtime-keys")
 
     async def stop(self) -> None:
@@ -74,7 +76,11 @@ class RuntimeKeys:
         entries = await self._store.load() if version != self._version else self._entries
         self._entries, self._version, self._tenants_seen = entries, version, table.tenants
         callers: dict[bytes, Caller] = {}
+        file_names = {c.key for c in table.callers()}
         for index, entry in enumerate(entries):
+            if entry["name"] in file_names:  # (the file's key of that name wins; this one is revocable)
+                log.warning("runtime key %r not used: the keys file has a key of that name", entry["name"])
+                continue
             problems: list[str] = []
             parsed = parse_key(entry, f"runtime key {index}", table.tenants, self._known, problems)
             if parsed is None:  # its tenant left the keys file, or lost a model the key names
@@ -134,9 +140,10 @@ class RuntimeKeys:
         return {**_listed(entry, "runtime"), "key": key}
 
     async def revoke(self, name: str) -> None:
-        if any(c.key == name for c in self._file_table().callers()):
-            raise Conflict(f"key {name!r} is in the keys file: remove it there (the file is read again)")
+        """Revoke the runtime key `name` (a keys file's key is revoked by editing the file)."""
         if not await self._store.remove(name):
+            if any(c.key == name for c in self._file_table().callers()):
+                raise Conflict(f"key {name!r} is in the keys file: remove it there (the file is read again)")
             raise NotFound(f"no runtime key named {name!r}")
         await self._refresh_now()
 

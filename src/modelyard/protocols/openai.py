@@ -129,13 +129,18 @@ def usage_tokens(answer: bytes) -> int:
 
 
 def _total(usage: object) -> int:
+    """The usage's tokens, at most MAX_USAGE_TOKENS: a server's word, not to be trusted with an
+    integer no counter holds."""
     if not isinstance(usage, dict):
         return 0
     total = usage.get("total_tokens")
-    if type(total) is int and total >= 0:
-        return total
-    counts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-    return sum(c for c in counts if type(c) is int and c >= 0)
+    if type(total) is not int or total < 0:
+        counts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+        total = sum(c for c in counts if type(c) is int and c >= 0)
+    return min(total, MAX_USAGE_TOKENS)
+
+
+MAX_USAGE_TOKENS = 1 << 32  # more than any context window: past it an answer's usage is not believed
 
 
 class StreamUsage:
@@ -154,18 +159,18 @@ class StreamUsage:
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._pending + chunk if self._pending else chunk
-        end = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
         if end == 0 and len(data) < _MAX_EVENT:
             self._pending = data
             return b""
         if end == 0:  # no event ends in this much: not events to read, relay it as it is
             end = len(data)
         whole, self._pending = data[:end], data[end:]
+        if b'"usage"' in whole:
+            whole = b"".join(event for event in _EVENT_END.split(whole) if self._keep(event))
         self.events += whole.count(b"data:")
-        if b'"usage"' not in whole:
-            return whole
-        kept = [event for event in _EVENT_END.split(whole) if self._keep(event)]
-        return b"".join(kept)
+        return whole
 
     def rest(self) -> bytes:
         rest, self._pending = self._pending, b""

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from redis.exceptions import RedisError
 from modelyard.errors import StateUnavailable
 
 Entry = dict[str, Any]
+log = logging.getLogger("modelyard.state")
 MAX_KEYS = 100_000
 
 
@@ -68,6 +70,26 @@ class StoreFull(Exception):
     pass
 
 
+def _entries(values: list[Any], where: str) -> list[Entry]:
+    """The entries that are ones (a mapping with a name and a hash), each as it was kept; anything
+    else (a hand edit, another program's key) is logged and left out, never a failure of all."""
+    entries = []
+    for value in values:
+        try:
+            entry = orjson.loads(value) if isinstance(value, str | bytes) else value
+        except orjson.JSONDecodeError:
+            entry = None
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("sha256"), str)
+        ):
+            entries.append(entry)
+        else:
+            log.warning("%s: a runtime key entry that is not one is left out: %.80r", where, value)
+    return entries
+
+
 class RedisKeyStore:
     def __init__(self, url: str, *, key_prefix: str = "modelyard:", timeout: float = 0.25) -> None:
         self._client = aioredis.Redis.from_url(
@@ -83,7 +105,7 @@ class RedisKeyStore:
 
     async def load(self) -> list[Entry]:
         values = await self._call(self._client.hvals(self._keys[0]), slow=True)
-        return [orjson.loads(value) for value in values]
+        return _entries(values, "redis")
 
     async def add(self, entry: Entry) -> bool:
         added = await self._call(
@@ -119,16 +141,24 @@ class FileKeyStore:
             stat = self._path.stat()
         except FileNotFoundError:
             return "0"
+        except OSError as exc:
+            raise StateUnavailable(f"{self._path}: cannot read the runtime keys: {exc}") from exc
         return f"{stat.st_ino}:{stat.st_mtime_ns}:{stat.st_size}"
 
     async def load(self) -> list[Entry]:
         return await asyncio.to_thread(self._read)
 
     async def add(self, entry: Entry) -> bool:
-        return await asyncio.to_thread(self._add_locked, entry)
+        return await asyncio.to_thread(self._changing, self._add_locked, entry)
 
     async def remove(self, name: str) -> bool:
-        return await asyncio.to_thread(self._remove_locked, name)
+        return await asyncio.to_thread(self._changing, self._remove_locked, name)
+
+    def _changing(self, change: Callable[[Any], bool], argument: Any) -> bool:
+        try:
+            return change(argument)
+        except OSError as exc:  # (its folder or lock file unwritable, a full disk: 503, not a 500)
+            raise StateUnavailable(f"{self._path}: cannot change the runtime keys: {exc}") from exc
 
     async def close(self) -> None:
         pass
@@ -142,12 +172,12 @@ class FileKeyStore:
             raise StateUnavailable(f"{self._path}: cannot read the runtime keys: {exc}") from exc
         if not isinstance(data, list):
             raise StateUnavailable(f"{self._path}: expected a JSON list of keys")
-        return data
+        return _entries(data, str(self._path))
 
     def _add_locked(self, entry: Entry) -> bool:
         with self._locked():
             entries = self._read()
-            if any(e.get("name") == entry["name"] or e.get("sha256") == entry["sha256"] for e in entries):
+            if any(e["name"] == entry["name"] or e["sha256"] == entry["sha256"] for e in entries):
                 return False
             if len(entries) >= MAX_KEYS:
                 raise StoreFull(f"the store holds {MAX_KEYS} keys already")
@@ -157,7 +187,7 @@ class FileKeyStore:
     def _remove_locked(self, name: str) -> bool:
         with self._locked():
             entries = self._read()
-            kept = [e for e in entries if e.get("name") != name]
+            kept = [e for e in entries if e["name"] != name]
             if len(kept) == len(entries):
                 return False
             self._write(kept)

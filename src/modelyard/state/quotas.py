@@ -18,6 +18,7 @@ one counter of micro-USD per calendar period. Usage is kept per UTC day, per ten
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -29,10 +30,12 @@ from modelyard.errors import StateUnavailable
 from modelyard.tenancy import Scope, Usage, Verdict, budget_period
 from modelyard.tenancy.limits import WINDOW_SECONDS
 
+log = logging.getLogger("modelyard.state")
 REASONS = ("", "requests", "tokens", "concurrent", "budget")
 USAGE_FIELDS = ("requests", "tokens", "errors", "refused", "cost")
 USAGE_DAYS = 8  # how long a day's usage is kept
 _MICRO = 1_000_000
+MAX_COUNT = (1 << 62) - 1  # what a usage counter holds at most: Redis' and JSON's integers are 64-bit
 
 
 # One request's end, as `settle` takes it: (scopes, lease, tenant, key, tokens, cost, error)
@@ -113,7 +116,7 @@ class MemoryQuotas:
         self._lease_seconds = lease_seconds
         self._clock = clock
         self._scopes: dict[str, _Counters] = {}
-        self._usage: dict[str, dict[tuple[str, str], list[float]]] = {}
+        self._usage: dict[str, dict[tuple[str, str], list[int | float]]] = {}
 
     def _limit(self, value: int | None) -> int:
         assert value is not None
@@ -202,14 +205,14 @@ class MemoryQuotas:
     def refused_now(self, tenant: str, key: str) -> None:
         self._count(self._clock(), tenant, key, (0, 0, 0, 1, 0.0))
 
-    def _count(self, now: float, tenant: str, key: str, amounts: tuple[float, ...]) -> None:
+    def _count(self, now: float, tenant: str, key: str, amounts: tuple[int | float, ...]) -> None:
         day = usage_day(now)
         if day not in self._usage:
             for old in sorted(self._usage)[: max(0, len(self._usage) - USAGE_DAYS + 1)]:
                 del self._usage[old]
-        row = self._usage.setdefault(day, {}).setdefault((tenant, key), [0.0] * len(USAGE_FIELDS))
+        row = self._usage.setdefault(day, {}).setdefault((tenant, key), [0, 0, 0, 0, 0.0])
         for index, amount in enumerate(amounts):
-            row[index] += amount
+            row[index] = min(row[index] + amount, MAX_COUNT)  # (kept as a counter a report can write)
 
     async def usage(self, day: str) -> list[Usage]:
         rows = self._usage.get(day, {})
@@ -356,11 +359,13 @@ local sec = tonumber(redis.call('TIME')[1])
 local tokens, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
 local n = (#KEYS - 1) / 3
 for i = 0, n - 1 do
+  redis.call('ZREM', KEYS[i * 3 + 2], ARGV[1])
+end
+for i = 0, n - 1 do
   if tokens > 0 and ARGV[7 + i * 2] == '1' then
     redis.call('HINCRBY', KEYS[i * 3 + 1], sec, tokens)
     redis.call('EXPIRE', KEYS[i * 3 + 1], 61)
   end
-  redis.call('ZREM', KEYS[i * 3 + 2], ARGV[1])
   if cost > 0 and ARGV[8 + i * 2] == '1' then
     redis.call('INCRBY', KEYS[i * 3 + 3], cost)
     redis.call('EXPIRE', KEYS[i * 3 + 3], tonumber(ARGV[4]))
@@ -432,17 +437,28 @@ class RedisQuotas:
     ) -> None:
         await self._run(self._settle, *self._settlement(scopes, lease, tenant, key, tokens, cost, error))
 
-    async def settle_many(self, settlements: Sequence[Settlement]) -> None:
-        """Several requests' ends in one round trip (a pipeline of the script)."""
+    async def settle_many(
+        self, settlements: Sequence[Settlement], releases: Sequence[tuple[Sequence[Scope], str]] = ()
+    ) -> None:
+        """Several requests' ends in one round trip (a pipeline of the script); `releases`: the
+        concurrency slots of requests a take may have counted here without the gateway knowing
+        (it timed out, or was cancelled, after Redis ran it), given back."""
         try:
             async with asyncio.timeout(self._timeout * 4):
                 async with self._client.pipeline(transaction=False) as pipe:
                     for settlement in settlements:
                         keys, args = self._settlement(*settlement)
                         await self._settle(keys=keys, args=args, client=pipe)  # type: ignore[arg-type]
-                    await pipe.execute()
+                    for scopes, lease in releases:
+                        for name, limits in scopes:
+                            if limits.max_concurrent_requests is not None:
+                                pipe.zrem(self._prefix + name + ":c", lease)
+                    replies = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError, TimeoutError) as exc:
             raise StateUnavailable(f"redis quota settlements failed: {exc!r}") from exc
+        failed = [reply for reply in replies if isinstance(reply, Exception)]
+        if failed:  # (one that Redis refuses is not tried again: it would be refused for ever)
+            log.error("redis refused %d quota settlements, e.g.: %r", len(failed), failed[0])
 
     def _settlement(
         self,
@@ -467,8 +483,8 @@ class RedisQuotas:
         usage_ttl = USAGE_DAYS * 86400
         args = [
             lease,
-            tokens,
-            round(cost * _MICRO),
+            min(tokens, 1 << 40),  # (a server's word: a counter must not overflow on it)
+            min(round(cost * _MICRO), 1 << 50),
             keep,
             _usage_field(tenant, key),
             int(error),
@@ -493,7 +509,10 @@ class RedisQuotas:
             raise StateUnavailable(f"redis quota usage failed: {exc!r}") from exc
         rows: dict[tuple[str, str], dict[str, int]] = {}
         for field, value in fields.items():
-            tenant, key, what = str(field).split(_SEPARATOR)
+            parts = str(field).split(_SEPARATOR)
+            if len(parts) != 3 or not str(value).lstrip("-").isdigit():
+                continue  # not one this gateway wrote
+            tenant, key, what = parts
             rows.setdefault((tenant, key), {})[what] = int(value)
         return [
             Usage(
