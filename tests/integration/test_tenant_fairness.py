@@ -110,3 +110,5 @@ async def test_a_higher_priority_sheds_the_newest_low_priority_request_of_a_full
         assert "already wait" in (await response.json())["error"]["message"]
     assert await answers.all() == ["low2", "low0", "high", "low1"]
     assert [answers.answers[n][0] for n in ("low0", "high", "low1")] == [200, 200, 200]
+    async with http.get(url + "/metrics") as response:  # the tenant's two refused for room: shed
+        assert 'modelyard_tenant_shed_total{tenant="batch"} 2.0' in await response.text()

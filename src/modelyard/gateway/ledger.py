@@ -112,7 +112,8 @@ class Ledger:
             permit = ex.permit
             if permit is not None and ex.counted:  # (the request's handler ends the permit: Quotas.end)
                 price = held[0].cost_per_1k_tokens if held is not None else 0.0
-                permit.ended(ex.usage, ex.usage * price / 1000, code)
+                # (no endpoint and 429: the gateway refused it for room, Overloaded: shed)
+                permit.ended(ex.usage, ex.usage * price / 1000, code, held is None and code == 429)
             if ex.capture is not None:
                 ex.capture.ended(time.perf_counter() - ex.started)
             if ex.span is not None:  # after the relay: a stream's span ends with the stream

@@ -238,7 +238,8 @@ class GatewayMetrics:
         # value into a memory-mapped file: three per request, about 7% of a worker's time
         # (benchmarks/README.md).
         self._pending: dict[tuple[str, str, str, int], list[float]] = {}
-        self._tenant_pending: dict[tuple[str, int], list[float]] = {}  # (tenant, code): count, tokens, cost
+        # (tenant, code): count, tokens, cost, shed
+        self._tenant_pending: dict[tuple[str, int], list[float]] = {}
         self.registry = CollectorRegistry()
         self.registry.register(_Flush(self.flush))
         # What /metrics serves. With workers (multiprocess_dir, which PROMETHEUS_MULTIPROC_DIR
@@ -342,6 +343,13 @@ class GatewayMetrics:
         self.tenant_cost = Counter(
             "modelyard_tenant_cost_usd_total",
             "What each tenant's tokens cost at the endpoints' cost_per_1k_tokens",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_shed = Counter(
+            "modelyard_tenant_shed_total",
+            "Requests of each tenant let in and then refused for room (429 overloaded): the model's "
+            "queue full or timed out, or shed for a higher-priority or another tenant's request",
             ["tenant"],
             registry=self.registry,
         )
@@ -472,16 +480,17 @@ class GatewayMetrics:
         if model not in self._duration_children:
             self._duration_children[model] = _Histogram(self.duration.labels(model))
 
-    def tenant_ended(self, tenant: str, code: int, tokens: int, cost: float) -> None:
+    def tenant_ended(self, tenant: str, code: int, tokens: int, cost: float, shed: bool = False) -> None:
         """A keyed request ended: counted here, added to the metrics at the next flush (as the
         requests are: prometheus-client's own calls cost a lock and, with workers, file writes)."""
         counts = self._tenant_pending.get((tenant, code))
         if counts is None:
-            self._tenant_pending[(tenant, code)] = [1, tokens, cost]
+            self._tenant_pending[(tenant, code)] = [1, tokens, cost, int(shed)]
         else:
             counts[0] += 1
             counts[1] += tokens
             counts[2] += cost
+            counts[3] += shed
 
     def tenant_refused(self, caller: Caller, reason: str) -> None:
         self.tenant_refusals.labels(caller.tenant, reason).inc()
@@ -494,8 +503,10 @@ class GatewayMetrics:
             self._unrecorded_counted = unrecorded
         if self._tenant_pending:
             tenants, self._tenant_pending = self._tenant_pending, {}
-            for (tenant, code), (count, tokens, cost) in tenants.items():
+            for (tenant, code), (count, tokens, cost, shed) in tenants.items():
                 self.tenant_requests.labels(tenant, str(code)).inc(count)
+                if shed:
+                    self.tenant_shed.labels(tenant).inc(shed)
                 if tokens:
                     self.tenant_tokens.labels(tenant).inc(tokens)
                 if cost:

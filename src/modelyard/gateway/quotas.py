@@ -42,7 +42,18 @@ class Permit:
     tried with fallbacks) adds its tokens and cost when it closes, and the last one's status is the
     request's; the handler that took it ends it once (`Quotas.end`), whatever happened between."""
 
-    __slots__ = ("caller", "code", "cost", "fields", "lease", "local", "settled", "strip_usage", "tokens")
+    __slots__ = (
+        "caller",
+        "code",
+        "cost",
+        "fields",
+        "lease",
+        "local",
+        "settled",
+        "shed",
+        "strip_usage",
+        "tokens",
+    )
 
     def __init__(
         self, caller: Caller, lease: str, local: bool, fields: tuple[tuple[bytes, bytes], ...]
@@ -55,15 +66,17 @@ class Permit:
         self.cost = 0.0
         self.code = 0  # 0: no exchange ended (refused or failed before one opened)
         self.settled = False
+        self.shed = False  # the gateway refused it for room (429 overloaded: the queue full, or shed)
         # the gateway asked a stream for its usage (stream_options) on its own behalf, not the
         # client's: the usage event is not relayed
         self.strip_usage = False
 
-    def ended(self, tokens: int, cost: float, code: int) -> None:
-        """An exchange of this request closed."""
+    def ended(self, tokens: int, cost: float, code: int, shed: bool = False) -> None:
+        """An exchange of this request closed (`shed`: refused by the gateway for room)."""
         self.tokens += tokens
         self.cost += cost
         self.code = code
+        self.shed = shed
 
 
 class Quotas:
@@ -73,13 +86,13 @@ class Quotas:
         local: MemoryQuotas,
         on_store_down: str,
         on_refused: Callable[[Caller, str], None],
-        on_ended: Callable[[str, int, int, float], None],
+        on_ended: Callable[[str, int, int, float, bool], None],
     ) -> None:
         self._shared = shared  # None: the local store is the store (state.backend memory)
         self._local = local
         self._on_down = on_store_down
         self._on_refused = on_refused  # (tenant metrics: the caller, the reason)
-        self._on_ended = on_ended  # (tenant metrics: tenant, status, tokens, cost)
+        self._on_ended = on_ended  # (tenant metrics: tenant, status, tokens, cost, shed)
         self._lease_prefix = os.urandom(6).hex()
         self._leases = itertools.count(1)
         self._settling: set[asyncio.Task[None]] = set()
@@ -142,7 +155,7 @@ class Quotas:
             return
         permit.settled = True
         code = permit.code or failed_with
-        self._on_ended(permit.caller.tenant, code, permit.tokens, permit.cost)
+        self._on_ended(permit.caller.tenant, code, permit.tokens, permit.cost, permit.shed)
         caller = permit.caller
         settlement = (
             caller.scopes,

@@ -781,13 +781,13 @@ function lastMinute(id) {
   return [Math.max(0, now[0] - then[0]), Math.max(0, now[1] - then[1])];
 }
 
-// The tenant series of /metrics (Prometheus' text format): requests shed (let in, ended 429) and
-// refusals by reason, per tenant.
+// The tenant series of /metrics (Prometheus' text format): requests shed (let in, then refused for
+// room: 429 overloaded) and refusals by reason, per tenant.
 function tenantMetrics(text) {
   const shed = new Map();
   const refused = new Map();
   for (const line of text.split("\n")) {
-    const requests = line.startsWith("modelyard_tenant_requests_total{");
+    const requests = line.startsWith("modelyard_tenant_shed_total{");
     if (!requests && !line.startsWith("modelyard_tenant_refused_total{")) continue;
     const close = line.lastIndexOf("}");
     const labels = {};
@@ -797,7 +797,7 @@ function tenantMetrics(text) {
     const value = Number(line.slice(close + 1).trim().split(/\s+/)[0]);
     if (!Number.isFinite(value) || labels.tenant === undefined) continue;
     if (requests) {
-      if (labels.code === "429") shed.set(labels.tenant, (shed.get(labels.tenant) || 0) + value);
+      shed.set(labels.tenant, (shed.get(labels.tenant) || 0) + value);
     } else {
       const reasons = refused.get(labels.tenant) || {};
       reasons[labels.reason] = (reasons[labels.reason] || 0) + value;
