@@ -27,12 +27,9 @@ from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from modelyard.cli.model import Output, OutputOption, from_variable
+from modelyard.cli.model import ApiAccess, Output, OutputOption, from_variable
 from modelyard.cli.problems import print_error
-from modelyard.config import TlsClientConfig
 from modelyard.errors import ModelyardError, Unauthorized
-from modelyard.security.tls import ClientTls
-from modelyard.security.tokens import read_token
 from modelyard.tenancy import PERIODS
 from modelyard.upstream.admin_client import DEFAULT_GATEWAY, AdminClient
 
@@ -95,37 +92,15 @@ CaFileOption = Annotated[
 ]
 
 
-class Access:
+class Access(ApiAccess):
     """How to reach the gateway's admin API: its URL, the admin token, the CA file."""
 
-    def __init__(
-        self, ctx: typer.Context, url: str, token: str | None, token_file: str | None, ca: str | None
-    ) -> None:
-        self.url = url
-        self._ca = ca
-        if token and token_file:  # a flag wins over a variable; two flags (or two variables) are a mistake
-            by_flag = {name: not from_variable(ctx, name) for name in ("admin_token", "admin_token_file")}
-            if by_flag["admin_token"] == by_flag["admin_token_file"]:
-                where = (
-                    "--admin-token and --admin-token-file"
-                    if by_flag["admin_token"]
-                    else f"{TOKEN_ENV} and {TOKEN_FILE_ENV}"
-                )
-                print_error(f"{where}: give one of them")
-                raise typer.Exit(1)
-            if by_flag["admin_token"]:
-                token_file = None
-            else:
-                token = None
-        self._token, self._token_file = token, token_file
+    PARAMS = ("admin_token", "admin_token_file")
+    FLAGS = ("--admin-token", "--admin-token-file")
+    VARIABLES = (TOKEN_ENV, TOKEN_FILE_ENV)
 
     def client(self) -> AdminClient:
-        token = self._token
-        if self._token_file:
-            token = read_token(self._token_file)  # TokenFileError names the file, never the token
-        tls = None
-        if self.url.startswith("https:"):
-            tls = ClientTls(TlsClientConfig(ca_file=self._ca or ""))  # TlsError names the file
+        token, tls = self.credentials()
         return AdminClient(self.url, token=token, tls=tls)
 
 

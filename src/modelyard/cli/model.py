@@ -122,36 +122,45 @@ CaFileOption = Annotated[
 ]
 
 
-class Access:
-    """How to reach the scheduler: its URL, the token, the CA file (resolved once per command)."""
+class ApiAccess:
+    """How to reach an API the CLI calls: its URL, a token (given, or read from a file), the CA file
+    to verify https with. PARAMS, FLAGS and VARIABLES name the token's two options (a flag wins over
+    a variable; two flags, or two variables, are a mistake)."""
+
+    PARAMS = ("token", "token_file")
+    FLAGS = ("--token", "--token-file")
+    VARIABLES = (TOKEN_ENV, TOKEN_FILE_ENV)
 
     def __init__(
         self, ctx: typer.Context, url: str, token: str | None, token_file: str | None, ca: str | None
     ):
         self.url = url
         self._ca = ca
-        self.token: str | None = None
-        if token and token_file:  # a flag wins over a variable; two flags are a mistake
-            by_flag = {name: not from_variable(ctx, name) for name in ("token", "token_file")}
-            if by_flag["token"] == by_flag["token_file"]:
-                where = (
-                    "--token and --token-file" if by_flag["token"] else f"{TOKEN_ENV} and {TOKEN_FILE_ENV}"
-                )
-                _error(f"{where}: give one of them")
+        if token and token_file:
+            by_flag = [not from_variable(ctx, name) for name in self.PARAMS]
+            if by_flag[0] == by_flag[1]:
+                names = self.FLAGS if by_flag[0] else self.VARIABLES
+                _error(f"{names[0]} and {names[1]}: give one of them")
                 raise typer.Exit(1)
-            if by_flag["token"]:
+            if by_flag[0]:
                 token_file = None
             else:
                 token = None
         self._token, self._token_file = token, token_file
 
+    def credentials(self) -> tuple[str | None, ClientTls | None]:
+        """The token (TokenFileError names its file, never the token) and the TLS to verify with
+        (TlsError names the file)."""
+        token = read_token(self._token_file) if self._token_file else self._token
+        tls = ClientTls(TlsClientConfig(ca_file=self._ca or "")) if self.url.startswith("https:") else None
+        return token, tls
+
+
+class Access(ApiAccess):
+    """The scheduler's (resolved once per command)."""
+
     def client(self) -> SchedulerClient:
-        token = self._token
-        if self._token_file:
-            token = read_token(self._token_file)  # TokenFileError names the file, never the token
-        tls = None
-        if self.url.startswith("https:"):
-            tls = ClientTls(TlsClientConfig(ca_file=self._ca or ""))  # TlsError names the file
+        token, tls = self.credentials()
         return SchedulerClient(self.url, token=token, tls=tls)
 
 

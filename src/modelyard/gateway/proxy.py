@@ -71,6 +71,20 @@ _MAX_ANSWER_FIELDS = 4096
 PrefixRecorded = Callable[[str, str, Sequence[int]], None]  # (model, endpoint, chunk names)
 
 
+class Asked(NamedTuple):
+    """What every model a request tries shares (one, or each of its fallbacks): the client's
+    request and reply, the caller's permit (auth.enabled), when it came, its id (as it came, and as
+    text), the headers forwarded."""
+
+    request: Inbound
+    reply: Reply
+    permit: Permit | None
+    started: float
+    raw_id: bytes
+    request_id: str
+    sent: RawHeaders
+
+
 class Called(NamedTuple):
     """What `Proxy.call` got: the answer's status and body; `grpc`: a gRPC backend answered (the
     call relayed as gRPC): the body is its answer message, or for an error status OIP's error JSON
@@ -156,41 +170,20 @@ class Proxy:
             sent = forwarded_headers(request.raw_headers, raw_id)
         if self._drop_credentials:
             sent = RawHeaders([field for field in sent.fields if field[0].lower() not in CREDENTIAL_FIELDS])
+        # (tuple.__new__: a NamedTuple's own __new__ is a Python function)
+        asked = tuple.__new__(Asked, (request, reply, permit, started, raw_id, request_id, sent))
         if fallbacks and cluster.config.fallbacks:
-            await self._with_fallbacks(
-                request, reply, cluster, route, routing, body, permit, started, raw_id, request_id, sent
-            )
+            await self._with_fallbacks(asked, cluster, route, routing, body)
             return
-        await self._send(
-            request,
-            reply,
-            cluster,
-            route,
-            routing,
-            body,
-            permit,
-            started,
-            raw_id,
-            request_id,
-            sent,
-            request.raw_path,
-            None,
-            "",
-        )
+        await self._send(asked, cluster, route, routing, body, request.raw_path, None, "")
 
     async def _send(
         self,
-        request: Inbound,
-        reply: Reply,
+        asked: Asked,
         cluster: Cluster,
         route: RouteConfig,
         routing: RoutingRequest,
         body: bytes | None,
-        permit: Permit | None,
-        started: float,
-        raw_id: bytes,
-        request_id: str,
-        sent: RawHeaders,
         path: str,
         watch: Sequence[str] | None,
         fallback_for: str,
@@ -201,6 +194,7 @@ class Proxy:
         stands for one of them goes to instead (FellBack, this exchange closed with its status).
         `trail`, on the way through a model's fallbacks: the asked model's span once it has one,
         the parent of the fallbacks' spans (one trace holds every model tried)."""
+        request, reply, permit, started, raw_id, request_id, sent = asked
         subset = pick_subset(route, request.headers, self._rng)
         key = remembered = chunks = held = waits = line = roomy = tokens = None
         needs = cluster.balancer.strategy.needs  # (empty for most strategies: nothing to look up then)
@@ -279,22 +273,17 @@ class Proxy:
 
     async def _with_fallbacks(
         self,
-        request: Inbound,
-        reply: Reply,
+        asked: Asked,
         cluster: Cluster,
         route: RouteConfig,
         routing: RoutingRequest,
         body: bytes | None,
-        permit: Permit | None,
-        started: float,
-        raw_id: bytes,
-        request_id: str,
-        sent: RawHeaders,
     ) -> None:
         """The asked model, then its fallbacks in order, each its own exchange, for as long as one
         fails as the asked model's `fallback_on` says and another is left to try; the last one
         tried is the client's answer (or error). Nothing once the answer has begun."""
-        asked = cluster.name
+        request, reply, permit = asked.request, asked.reply, asked.permit
+        asked_for = cluster.name
         conditions = cluster.config.fallback_on
         candidates = self._fallbacks.candidates(
             cluster, request.headers, routing, permit.caller if permit is not None else None
@@ -302,14 +291,11 @@ class Proxy:
         usable = [i for i, candidate in enumerate(candidates) if candidate.cluster is not None]
         if not usable:  # (none the caller may use, none served here now: the asked model alone)
             try:
-                await self._send(
-                    request, reply, cluster, route, routing, body, permit, started, raw_id, request_id,
-                    sent, request.raw_path, None, "",
-                )  # fmt: skip
+                await self._send(asked, cluster, route, routing, body, request.raw_path, None, "")
             except ModelyardError as exc:
                 if not reply.started and reason_for_error(exc) in conditions:  # (it would have)
                     for candidate in candidates:
-                        self._fallbacks.skipped(asked, candidate)
+                        self._fallbacks.skipped(asked_for, candidate)
                 raise
             return
         trail: list[Span] = []  # (the first model tried's span: the others' parent)
@@ -318,39 +304,32 @@ class Proxy:
             reason = CONTEXT_LENGTH  # too long for the asked model's window: straight to a fallback
         else:
             reason = await self._try_model(
-                request, reply, cluster, route, routing, body, permit, started, raw_id, request_id, sent,
-                request.raw_path, conditions, "", trail,
-            )  # fmt: skip
+                asked, cluster, route, routing, body, request.raw_path, conditions, "", trail
+            )
             if reason is None:
                 return
         last = usable[-1]
         for i, candidate in enumerate(candidates):
             target = candidate.cluster
             if target is None or candidate.route is None:
-                self._fallbacks.skipped(asked, candidate)
+                self._fallbacks.skipped(asked_for, candidate)
                 continue
-            self._fallbacks.fell_back(asked, target.name, reason)
+            self._fallbacks.fell_back(asked_for, target.name, reason)
             path, moved, renamed = self._fallbacks.request_for(target, request.raw_path, body, routing)
             reason = await self._try_model(
-                request, reply, target, candidate.route, renamed, moved, permit, started, raw_id,
-                request_id, sent, path, conditions if i != last else None, asked, trail,
+                asked, target, candidate.route, renamed, moved, path,
+                conditions if i != last else None, asked_for, trail,
             )  # fmt: skip
             if reason is None:
                 return
 
     async def _try_model(
         self,
-        request: Inbound,
-        reply: Reply,
+        asked: Asked,
         cluster: Cluster,
         route: RouteConfig,
         routing: RoutingRequest,
         body: bytes | None,
-        permit: Permit | None,
-        started: float,
-        raw_id: bytes,
-        request_id: str,
-        sent: RawHeaders,
         path: str,
         conditions: Sequence[str] | None,
         fallback_for: str,
@@ -360,15 +339,12 @@ class Proxy:
         good), else the fallback_on condition its failure stands for, to go on to the next.
         `conditions` None: the last candidate, whose outcome is the client's whatever it is."""
         try:
-            await self._send(
-                request, reply, cluster, route, routing, body, permit, started, raw_id, request_id, sent,
-                path, conditions, fallback_for, trail,
-            )  # fmt: skip
+            await self._send(asked, cluster, route, routing, body, path, conditions, fallback_for, trail)
         except FellBack as fell:
             return fell.reason
         except ModelyardError as exc:  # (its exchange is closed, counted for this model)
             reason = reason_for_error(exc)
-            if conditions is None or reply.started or reason not in conditions:
+            if conditions is None or asked.reply.started or reason not in conditions:
                 raise
             return reason
         return None

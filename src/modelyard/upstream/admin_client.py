@@ -15,17 +15,11 @@ plain http to a host other than loopback, where anyone on the way could read it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import aiohttp
-import orjson
-
-from modelyard.config import on_loopback
 from modelyard.errors import (
     BadRequest,
-    ConfigError,
     Conflict,
     Forbidden,
     ModelyardError,
@@ -36,7 +30,8 @@ from modelyard.errors import (
     UpstreamUnreachable,
 )
 from modelyard.security.tls import ClientTls
-from modelyard.upstream.scheduler_client import auth_headers, describe_client_error, tls_options
+from modelyard.upstream.json_api import JsonApiClient
+from modelyard.upstream.scheduler_client import check_token_transport
 
 DEFAULT_GATEWAY = "http://127.0.0.1:8000"
 
@@ -50,8 +45,10 @@ _BY_STATUS: dict[int, type[ModelyardError]] = {
 }
 
 
-class AdminClient:
+class AdminClient(JsonApiClient):
     """`async with AdminClient(url, token=...) as gateway: await gateway.keys()`."""
+
+    server = "the gateway"
 
     def __init__(
         self,
@@ -61,13 +58,9 @@ class AdminClient:
         token: str | None = None,
         tls: ClientTls | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
         if token:
-            _check_token_transport(self.base_url)
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None
-        self._headers = auth_headers(token)
-        self._tls = tls
+            check_token_transport(base_url.rstrip("/"), "the gateway's listen.tls")
+        super().__init__(base_url, timeout=timeout, token=token, tls=tls)
 
     async def keys(self) -> dict[str, Any]:
         """{"keys": [...]} (and "tenants"): every key, never a key itself."""
@@ -85,38 +78,12 @@ class AdminClient:
         query = f"?day={quote(day, safe='')}" if day else ""
         return await self._call("GET", "/admin/usage" + query)
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def __aenter__(self) -> AdminClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+    def _unreachable(self, cause: str) -> ModelyardError:
+        return UpstreamUnreachable(f"cannot reach the gateway at {self.base_url}: {cause}")
 
     async def _call(self, method: str, path: str, body: object = None) -> dict[str, Any]:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        url = self.base_url + path
-        data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json", **self._headers} if data is not None else self._headers
-        try:
-            async with self._session.request(
-                method, url, data=data, headers=headers, **tls_options(url, self._tls)
-            ) as response:
-                status, raw = response.status, await response.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            cause = describe_client_error(exc, "the gateway")
-            raise UpstreamUnreachable(f"cannot reach the gateway at {self.base_url}: {cause}") from None
-        try:
-            answer = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            answer = None
-        if not isinstance(answer, dict):
+        status, answer = await self._request(method, path, body)
+        if answer is None:
             raise UpstreamError(
                 f"the gateway at {self.base_url} answered {method} {path} with {status} and a body that "
                 "is not the admin API's JSON (is it a modelyard gateway?)"
@@ -138,16 +105,3 @@ def _error(status: int, answer: Mapping[str, Any], where: str) -> ModelyardError
     error = cls.__new__(cls)
     ModelyardError.__init__(error, message)
     return error
-
-
-def _check_token_transport(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme == "http" and not on_loopback(parts.hostname or ""):
-        raise ConfigError(
-            url,
-            [
-                f"the admin token over plain http to {parts.hostname}, a host other than loopback, could "
-                "be read on the way: use https (the gateway's listen.tls), or reach it on 127.0.0.1 "
-                "(kubectl port-forward)"
-            ],
-        )

@@ -26,11 +26,9 @@ from modelyard.errors import SchedulerUnavailable
 from modelyard.protocols.feed import FeedEvent, FeedLineInvalid, parse_feed_line
 from modelyard.security.tls import ClientTls
 from modelyard.security.tokens import TokenFileError, read_token
+from modelyard.upstream.json_api import auth_headers, describe_client_error, tls_options
 from modelyard.upstream.scheduler_client import (
-    auth_headers,
     check_token_transport,
-    describe_client_error,
-    tls_options,
 )
 
 log = logging.getLogger("modelyard.upstream.feed")

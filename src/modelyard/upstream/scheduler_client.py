@@ -16,14 +16,9 @@ http to a host other than loopback, where anyone on the way could read it and th
 from __future__ import annotations
 
 import builtins
-import os
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlsplit
-
-import aiohttp
-import orjson
 
 from modelyard.config import on_loopback
 from modelyard.errors import (
@@ -41,6 +36,7 @@ from modelyard.errors import (
     Unauthorized,
 )
 from modelyard.security.tls import ClientTls
+from modelyard.upstream.json_api import JsonApiClient
 
 DEFAULT_SCHEDULER = "http://127.0.0.1:9004"
 
@@ -60,8 +56,10 @@ _BY_STATUS: dict[int, type[ModelyardError]] = {
 }
 
 
-class SchedulerClient:
+class SchedulerClient(JsonApiClient):
     """`async with SchedulerClient(url) as scheduler: await scheduler.list()`."""
+
+    server = "the scheduler"
 
     def __init__(
         self,
@@ -74,11 +72,7 @@ class SchedulerClient:
     ) -> None:
         if token and not allow_plain_token:
             check_token_transport(base_url)
-        self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None
-        self._headers = auth_headers(token)
-        self._tls = tls
+        super().__init__(base_url, timeout=timeout, token=token, tls=tls)
 
     async def apply(self, spec: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
         """PUT a model spec (plain or a Seldon `Model`); the model with its `change`."""
@@ -97,39 +91,12 @@ class SchedulerClient:
     async def servers(self) -> builtins.list[dict[str, Any]]:
         return _items(await self._call("GET", "/v1/servers"), "servers")
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def __aenter__(self) -> SchedulerClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+    def _unreachable(self, cause: str) -> ModelyardError:
+        return SchedulerUnavailable(f"cannot reach the scheduler at {self.base_url}: {cause}")
 
     async def _call(self, method: str, path: str, body: object = None) -> dict[str, Any]:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        url = self.base_url + path
-        data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json", **self._headers} if data is not None else self._headers
-        try:
-            async with self._session.request(
-                method, url, data=data, headers=headers, **tls_options(url, self._tls)
-            ) as response:
-                status, raw = response.status, await response.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise SchedulerUnavailable(
-                f"cannot reach the scheduler at {self.base_url}: {describe_client_error(exc)}"
-            ) from None
-        try:
-            answer = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            answer = None
-        if not isinstance(answer, dict):
+        status, answer = await self._request(method, path, body)
+        if answer is None:
             raise SchedulerUnavailable(
                 f"the scheduler at {self.base_url} answered {method} {path} with {status} "
                 "and a body that is not the API's JSON"
@@ -157,55 +124,23 @@ def error_from_envelope(status: int, answer: Mapping[str, Any], where: str) -> M
     return error
 
 
-def plain_token_refusal(url: str) -> str | None:
+def plain_token_refusal(url: str, https_how: str = "the scheduler's --tls-cert") -> str | None:
     """Why a bearer token must not be sent to `url` (plain http to a host other than loopback), or
-    None when it may (https, or this machine)."""
+    None when it may (https, or this machine). `https_how`: how the server is given https."""
     parts = urlsplit(url)
     if parts.scheme != "http" or on_loopback(parts.hostname or ""):
         return None
     return (
         f"a token over plain http to {parts.hostname}, a host other than loopback, could be read on the "
-        "way: use https (the scheduler's --tls-cert), or reach it on 127.0.0.1 (kubectl port-forward)"
+        f"way: use https ({https_how}), or reach it on 127.0.0.1 (kubectl port-forward)"
     )
 
 
-def check_token_transport(url: str) -> None:
+def check_token_transport(url: str, https_how: str = "the scheduler's --tls-cert") -> None:
     """ConfigError (naming the URL, never the token) when a token must not be sent to `url`."""
-    problem = plain_token_refusal(url)
+    problem = plain_token_refusal(url, https_how)
     if problem is not None:
         raise ConfigError(url.rstrip("/"), [problem])
-
-
-def auth_headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def tls_options(url: str, tls: ClientTls | None) -> dict[str, Any]:
-    """aiohttp's request options for `url`: an https URL verified with `tls`'s newest context (and
-    its server_name), or with the system's CAs."""
-    if tls is None or not url.startswith("https:"):
-        return {}
-    options: dict[str, Any] = {"ssl": tls.context()}
-    if tls.server_name:
-        options["server_hostname"] = tls.server_name
-    return options
-
-
-def describe_client_error(exc: BaseException, server: str = "the scheduler") -> str:
-    """A short cause ("connection refused"), not aiohttp's "Cannot connect to host ... ssl:default";
-    `server` names whose certificate did not verify."""
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        error = exc.certificate_error
-        detail = getattr(error, "verify_message", "") or getattr(error, "reason", "") or str(error)
-        return f"TLS: {server}'s certificate did not verify ({detail})"
-    if isinstance(exc, aiohttp.ClientConnectorSSLError):
-        return f"TLS handshake failed ({getattr(exc.os_error, 'reason', None) or exc.os_error})"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        errno = exc.os_error.errno
-        return (os.strerror(errno) if errno else str(exc.os_error) or "cannot connect").lower()
-    return str(exc) or type(exc).__name__
 
 
 def _spec_name(spec: Mapping[str, Any]) -> str:
