@@ -689,8 +689,15 @@ async def test_a_failed_downloads_reason_reaches_the_scheduler_without_the_body(
         model = await wait_for_model(
             http, scheduler.url, "m", lambda m: "403" in str(m), "a reason with the 403"
         )
-        async with http.get(f"{scheduler.url}/v1/feed") as response:
-            snapshot = (await response.content.readline()).decode()  # the first line: every model
+        snapshot = ""
+
+        async def fed() -> bool:  # the feed's first line (every model) once it has the reason too: the
+            nonlocal snapshot  # agent retries the load, and a retry under way has no reason yet
+            async with http.get(f"{scheduler.url}/v1/feed") as response:
+                snapshot = (await response.content.readline()).decode()
+            return "403" in snapshot
+
+        await wait_until(fed, attempts=200, interval=0.05)
         for text in (str(model), snapshot):
             assert f"download of {server.url}/forbidden/m.tar.gz: answered 403 Forbidden" in text
             assert SECRET_BODY not in text
